@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run Owlet's test suite: creates the venv on first use, then pytest. Extra args go to pytest.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/ensure_venv.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec .venv/bin/python -m pytest "$@"
