@@ -1,0 +1,142 @@
+"""Upload checks with real files: good images of every mode, and each kind of bad file."""
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import pytest
+from PIL import Image
+
+from ui.uploads import UploadLimits, UploadRejected, check_image, check_upload
+
+LIMITS = UploadLimits(max_bytes=2 * 1024 * 1024, max_pixels=4_000_000, max_side=256,
+                      allowed_formats=("PNG", "JPEG", "WEBP", "GIF", "BMP"))
+
+
+def encode(image: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def decode(png: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(png))
+    assert image.format == "PNG"
+    return image
+
+
+def test_good_png_round_trips_as_rgb_png():
+    image = Image.new("RGB", (40, 30), (200, 10, 10))
+    checked = check_image(encode(image, "PNG"), LIMITS)
+    out = decode(checked.png_bytes)
+    assert (out.mode, out.size, checked.width, checked.height) == ("RGB", (40, 30), 40, 30)
+    assert out.getpixel((5, 5)) == (200, 10, 10)
+    assert checked.source_format == "PNG" and not checked.downscaled
+
+
+@pytest.mark.parametrize("mode,color", [("RGBA", (0, 0, 255, 0)), ("LA", (0, 0)), ("P", None), ("L", 128),
+                                        ("CMYK", (0, 255, 255, 0)), ("1", 1)])
+def test_every_mode_becomes_rgb(mode, color):
+    image = Image.new(mode, (20, 20), color) if color is not None else Image.new("RGB", (20, 20), "green").convert("P")
+    fmt = "JPEG" if mode == "CMYK" else "PNG"
+    out = decode(check_image(encode(image, fmt), LIMITS).png_bytes)
+    assert out.mode == "RGB" and out.size == (20, 20)
+    if mode in ("RGBA", "LA"):
+        assert out.getpixel((3, 3)) == (255, 255, 255)  # fully transparent flattens onto white
+    if mode == "L":
+        assert out.getpixel((3, 3)) == (128, 128, 128)
+
+
+def test_transparent_palette_image_flattens_onto_white():
+    image = Image.new("P", (10, 10), 0)
+    image.putpalette([0, 0, 0] * 256)
+    buf = encode(image, "PNG", transparency=0)
+    out = decode(check_image(buf, LIMITS).png_bytes)
+    assert out.getpixel((1, 1)) == (255, 255, 255)
+
+
+def test_exif_orientation_is_applied():
+    # A 60x20 image tagged "rotate 90 CW" (orientation 6) must come out 20x60, with the red left edge on top.
+    image = Image.new("RGB", (60, 20), (0, 0, 255))
+    for y in range(20):
+        for x in range(10):
+            image.putpixel((x, y), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    checked = check_image(encode(image, "JPEG", exif=exif, quality=95), LIMITS)
+    out = decode(checked.png_bytes)
+    assert out.size == (20, 60)
+    red, green, blue = out.getpixel((10, 3))
+    assert red > 200 and blue < 60, out.getpixel((10, 3))
+
+
+def test_large_image_is_downscaled_to_max_side():
+    checked = check_image(encode(Image.new("RGB", (1000, 500), "white"), "PNG"), LIMITS)
+    assert (checked.width, checked.height) == (256, 128) and checked.downscaled
+
+
+def test_corrupt_bytes_are_rejected():
+    with pytest.raises(UploadRejected, match="not an image"):
+        check_image(b"this is not an image at all" * 10, LIMITS)
+
+
+def test_truncated_image_is_rejected_as_damaged():
+    data = encode(Image.effect_noise((200, 200), 64).convert("RGB"), "PNG")
+    with pytest.raises(UploadRejected, match="damaged|not an image"):
+        check_image(data[: len(data) // 2], LIMITS)
+
+
+def test_wrong_type_is_rejected_by_content_not_name(tmp_path):
+    pdf = tmp_path / "picture.png"  # lies about its type
+    pdf.write_bytes(b"%PDF-1.4\n1 0 obj << >> endobj\ntrailer << >>\n%%EOF\n")
+    with pytest.raises(UploadRejected, match="Supported types: PNG"):
+        check_upload(str(pdf), LIMITS)
+
+
+def test_real_image_of_a_format_not_allowed_is_rejected():
+    tiff = encode(Image.new("RGB", (8, 8)), "TIFF")
+    with pytest.raises(UploadRejected, match="TIFF images are not supported"):
+        check_image(tiff, LIMITS)
+
+
+def test_huge_byte_size_is_rejected_before_reading(tmp_path):
+    big = tmp_path / "big.png"
+    with open(big, "wb") as fh:
+        fh.truncate(LIMITS.max_bytes + 1)  # sparse: no need to write 2 MB
+    with pytest.raises(UploadRejected, match="limit is 2.0 MB"):
+        check_upload(str(big), LIMITS)
+
+
+def test_empty_file_is_rejected():
+    with pytest.raises(UploadRejected, match="empty"):
+        check_image(b"", LIMITS)
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def decompression_bomb_png(side: int) -> bytes:
+    """A tiny valid PNG that claims side×side pixels of one grey byte each (deflate squeezes zeros ~1000:1)."""
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    compressor = zlib.compressobj(9)
+    row = b"\x00" * (side + 1)
+    data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", data) + _png_chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_is_rejected_from_the_header():
+    bomb = decompression_bomb_png(5000)  # 25 megapixels in about 25 KB
+    assert len(bomb) < 100_000
+    with pytest.raises(UploadRejected, match="5000×5000 pixels; the limit is 4 megapixels"):
+        check_image(bomb, LIMITS)
+
+
+def test_bomb_beyond_pillows_own_limit_is_rejected_too():
+    # 20000x20000 = 400 MP > 2 × Pillow's MAX_IMAGE_PIXELS: Pillow raises at open; still a clear message.
+    header = struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0)
+    bomb = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 100)) \
+        + _png_chunk(b"IEND", b"")
+    with pytest.raises(UploadRejected, match="pixels; the limit is 4 megapixels"):
+        check_image(bomb, LIMITS)

@@ -1,0 +1,102 @@
+"""Settings for the web page: one frozen dataclass, filled from ``OWLET_UI_*`` variables and the command line.
+
+Upload limits live here too, because uploads are checked at the edge (the page) before they reach Redis.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# A fixed default keeps browser ids stable across restarts of a local demo; deployments set OWLET_UI_SECRET.
+DEV_BROWSER_SECRET = "owlet-local-demo-secret-change-me"
+
+
+def parse_auth(pairs: list[str] | tuple[str, ...] | str | None) -> tuple[tuple[str, str], ...]:
+    """Turn ``user:pass`` strings (or one comma-separated string) into (user, password) pairs."""
+    if not pairs:
+        return ()
+    if isinstance(pairs, str):
+        pairs = [p for p in pairs.split(",") if p.strip()]
+    result = []
+    for pair in pairs:
+        user, sep, password = pair.strip().partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"--auth expects user:password, got {pair!r}")
+        result.append((user, password))
+    return tuple(result)
+
+
+@dataclass(frozen=True)
+class UIConfig:
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    auth: tuple[tuple[str, str], ...] = ()
+    redis_url: str = DEFAULT_REDIS_URL
+    key_prefix: str = ""  # "" = the worker side's default; tests set their own namespace
+    browser_secret: str = DEV_BROWSER_SECRET
+    # Gradio: how many events may run at once. Each open answer stream holds one thread, so this caps
+    # concurrent streams for the whole page; Gradio's own queue runs events with no per-event limit.
+    max_threads: int = 64
+    queue_max_size: int = 512  # events waiting in Gradio's queue beyond max_threads; more get "queue full"
+    # Uploads, checked before anything reaches Redis.
+    max_upload_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 40_000_000  # decoded pixel count; anything larger is treated as a decompression bomb
+    max_image_side: int = 1024  # larger images are downscaled (keeps vision tokens bounded)
+    allowed_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+    max_text_chars: int = 4000
+    # Generation requested per turn.
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    # A stream with no event for this long is reported as a lost worker and cancelled: no spinner forever.
+    stall_timeout_s: float = 120.0
+    queue_poll_s: float = 1.0  # how often the "queued — position k" line refreshes
+
+    def __post_init__(self):
+        assert 0 < self.port < 65536, f"port must be 1..65535, got {self.port}"
+        assert self.max_threads >= 1, "max_threads must be at least 1"
+        assert self.queue_max_size >= 1, "queue_max_size must be at least 1"
+        assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
+        assert self.max_image_side >= 32, "max_image_side must be at least 32 px"
+        assert self.allowed_formats, "at least one image format must be allowed"
+        assert self.max_new_tokens >= 1, "max_new_tokens must be positive"
+        assert self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "UIConfig":
+        """Read ``REDIS_URL``, ``OWLET_KEY_PREFIX`` and ``OWLET_UI_<FIELD>``; keyword overrides win."""
+        env = os.environ if environ is None else environ
+        values: dict = {}
+        if env.get("REDIS_URL"):
+            values["redis_url"] = env["REDIS_URL"]
+        if env.get("OWLET_KEY_PREFIX"):
+            values["key_prefix"] = env["OWLET_KEY_PREFIX"]
+        for f in fields(cls):
+            raw = env.get(f"OWLET_UI_{f.name.upper()}")
+            if raw in (None, ""):
+                continue
+            values[f.name] = _cast(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_overrides(self, **overrides) -> "UIConfig":
+        """A copy with the non-None overrides applied (command-line flags win over the environment)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _cast(name: str, type_name: str, raw: str):
+    try:
+        if type_name == "bool":
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if name == "auth":
+            return parse_auth(raw)
+        if name == "allowed_formats":
+            return tuple(s.strip().upper() for s in raw.split(",") if s.strip())
+        return raw
+    except ValueError as exc:
+        raise ValueError(f"OWLET_UI_{name.upper()}={raw!r}: {exc}") from exc

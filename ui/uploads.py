@@ -1,0 +1,131 @@
+"""Check an uploaded image at the edge, before it reaches Redis, and normalise it.
+
+In order: byte size, then the container type (sniffed from the bytes, not the file name), then the pixel
+count read from the header (so a decompression bomb is refused before it is decoded), then a full decode,
+EXIF orientation, conversion to RGB, and a downscale to the configured longest side. The result is PNG
+bytes, the form the worker stores under its sha256.
+
+Every refusal raises ``UploadRejected`` whose ``user_message`` says what was wrong and what to do.
+"""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+
+class UploadRejected(ValueError):
+    """The upload cannot be used; ``user_message`` is safe to show in the chat."""
+
+    def __init__(self, user_message: str):
+        super().__init__(user_message)
+        self.user_message = user_message
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    max_bytes: int
+    max_pixels: int
+    max_side: int
+    allowed_formats: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, config) -> "UploadLimits":
+        return cls(config.max_upload_bytes, config.max_image_pixels, config.max_image_side,
+                   tuple(f.upper() for f in config.allowed_formats))
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    png_bytes: bytes
+    width: int
+    height: int
+    source_format: str
+    downscaled: bool
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def read_upload(path: str, limits: UploadLimits) -> bytes:
+    """Read an uploaded file, refusing it by its size on disk before reading it into memory."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        raise UploadRejected("The uploaded file could not be read. Please upload it again.") from None
+    if size > limits.max_bytes:
+        raise UploadRejected(f"The image is {_mb(size)}; the limit is {_mb(limits.max_bytes)}. "
+                             "Please upload a smaller image.")
+    with open(path, "rb") as fh:
+        return fh.read(limits.max_bytes + 1)
+
+
+def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
+    """Validate and normalise image bytes; raises ``UploadRejected`` with a user-facing reason."""
+    if len(data) > limits.max_bytes:
+        raise UploadRejected(f"The image is {_mb(len(data))}; the limit is {_mb(limits.max_bytes)}. "
+                             "Please upload a smaller image.")
+    if not data:
+        raise UploadRejected("The uploaded file is empty.")
+    allowed = ", ".join(limits.allowed_formats)
+    try:
+        # Image.open reads only the header: format and size, no pixel data yet.
+        # Pillow's own bomb check (an error at twice its limit) is a backstop; ours below is lower.
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        raise UploadRejected(_too_many_pixels_message(None, limits)) from None
+    except UnidentifiedImageError:
+        raise UploadRejected(f"This file is not an image we can read. Supported types: {allowed}.") from None
+    except Exception:  # truncated headers raise assorted errors inside Pillow's plugins
+        raise UploadRejected(f"This file is not an image we can read. Supported types: {allowed}.") from None
+    fmt = (image.format or "").upper()
+    if fmt not in limits.allowed_formats:
+        raise UploadRejected(f"{fmt or 'This'} images are not supported. Supported types: {allowed}.")
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise UploadRejected("The image has no pixels.")
+    if width * height > limits.max_pixels:
+        raise UploadRejected(_too_many_pixels_message((width, height), limits))
+    try:
+        image.load()  # full decode: catches truncated or corrupt pixel data
+        image = ImageOps.exif_transpose(image)  # phones store rotation in EXIF; the model must see it upright
+        image = _to_rgb(image)
+    except UploadRejected:
+        raise
+    except Exception:
+        raise UploadRejected("The image file is damaged or incomplete and could not be decoded. "
+                             "Please upload it again or try another image.") from None
+    downscaled = max(image.size) > limits.max_side
+    if downscaled:
+        image.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=False)
+    return CheckedImage(out.getvalue(), image.width, image.height, fmt, downscaled)
+
+
+def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
+    """Read and check an uploaded file by path (what Gradio hands the page)."""
+    return check_image(read_upload(path, limits), limits)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Flatten transparency onto white (what people expect to see), and map every mode to RGB."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    if image.mode == "I;16" or image.mode == "I":
+        image = image.point(lambda v: v * (1 / 256)).convert("L")
+    return image.convert("RGB") if image.mode != "RGB" else image
+
+
+def _too_many_pixels_message(size: tuple[int, int] | None, limits: UploadLimits) -> str:
+    what = f"{size[0]}×{size[1]} pixels" if size else "too many pixels"
+    return (f"The image is {what}; the limit is {limits.max_pixels / 1e6:.0f} megapixels. "
+            "Please upload a smaller image.")
