@@ -1,0 +1,52 @@
+"""The page layout and its event wiring (``build_page``); the handlers live in ``ui.handlers``.
+
+Every streaming event sets ``concurrency_limit=None``: Gradio's default of 1 would serialise all users
+behind one answer. The only caps are ``launch(max_threads=...)`` and ``queue(max_size=...)``, set in
+``ui.server`` from the config.
+"""
+import gradio as gr
+
+from ui.handlers import ChatHandlers, new_session
+
+TITLE = "Owlet — chat about an image"
+INTRO = ("Attach an image with 📎 (or drop it in), ask a question, and keep asking follow-ups about it. "
+         "Attach another image at any time to switch pictures.")
+CSS = """
+#owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
+#owlet-header h1 { margin-bottom: 0; }
+footer { display: none !important; }
+"""
+BROWSER_ID_KEY = "owlet-browser-id"
+
+
+def build_page(handlers: ChatHandlers, browser_secret: str) -> gr.Blocks:
+    """Build the Blocks for one app; nothing runs until it is launched."""
+    with gr.Blocks(title="Owlet", fill_height=True) as page:
+        browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=browser_secret)
+        session = gr.State(new_session())
+        with gr.Row(elem_id="owlet-header"):
+            gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")
+        chatbot = gr.Chatbot(elem_id="owlet-chat", height=520, editable="user", show_label=False,
+                             buttons=["copy"], feedback_options=None, placeholder="Ask about an image…",
+                             autoscroll=True)
+        box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
+                                   placeholder="Ask about the image… (attach one with 📎)", show_label=False,
+                                   submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000)
+        with gr.Row():
+            status = gr.Markdown("", elem_id="owlet-status")
+            new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
+
+        streamed = [box, chatbot, status, session]
+        chat_event = box.submit(handlers.respond, [box, chatbot, session, browser_id], streamed,
+                                api_name="chat", concurrency_limit=None, show_progress="hidden")
+        retry_event = chatbot.retry(handlers.retry, [chatbot, session, browser_id], streamed,
+                                    api_name="retry", concurrency_limit=None, show_progress="hidden")
+        edit_event = chatbot.edit(handlers.edit, [chatbot, session, browser_id], streamed,
+                                  api_name="edit", concurrency_limit=None, show_progress="hidden")
+        answering = [chat_event, retry_event, edit_event]
+        box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,
+                 api_name="stop", queue=False)
+        new_chat.click(handlers.new_conversation, [session, browser_id], [box, chatbot, status, session],
+                       cancels=answering, api_name="new_conversation", queue=False)
+        page.load(handlers.on_load, [browser_id], [browser_id, chatbot, status, session], api_visibility="private")
+    return page

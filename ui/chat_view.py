@@ -1,0 +1,73 @@
+"""Between the conversation history (Redis, the source of truth) and what the Chatbot shows.
+
+The page renders one Chatbot message per conversation turn, so a message index from a retry or edit
+event is also the turn index in the stored history. Inputs arrive in two shapes: the browser sends
+content blocks (``[{"type": "text", "text": ...}]``) and ``gradio_client`` sends raw strings or dicts;
+``message_text`` and ``parse_input`` accept both.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+IMAGE_PLACEHOLDER = "🖼️ *(image)*"
+
+
+def user_message(text: str, image_path: str | None = None, has_image: bool = False) -> dict:
+    """One chat message for a user turn: the image (if we still have its file) and the text together."""
+    content: list = []
+    if image_path:
+        content.append({"path": image_path, "mime_type": "image/png"})
+    elif has_image:
+        content.append(IMAGE_PLACEHOLDER)
+    if text:
+        content.append(text)
+    return {"role": "user", "content": content or [""]}
+
+
+def assistant_message(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str]) -> list[dict]:
+    """Chat messages for stored turns ``{role, text, image_sha}``; images shown from this session's files."""
+    messages = []
+    for turn in turns:
+        if turn.get("role") == "user":
+            sha = turn.get("image_sha")
+            messages.append(user_message(turn.get("text") or "", image_paths.get(sha) if sha else None,
+                                         has_image=bool(sha)))
+        else:
+            messages.append(assistant_message(turn.get("text") or ""))
+    return messages
+
+
+def message_text(value) -> str:
+    """The text of a chat message value in any shape: str, content blocks, a message dict, or a list of them."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        if "content" in value:
+            return message_text(value["content"])
+        if value.get("type") == "text" or "text" in value:
+            return str(value.get("text") or "")
+        return ""  # a file block
+    if isinstance(value, (list, tuple)):
+        return "\n".join(t for t in (message_text(v) for v in value) if t)
+    return ""
+
+
+def parse_input(message) -> tuple[str, list[str]]:
+    """(text, file paths) from a MultimodalTextbox value; a plain string means text only."""
+    if message is None:
+        return "", []
+    if isinstance(message, str):
+        return message.strip(), []
+    text = str(message.get("text") or "").strip()
+    files = []
+    for f in message.get("files") or []:
+        path = f if isinstance(f, str) else (f.get("path") if isinstance(f, Mapping) else getattr(f, "path", None))
+        if path:
+            files.append(path)
+    return text, files

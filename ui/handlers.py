@@ -1,0 +1,238 @@
+"""The page's event handlers: thin, each one a few calls into the worker client and ``job_follower``.
+
+Handlers never raise to Gradio: every failure becomes a chat message or a status line, so the user sees
+a sentence, never a traceback or a spinner that never ends. The per-tab ``session`` state holds the
+conversation id, the job being answered (so Stop can cancel it) and this tab's uploaded image files.
+"""
+import asyncio
+import logging
+import time
+
+import gradio as gr
+
+from ui import wording
+from ui.chat_view import assistant_message, message_text, parse_input, render_history, user_message
+from ui.identity import ensure_browser_id, user_id_from_request
+from ui.job_follower import follow_job
+from ui.uploads import UploadLimits, UploadRejected, check_upload
+
+log = logging.getLogger("owlet.ui")
+
+# Error kinds for the owlet_ui_errors metric, by the worker client's exception class name.
+_ERROR_KINDS = {"UserCapReached": "user_cap", "ServiceBusy": "busy", "ConversationBusy": "conversation_busy",
+                "NotYourConversation": "not_your_conversation", "ImageMissing": "image_missing",
+                "InvalidInput": "invalid_input", "UnknownJob": "unknown_job"}
+
+
+def new_session() -> dict:
+    return {"conversation": None, "job": None, "images": {}}
+
+
+def _box(busy: bool, text: str = ""):
+    """The input box: locked with a Stop button while answering, open with Send otherwise."""
+    if busy:
+        return gr.MultimodalTextbox(value=None, interactive=False, submit_btn=False, stop_btn=True)
+    return gr.MultimodalTextbox(value={"text": text, "files": []}, interactive=True, submit_btn=True,
+                                stop_btn=False)
+
+
+class ChatHandlers:
+    def __init__(self, client, config, metrics):
+        self.client, self.config, self.metrics = client, config, metrics
+        self.limits = UploadLimits.from_config(config)
+        self.sampling = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature}
+
+    # ---- page load and identity -------------------------------------------------------------------
+
+    def on_load(self, stored_browser_id, request: gr.Request):
+        """Give this browser a lasting id (kept in localStorage) and start with an empty chat."""
+        return ensure_browser_id(stored_browser_id), [], "", new_session()
+
+    # ---- a new question ---------------------------------------------------------------------------
+
+    async def respond(self, message, chat, session, browser_id, request: gr.Request):
+        """Check the input, submit the turn, then stream queue position, tokens and final stats."""
+        session = dict(session or new_session())
+        text, files = parse_input(message)
+        shown = list(chat or [])
+        if not text and not files:
+            yield _box(False), shown, wording.EMPTY_MESSAGE, session
+            return
+        if len(files) > 1:
+            yield _box(False, text), shown, wording.ONE_IMAGE_ONLY, session
+            return
+        if len(text) > self.config.max_text_chars:
+            yield _box(False, text), shown, wording.too_long(self.config.max_text_chars), session
+            return
+        checked = None
+        if files:
+            try:
+                checked = await asyncio.to_thread(check_upload, files[0], self.limits)
+            except UploadRejected as exc:
+                self.metrics.errors.labels("image_rejected").inc()
+                self.metrics.turns.labels("rejected").inc()
+                note = wording.image_rejected(exc.user_message)
+                yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
+                       note, session)
+                return
+        user = user_id_from_request(request, browser_id)
+        async for update in self._submit_and_stream(user, session, text or wording.DEFAULT_IMAGE_PROMPT,
+                                                    checked, files[0] if files else None, shown):
+            yield update
+
+    # ---- retry and edit: truncate the stored history, then ask again --------------------------------
+
+    async def retry(self, chat, session, browser_id, data: gr.RetryData, request: gr.Request):
+        """Ask the retried question again: history is cut back to just before it."""
+        async for update in self._redo(chat, session, browser_id, request, _index(data.index), None):
+            yield update
+
+    async def edit(self, chat, session, browser_id, data: gr.EditData, request: gr.Request):
+        """Replace an earlier question with its edited text and answer from there."""
+        async for update in self._redo(chat, session, browser_id, request, _index(data.index),
+                                       message_text(data.value)):
+            yield update
+
+    async def _redo(self, chat, session, browser_id, request, index: int, new_text):
+        session = dict(session or new_session())
+        conv = session.get("conversation")
+        user = user_id_from_request(request, browser_id)
+        if not conv:
+            yield _box(False), list(chat or []), "Nothing to retry yet.", session
+            return
+        try:
+            await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
+            turns = await asyncio.to_thread(self.client.history, user, conv)
+            if not (0 <= index < len(turns)) or turns[index].get("role") != "user":
+                yield _box(False), render_history(turns, session["images"]), "Only your own messages can be retried or edited.", session
+                return
+            turn = turns[index]
+            await asyncio.to_thread(self.client.truncate, user, conv, index)
+        except Exception as exc:
+            yield (_box(False), list(chat or []), self._error_text(exc), session)
+            return
+        text = new_text if new_text is not None else (turn.get("text") or "")
+        text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
+        shown = render_history(turns[:index], session["images"])
+        async for update in self._submit_and_stream(user, session, text, None, None, shown,
+                                                    image_sha=turn.get("image_sha")):
+            yield update
+
+    # ---- the shared submit + stream loop -------------------------------------------------------------
+
+    async def _submit_and_stream(self, user, session, text, checked, image_path, shown, image_sha=None):
+        started = time.monotonic()
+        pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
+            checked or image_sha))
+        try:
+            if not session.get("conversation"):
+                session["conversation"] = await asyncio.to_thread(self.client.new_conversation, user)
+            if checked is not None:
+                image_sha = await asyncio.to_thread(self.client.put_image, checked.png_bytes)
+                session["images"] = {**session["images"], image_sha: image_path}
+            job = await asyncio.to_thread(self.client.submit_turn, user, session["conversation"], text,
+                                          image_sha, self.sampling)
+        except Exception as exc:
+            note = self._error_text(exc)
+            yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
+            return
+        session["job"] = job
+        try:
+            turns = await asyncio.to_thread(self.client.history, user, session["conversation"])
+            base = render_history(turns, session["images"])
+        except Exception:
+            base = shown + [pending_user]
+        self.metrics.active_streams.inc()
+        finished = False
+        try:
+            yield _box(True), base + [assistant_message("⏳ " + wording.queued(None, None))], \
+                wording.queued(None, None), session
+            async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
+                                      stall_timeout_s=self.config.stall_timeout_s, started_at=started):
+                finished = p.finished
+                if not p.finished:
+                    bubble = p.answer if p.answer else "⏳ " + p.status
+                    yield _box(True), base + [assistant_message(bubble)], p.status, session
+                    continue
+                session = {**session, "job": None}
+                yield (_box(False), base + [assistant_message(self._final_bubble(p))],
+                       self._final_status(p), session)
+                self._record(p)
+        finally:
+            self.metrics.active_streams.dec()
+            if not finished:  # Stop pressed, tab closed or server shutting down: free the engine slot
+                self.metrics.cancels.inc()
+                self.metrics.turns.labels("cancelled").inc()
+                self._cancel_quietly(user, job)
+
+    # ---- stop and new conversation -------------------------------------------------------------------
+
+    def stop(self, session, browser_id, request: gr.Request):
+        """Cancel the answer in progress (its engine slot is freed within one step)."""
+        session = dict(session or new_session())
+        job = session.get("job")
+        if job:
+            self._cancel_quietly(user_id_from_request(request, browser_id), job)
+        return _box(False), wording.STOPPED + " The answer was cancelled.", {**session, "job": None}
+
+    def new_conversation(self, session, browser_id, request: gr.Request):
+        """Forget the current chat (cancelling any answer in progress); the next question starts afresh."""
+        session = session or new_session()
+        if session.get("job"):
+            self._cancel_quietly(user_id_from_request(request, browser_id), session["job"])
+        return _box(False), [], "New conversation.", new_session()
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+
+    def _cancel_quietly(self, user, job) -> None:
+        if not job:
+            return
+        try:
+            self.client.cancel(user, job)
+        except Exception:  # already finished or expired: nothing left to free
+            log.debug("cancel of %s failed", job, exc_info=True)
+
+    def _error_text(self, exc: Exception) -> str:
+        kind = _ERROR_KINDS.get(type(exc).__name__)
+        message = getattr(exc, "user_message", None)
+        if message:
+            self.metrics.errors.labels(kind or "other").inc()
+            self.metrics.turns.labels("refused").inc()
+            return message
+        log.exception("turn failed", exc_info=exc)
+        self.metrics.errors.labels("service_down").inc()
+        self.metrics.turns.labels("error").inc()
+        return wording.SERVICE_DOWN
+
+    def _final_bubble(self, p) -> str:
+        if p.state in ("error", "lost"):
+            return (p.answer + "\n\n" if p.answer else "") + "⚠️ " + p.error
+        if p.state == "cancelled":
+            return (p.answer + " " if p.answer else "") + "*(stopped)*"
+        note = wording.finish_note(p.finish_reason)
+        return p.answer + (f" *{note}*" if note else "")
+
+    def _final_status(self, p) -> str:
+        if p.state == "done":
+            return wording.stats_line(p.stats, p.first_token_s)
+        if p.state == "cancelled":
+            return wording.STOPPED
+        return "⚠️ " + (p.error or "The answer failed.")
+
+    def _record(self, p) -> None:
+        m = self.metrics
+        m.turns.labels({"done": "done", "cancelled": "cancelled"}.get(p.state, "error")).inc()
+        if p.state == "done":
+            m.observe_done(p.stats)
+        elif p.state == "cancelled":
+            m.cancels.inc()
+        else:
+            m.errors.labels("worker_lost" if p.state == "lost" else "generation").inc()
+        if p.queue_wait_s is not None:
+            m.queue_wait.observe(p.queue_wait_s)
+        if p.first_token_s is not None:
+            m.ttft.observe(p.first_token_s)
+
+
+def _index(index) -> int:
+    return index[0] if isinstance(index, (list, tuple)) else int(index)

@@ -1,0 +1,138 @@
+"""Follow one job's event stream and turn it into what the page shows, without ever hanging.
+
+The worker client's ``events()`` is a blocking generator, so a small daemon thread reads it and hands
+events to the asyncio side. The async side waits with a timeout, which lets it refresh the
+"queued — position k" line while the job waits and notice a stream that went silent (a lost worker).
+Bursts of tokens are coalesced into one update, so a fast model does not flood the browser.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ui import wording
+
+_END = object()  # the reader thread finished (terminal event seen, or the stream vanished)
+
+
+@dataclass
+class Progress:
+    """A snapshot of one turn, as of the latest event."""
+    state: str = "queued"  # queued | running | done | error | cancelled | lost
+    answer: str = ""
+    status: str = ""  # the "Queued — position k" line, or "" once tokens flow
+    position: int | None = None
+    eta_s: float | None = None
+    stats: dict = field(default_factory=dict)
+    finish_reason: str | None = None
+    error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    first_token_s: float | None = None  # submit → first token, as the user saw it
+    queue_wait_s: float | None = None  # submit → a worker started it
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "error", "cancelled", "lost")
+
+
+def _read_into(client, job_id: str, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    try:
+        for _entry_id, event in client.events(job_id, last_id="0"):
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+    except Exception as exc:  # Redis down mid-stream: report it, never leave the page waiting
+        loop.call_soon_threadsafe(queue.put_nowait, {"type": "error", "message": wording.SERVICE_DOWN,
+                                                     "_exc": repr(exc)})
+    finally:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, _END)
+        except RuntimeError:  # the event loop is already closed (server shutting down)
+            pass
+
+
+def _apply(progress: Progress, event: dict) -> None:
+    kind = event.get("type")
+    now = time.monotonic() - progress.started_at
+    if kind == "queued":
+        progress.position, progress.eta_s = event.get("position"), event.get("eta_s")
+        progress.status = wording.queued(progress.position, progress.eta_s)
+    elif kind == "started":
+        progress.state, progress.status = "running", ""
+        progress.queue_wait_s = now
+    elif kind == "token":
+        if progress.state == "queued":  # a replayed stream may start with tokens
+            progress.state, progress.status = "running", ""
+        if progress.first_token_s is None:
+            progress.first_token_s = now
+        progress.answer += event.get("text") or ""
+    elif kind == "done":
+        progress.state, progress.status = "done", ""
+        progress.answer = event.get("text", progress.answer) or progress.answer
+        progress.stats = event.get("stats") or {}
+        progress.finish_reason = event.get("finish_reason")
+    elif kind == "error":
+        progress.state, progress.status = "error", ""
+        progress.error = event.get("message") or "The answer failed."
+    elif kind == "cancelled":
+        progress.state, progress.status = "cancelled", ""
+        progress.finish_reason = "cancelled"
+
+
+async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: float,
+                     started_at: float | None = None) -> AsyncIterator[Progress]:
+    """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    threading.Thread(target=_read_into, args=(client, job_id, loop, queue), daemon=True,
+                     name=f"owlet-follow-{job_id[:8]}").start()
+    progress = Progress(started_at=started_at or time.monotonic())
+    last_event_at = time.monotonic()
+    while True:
+        try:
+            item = await asyncio.wait_for(queue.get(), timeout=poll_s)
+        except asyncio.TimeoutError:
+            silent_for = time.monotonic() - last_event_at
+            if progress.state == "queued":
+                position = await asyncio.to_thread(_position, client, job_id)
+                if position is not None:
+                    last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
+                    if position != progress.position:
+                        progress.eta_s = _scaled_eta(progress, position)
+                        progress.position = position
+                        progress.status = wording.queued(position, progress.eta_s)
+                        yield progress
+                    continue
+            if silent_for > stall_timeout_s:
+                progress.state, progress.error = "lost", wording.WORKER_LOST
+                yield progress
+                return
+            continue
+        last_event_at = time.monotonic()
+        items = [item]
+        while not queue.empty():  # coalesce a burst of tokens into one update
+            items.append(queue.get_nowait())
+        for event in items:
+            if event is _END:
+                if not progress.finished:  # the stream ended or vanished without a terminal event
+                    progress.state, progress.error = "lost", wording.WORKER_LOST
+                yield progress
+                return
+            _apply(progress, event)
+        yield progress
+        if progress.finished:
+            return
+
+
+def _position(client, job_id: str) -> int | None:
+    try:
+        return client.queue_position(job_id)
+    except Exception:  # a failed refresh of the queue line is not worth failing the turn
+        return None
+
+
+def _scaled_eta(progress: Progress, position: int) -> float | None:
+    if progress.eta_s is None or not progress.position:
+        return None
+    return progress.eta_s * position / progress.position

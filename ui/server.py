@@ -1,0 +1,75 @@
+"""Wire config, worker client, metrics, handlers and page together, and serve them (``serve``).
+
+Gradio's concurrency is configured explicitly here: answer streams have no per-event limit
+(``concurrency_limit=None`` in ``ui.app`` and ``default_concurrency_limit=None`` below), so users are never
+serialised behind each other; ``max_threads`` bounds how many run at once and ``max_size`` how many more
+may wait in Gradio's queue before new ones are told the page is busy.
+"""
+from __future__ import annotations
+
+import logging
+
+from ui.app import CSS, build_page
+from ui.cluster_metrics import ClusterCollector
+from ui.handlers import ChatHandlers
+from ui.metrics import UIMetrics
+from ui.ops import ops_routes
+
+log = logging.getLogger("owlet.ui")
+
+NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
+                 "The page is still served locally at {url}")
+
+
+def make_client(config):
+    """The worker client for this config (imported here so importing ``ui`` never touches Redis)."""
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    overrides = {"redis_url": config.redis_url}
+    if config.key_prefix:
+        overrides["key_prefix"] = config.key_prefix
+    return OwletClient(settings=Settings.from_env(**overrides))
+
+
+def build(config, client=None):
+    """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
+    client = client or make_client(config)
+    metrics = UIMetrics()
+    metrics.registry.register(ClusterCollector(client))
+    page = build_page(ChatHandlers(client, config, metrics), config.browser_secret)
+    page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
+    launch_kwargs = dict(
+        server_name=config.host,
+        server_port=config.port,
+        share=config.share,
+        auth=list(config.auth) or None,
+        auth_message="Sign in to Owlet." if config.auth else None,
+        max_threads=config.max_threads,
+        max_file_size=config.max_upload_bytes,  # Gradio refuses bigger uploads before our own check
+        app_kwargs={"routes": ops_routes(client, metrics)},
+        show_error=False,
+        quiet=True,
+        footer_links=[],
+        css=CSS,
+        ssr_mode=False,
+    )
+    return page, launch_kwargs, client, metrics
+
+
+def serve(config, block: bool = True, client=None):
+    """Launch the page; prints the local URL (and the share link, or why there is none)."""
+    page, launch_kwargs, client, _metrics = build(config, client)
+    page.launch(prevent_thread_lock=True, **launch_kwargs)
+    print(f"Owlet UI: {page.local_url}", flush=True)
+    if config.share:
+        if page.share_url:
+            print(f"Owlet public link: {page.share_url}", flush=True)
+        else:
+            print(NO_SHARE_LINK.format(url=page.local_url), flush=True)
+    if block:
+        try:
+            page.block_thread()
+        finally:
+            client.close()
+    return page

@@ -1,0 +1,58 @@
+"""Every sentence the page shows about a turn's progress, its stats, and its errors, in one place."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+WORKER_LOST = ("The worker handling this answer stopped responding. Please ask again; "
+               "if it keeps happening, the service may be restarting.")
+STOPPED = "Stopped."
+SERVICE_DOWN = "The chat service is not reachable right now (queue unavailable). Please try again shortly."
+EMPTY_MESSAGE = "Type a question, or attach an image and ask about it."
+ONE_IMAGE_ONLY = "Please attach one image per message."
+DEFAULT_IMAGE_PROMPT = "Describe this image."
+
+
+def queued(position: int | None, eta_s: float | None) -> str:
+    """'Queued — position 3, about 12 s' (the ETA is omitted when unknown)."""
+    where = f"position {position}" if position else "waiting for a free slot"
+    if eta_s is None or eta_s < 0:
+        return f"Queued — {where}"
+    return f"Queued — {where}, about {max(1, round(eta_s))} s"
+
+
+def too_long(limit: int) -> str:
+    return f"Your message is longer than {limit} characters. Please shorten it."
+
+
+def image_rejected(reason: str) -> str:
+    return f"Image rejected: {reason}"
+
+
+def stats_line(stats: Mapping | None, ui_ttft_s: float | None = None) -> str:
+    """'First token 0.21 s · 34.5 tokens/s · 48 tokens · session cache hit (812/830 prompt tokens reused)'."""
+    stats = stats or {}
+    parts = []
+    ttft = ui_ttft_s if ui_ttft_s is not None else stats.get("ttft_s")
+    if ttft is not None:
+        parts.append(f"First token {ttft:.2f} s")
+    tps = stats.get("decode_tokens_per_s")
+    if tps:
+        parts.append(f"{tps:.1f} tokens/s")
+    generated = stats.get("generated_tokens")
+    if generated is not None:
+        parts.append(f"{generated} tokens")
+    cached, prompt = stats.get("cached_tokens") or 0, stats.get("prompt_tokens") or 0
+    if cached > 0:
+        parts.append(f"session cache hit ({cached}/{prompt} prompt tokens reused)")
+    elif prompt:
+        parts.append("session cache miss")
+    return " · ".join(parts)
+
+
+def finish_note(finish_reason: str | None) -> str:
+    """A short suffix for answers that did not end naturally."""
+    return {
+        "length": "(answer cut at the length limit)",
+        "deadline": "(answer cut: it took too long)",
+        "cancelled": "(stopped)",
+    }.get(finish_reason or "", "")
