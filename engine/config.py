@@ -1,0 +1,74 @@
+"""EngineConfig: every engine knob in one validated dataclass; ``from_env`` is the only place env vars are read."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+PARK_MODES = ("none", "int8", "int4")
+
+
+@dataclass
+class EngineConfig:
+    model: str  # local checkpoint folder (HF layout)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    trust_remote_code: bool = False  # only for checkpoints that ship their own modelling code (e.g. mPLUG-Owl3)
+    max_running: int = 16  # sequences in the decode batch
+    max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    max_waiting: int = 256  # requests queued inside the engine before add_request refuses
+    max_image_pixels: int = 1024 * 1024  # larger images are downscaled before preprocessing
+    max_images_per_request: int = 8
+    default_deadline_s: float | None = 300.0  # wall-clock cap per request unless the request sets one
+    # Session cache (multi-turn KV reuse) and image feature cache.
+    session_cache: bool = True
+    session_budget_mb: float | None = None  # None: 256 MB on CPU; a fraction of free memory on CUDA
+    session_budget_fraction: float = 0.5  # CUDA only: share of free memory after load and batch reserve
+    park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
+    park_group_size: int = 32
+    image_cache_mb: float = 64.0
+    seed: int = 0
+
+    def __post_init__(self):
+        assert self.model, "EngineConfig.model must name a checkpoint folder"
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_running < 1 or self.max_prefill_tokens < 16 or self.max_waiting < 1:
+            raise ValueError("max_running >= 1, max_prefill_tokens >= 16 and max_waiting >= 1 are required")
+        if self.park_mode not in PARK_MODES:
+            raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if not 0.0 < self.session_budget_fraction <= 0.95:
+            raise ValueError("session_budget_fraction must be in (0, 0.95]")
+
+    @classmethod
+    def from_env(cls, env=None, **overrides) -> "EngineConfig":
+        """Read ``OWLET_<FIELD>`` variables (e.g. OWLET_MODEL, OWLET_MAX_RUNNING, OWLET_PARK_MODE)."""
+        env = os.environ if env is None else env
+        values: dict = {}
+        for f in fields(cls):
+            raw = env.get(f"OWLET_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(raw, f.type, f.name)
+        values.update(overrides)
+        if "model" not in values:
+            raise ValueError("OWLET_MODEL is not set: point it at a local checkpoint folder")
+        return cls(**values)
+
+
+def _parse(raw: str, type_name, name: str):
+    t = str(type_name)
+    try:
+        if t.startswith("bool"):
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError
+            return raw.lower() in ("1", "true", "yes")
+        if t.startswith("int"):
+            return int(raw)
+        if t.startswith("float"):
+            return None if raw.lower() == "none" else float(raw)
+    except ValueError:
+        raise ValueError(f"OWLET_{name.upper()}={raw!r} is not a valid {t}") from None
+    return raw

@@ -1,0 +1,60 @@
+"""RequestHandle: the caller's end of a request — a stream of text deltas, then one FinalResult.
+
+The engine thread pushes; any number of caller threads may wait. Nothing here touches the model.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+from .outputs import FinalResult
+
+_END = object()
+
+
+class RequestHandle:
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self._deltas: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._result: FinalResult | None = None
+
+    # engine side -------------------------------------------------------------
+    def push_delta(self, text: str) -> None:
+        if text:
+            self._deltas.put(text)
+
+    def finish(self, result: FinalResult) -> None:
+        assert self._result is None, f"request {self.request_id} finished twice"
+        self._result = result
+        self._done.set()
+        self._deltas.put(_END)
+
+    # caller side -------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def __iter__(self):
+        """Yield text deltas until the request finishes. Ends on its own: every request has a deadline."""
+        while True:
+            item = self._deltas.get()
+            if item is _END:
+                return
+            yield item
+
+    def next_delta(self, timeout: float) -> str | None:
+        """One delta, or None if none arrived within ``timeout`` or the request ended (check ``finished``)."""
+        try:
+            item = self._deltas.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            self._deltas.put(_END)  # keep the end marker for other readers
+            return None
+        return item
+
+    def result(self, timeout: float | None = None) -> FinalResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} still running after {timeout}s")
+        return self._result

@@ -1,0 +1,255 @@
+"""LLMEngine: continuous batching over a Hugging Face VLM.
+
+What it knows: chats (text + PIL images), sampling parameters, token ids, KV caches, deadlines.
+What it does not know: Celery, Redis, Gradio, users. It takes requests and gives back text deltas and a
+final result; everything distributed lives in worker/, everything the user sees in ui/.
+
+One step is: take in new requests and aborts → prefill what the scheduler picked (each request alone, in
+chunks) → one batched decode step → emit deltas and drop finished rows. Any thread may call
+``add_request`` and ``abort``; only the loop thread (or a caller of ``step``) touches the model.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+
+from .batch import DecodeBatch
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .handle import RequestHandle
+from .model_runner import ModelRunner
+from .outputs import FinalResult, FinishReason
+from .prompt import PromptBuilder
+from .request import Request, Status
+from .sampler import make_generator, sample_next_tokens
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .session_store import SessionStore
+
+log = logging.getLogger("owlet.engine")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
+        self.config = config
+        self.runner = runner or ModelRunner(config)
+        self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
+                                     max_image_pixels=config.max_image_pixels,
+                                     max_images=config.max_images_per_request)
+        self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)
+        self.batch = DecodeBatch(self.runner.device)
+        self.sessions = SessionStore.for_runner(config, self.runner)
+        self._inbox: deque[Request] = deque()
+        self._aborts: set[str] = set()
+        self._live: dict[str, Request] = {}
+        self._lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._counters = dict(steps=0, decode_steps=0, decode_rows=0, prefill_tokens=0, generated_tokens=0,
+                              requests_finished=0, requests_failed=0, requests_cancelled=0, step_errors=0)
+
+    # -- public API (any thread) ----------------------------------------------
+    def add_request(self, messages, sampling: SamplingParams | None = None, *, session_id: str | None = None,
+                    request_id: str | None = None, deadline_s: float | None = None) -> RequestHandle:
+        """Validate and enqueue one chat turn. Raises ValueError with a user-facing message on bad input."""
+        sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError("sampling must be a SamplingParams")
+        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
+            raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+        prompt = self.prompts.build(messages)
+        max_len = self.runner.max_model_len
+        if len(prompt.token_ids) >= max_len:
+            raise ValueError(f"the conversation is too long: {len(prompt.token_ids)} tokens, and the model's "
+                             f"context holds {max_len}. Start a new conversation or use a smaller image.")
+        request_id = request_id or uuid.uuid4().hex
+        budget = deadline_s if deadline_s is not None else self.config.default_deadline_s
+        req = Request(
+            request_id=request_id, prompt=prompt, params=sampling, handle=RequestHandle(request_id),
+            detokenizer=IncrementalDetokenizer(self.runner.processor.tokenizer, sampling.stop),
+            session_id=session_id, max_len=max_len,
+            deadline=None if budget is None else time.monotonic() + budget,
+            generator=make_generator(sampling, self.config.seed),
+        )
+        with self._lock:
+            if request_id in self._live:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_waiting:
+                raise ValueError("the engine is at capacity; try again in a moment")
+            self._live[request_id] = req
+            self._inbox.append(req)
+        self._wakeup.set()
+        return req.handle
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; it finishes with CANCELLED at the start of the next step. False if unknown."""
+        with self._lock:
+            if request_id not in self._live:
+                return False
+            self._aborts.add(request_id)
+        self._wakeup.set()
+        return True
+
+    def start(self) -> "LLMEngine":
+        assert self._thread is None, "engine already started"
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="owlet-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still in flight finish with CANCELLED so no caller waits forever."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._lock:
+            leftovers = list(self._live.values())
+        for req in leftovers:
+            self._finish(req, FinishReason.CANCELLED, error="the engine shut down")
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self.scheduler.waiting or self.scheduler.prefilling or len(self.batch))
+
+    def stats(self) -> dict:
+        c = self._counters
+        return dict(
+            running=len(self.batch), prefilling=len(self.scheduler.prefilling),
+            waiting=len(self.scheduler.waiting) + len(self._inbox), max_running=self.config.max_running,
+            mean_batch_occupancy=(c["decode_rows"] / c["decode_steps"]) if c["decode_steps"] else 0.0,
+            device=str(self.runner.device), dtype=str(self.runner.dtype).replace("torch.", ""),
+            image_cache=dict(hits=self.runner.image_features.hits, misses=self.runner.image_features.misses,
+                             evictions=self.runner.image_features.evictions,
+                             bytes=self.runner.image_features.bytes_held),
+            **self.sessions.stats(), **c,
+        )
+
+    # -- the loop ---------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.has_work() and not self._aborts:
+                self._wakeup.wait(timeout=0.5)
+                self._wakeup.clear()
+                continue
+            self.step()
+
+    def step(self) -> None:
+        """schedule → prefill → decode → postprocess. Failures fail only the requests involved."""
+        self._counters["steps"] += 1
+        self._admit_and_expire()
+        for req, n_tokens in self.scheduler.schedule(len(self.batch)):
+            self._prefill(req, n_tokens)
+        if len(self.batch):
+            self._decode()
+
+    def _admit_and_expire(self) -> None:
+        with self._lock:
+            new = list(self._inbox)
+            self._inbox.clear()
+            aborts, self._aborts = self._aborts, set()
+        for req in new:
+            self.scheduler.add(req)
+        now = time.monotonic()
+        for req in self.scheduler.pending() + list(self.batch.requests):
+            if req.request_id in aborts:
+                self._finish(req, FinishReason.CANCELLED)
+            elif req.deadline is not None and now > req.deadline:
+                self._finish(req, FinishReason.DEADLINE,
+                             error="the answer took longer than its deadline; try a shorter question or try again")
+        self._drop_finished_rows()
+
+    def _prefill(self, req: Request, n_tokens: int) -> None:
+        try:
+            if req.prefill_start is None:
+                req.prefill_start = time.monotonic()
+                self.sessions.restore(req)
+                n_tokens = min(n_tokens, req.remaining_prefill, self.sessions.first_chunk_limit(req) or n_tokens)
+            logits = self.runner.prefill(req, n_tokens)
+            self.sessions.after_chunk(req)
+            self._counters["prefill_tokens"] += n_tokens
+            if req.remaining_prefill > 0:
+                return  # more chunks next step
+            self.scheduler.prefill_done(req)
+            req.embeds = None
+            self.sessions.checkpoint_prompt(req)
+            token = sample_next_tokens(logits[None], [req.params], [req.generator])[0]
+            req.status = Status.RUNNING
+            if not self._accept_token(req, token):
+                self.batch.add(req, req.cache, req.num_tokens - 1, token)
+            req.cache = None
+        except Exception as exc:  # noqa: BLE001 — one bad request must not stop the engine
+            log.exception("prefill failed for %s", req.request_id)
+            self._counters["step_errors"] += 1
+            self._finish(req, FinishReason.ERROR, error=f"the model failed on this request ({type(exc).__name__})")
+
+    def _decode(self) -> None:
+        try:
+            logits, cache = self.runner.decode(self.batch)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("decode step failed for %d requests", len(self.batch))
+            self._counters["step_errors"] += 1
+            for req in list(self.batch.requests):
+                self._finish(req, FinishReason.ERROR, error=f"the model failed mid-answer ({type(exc).__name__})")
+            self._drop_finished_rows()
+            return
+        rows = self.batch.requests
+        tokens = sample_next_tokens(logits, [r.params for r in rows], [r.generator for r in rows])
+        self._counters["decode_steps"] += 1
+        self._counters["decode_rows"] += len(rows)
+        self.batch.advance(cache, tokens)
+        for req, token in zip(list(rows), tokens):
+            self._accept_token(req, token)
+        self._drop_finished_rows()
+
+    def _accept_token(self, req: Request, token: int) -> bool:
+        """Append a sampled token, stream its text, and finish the request if it should stop. True if finished."""
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.output_ids.append(token)
+        self._counters["generated_tokens"] += 1
+        if token in self.runner.eos_ids:
+            self._finish(req, FinishReason.EOS)
+            return True
+        req.handle.push_delta(req.detokenizer.add_token(token))
+        if req.detokenizer.stopped:
+            self._finish(req, FinishReason.STOP)
+        elif len(req.output_ids) >= req.params.max_new_tokens or req.num_tokens >= req.max_len:
+            self._finish(req, FinishReason.LENGTH)
+        return req.status is Status.FINISHED
+
+    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        if req.status is Status.FINISHED:
+            return
+        if req.status is Status.RUNNING and reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
+            self.sessions.park(req, self.batch)
+        if req.status in (Status.WAITING, Status.PREFILLING):
+            self.scheduler.remove(req)
+        req.status = Status.FINISHED
+        req.cache = req.embeds = None
+        if reason is not FinishReason.ERROR:
+            req.handle.push_delta(req.detokenizer.flush())
+        with self._lock:
+            self._live.pop(req.request_id, None)
+        key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
+            reason, "requests_finished")
+        self._counters[key] += 1
+        req.handle.finish(FinalResult(
+            request_id=req.request_id, text=req.detokenizer.text, token_ids=list(req.output_ids),
+            finish_reason=reason, stats=req.stats(), error=error,
+        ))
+
+    def _drop_finished_rows(self) -> None:
+        keep = [i for i, r in enumerate(self.batch.requests) if r.status is not Status.FINISHED]
+        self.batch.filter(keep)
+
+
+def greedy(max_new_tokens: int = 64, **kw) -> SamplingParams:
+    """Shorthand used by tests and benchmarks."""
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, **kw)
+

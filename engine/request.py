@@ -1,0 +1,79 @@
+"""Request: one chat turn inside the engine — its prompt, counters, cache and status.
+
+State is plain counters; everything derivable is a property. Only the engine thread mutates a Request after
+``add_request`` returns.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from .detokenizer import IncrementalDetokenizer
+from .handle import RequestHandle
+from .outputs import RequestStats
+from .prompt import Prompt
+from .sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, nothing computed yet
+    PREFILLING = "prefilling"  # part of the prompt is in its private cache (chunked prefill)
+    RUNNING = "running"  # in the decode batch
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    handle: RequestHandle
+    detokenizer: IncrementalDetokenizer
+    session_id: str | None = None
+    deadline: float | None = None  # time.monotonic() value
+    max_len: int = 0  # hard cap on prompt + output tokens (the model's context)
+    arrival: float = field(default_factory=time.monotonic)
+    status: Status = Status.WAITING
+    num_computed: int = 0  # prompt tokens already in the cache (reused or prefilled)
+    cached_tokens: int = 0  # of those, tokens that came from the session cache
+    image_cache_hits: int = 0
+    cache: object = None  # private DynamicCache (batch 1) while prefilling
+    prompt_conv: dict | None = None  # conv states at the end of the prompt (hybrid models; session checkpoints)
+    embeds: object = None  # prompt input embeddings, built once at prefill start
+    output_ids: list[int] = field(default_factory=list)
+    generator: object = None  # torch.Generator for sampled requests
+    prefill_start: float | None = None
+    first_token_time: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt.token_ids)
+
+    @property
+    def remaining_prefill(self) -> int:
+        return self.prompt_len - self.num_computed
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.output_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt.token_ids + self.output_ids
+
+    def stats(self) -> RequestStats:
+        now = time.monotonic()
+        ttft = None if self.first_token_time is None else self.first_token_time - self.arrival
+        tps = None
+        if self.first_token_time is not None and len(self.output_ids) > 1:
+            tps = (len(self.output_ids) - 1) / max(now - self.first_token_time, 1e-9)
+        return RequestStats(
+            prompt_tokens=self.prompt_len,
+            cached_tokens=self.cached_tokens,
+            generated_tokens=len(self.output_ids),
+            queue_s=(self.prefill_start or now) - self.arrival,
+            ttft_s=ttft,
+            decode_tokens_per_s=tps,
+            image_cache_hits=self.image_cache_hits,
+        )
