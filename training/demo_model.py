@@ -1,0 +1,60 @@
+"""Sizes and building blocks of the demo checkpoint: tokenizer, processor and a fresh LFM2-VL model.
+
+The pieces come from `training.tiny_checkpoint` (shared with the test fixtures); this module only fixes
+the demo's sizes, so train and eval agree on them.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+from training.dialogues import make_dialogue
+from training.scenes import generate_scene
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "owlet-shapes-vl"
+
+# Scenes are 256 px, i.e. 64 image tokens; uploads of other sizes are resized to at most 64 tokens too,
+# without tiling, so the demo never sees more image tokens than it was trained on.
+MAX_IMAGE_TOKENS, MIN_IMAGE_TOKENS = 64, 16
+TOKENIZER_VOCAB = 512
+# Hybrid LFM2 text stack as in LFM2-VL-1.6B (conv blocks with a few attention layers), scaled down.
+TEXT_SIZES = dict(
+    hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
+    block_auto_adjust_ff_dim=False, max_position_embeddings=2048,
+)
+VISION_SIZES = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                    patch_size=16, num_patches=256)
+PROJECTOR_HIDDEN = 256
+
+
+def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:
+    """Every word the dialogues use, in context, plus the chat role names (so each is one token)."""
+    rng = random.Random(seed)
+    texts = ["user\n", "assistant\n"] * 200
+    for _ in range(n_scenes):
+        scene = generate_scene(rng)
+        for turn in make_dialogue(scene, rng, 5):
+            texts += [turn.question, turn.answer]
+    return texts
+
+
+def build_processor():
+    from training.tiny_checkpoint import make_lfm2vl_processor, train_tokenizer
+
+    tokenizer = train_tokenizer(tokenizer_corpus(), vocab_size=TOKENIZER_VOCAB)
+    return make_lfm2vl_processor(tokenizer, max_image_tokens=MAX_IMAGE_TOKENS, min_image_tokens=MIN_IMAGE_TOKENS)
+
+
+def build_fresh_model(processor, seed: int = 0):
+    """A random-init demo model, saved and reloaded through from_pretrained like any checkpoint."""
+    from transformers import Lfm2VlForConditionalGeneration
+
+    from training.tiny_checkpoint import build_lfm2vl_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_lfm2vl_checkpoint(tmp, tokenizer=processor.tokenizer, processor=processor, text_overrides=TEXT_SIZES,
+                                vision_overrides=VISION_SIZES, projector_hidden_size=PROJECTOR_HIDDEN, seed=seed)
+        return Lfm2VlForConditionalGeneration.from_pretrained(tmp, dtype="float32")

@@ -1,0 +1,128 @@
+"""Multi-turn question/answer dialogues about a `Scene`, with short canonical answers.
+
+Answers are a closed, tiny language ("red", "2", "left", "yes", "the red circle",
+"a red circle and a blue square") so that exact match is a meaningful score. A question is only asked
+when its answer is unambiguous in the scene (e.g. "what colour is the circle?" needs exactly one circle).
+The image is attached to the first user turn only, so every follow-up must be answered from that image.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from PIL import Image
+
+from training.scenes import COLOUR_NAMES, IMAGE_SIZE, SHAPES, Scene, Shape
+
+QUESTION_TYPES = ("colour", "count", "where", "exists", "largest", "describe")
+PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "star": "stars"}
+NUMBER_WORDS = ("0", "1", "2", "3", "4")
+
+_POSITION_DOMINANCE = 1.5  # one axis must dominate the other by this much for "where" to be asked
+_POSITION_MIN_OFFSET = 0.2  # ...and be this far from the centre (fraction of half the image)
+_LARGEST_RATIO = 1.5  # the largest shape must beat the runner-up's area by this much
+
+
+@dataclass(frozen=True)
+class Turn:
+    qtype: str  # one of QUESTION_TYPES
+    question: str
+    answer: str
+
+
+def position_of(shape: Shape) -> str | None:
+    """'left', 'right', 'top' or 'bottom' when clear-cut, else None (the question is then not asked)."""
+    half = IMAGE_SIZE / 2
+    dx, dy = (shape.x - half) / half, (shape.y - half) / half
+    if abs(dx) >= _POSITION_DOMINANCE * abs(dy) and abs(dx) >= _POSITION_MIN_OFFSET:
+        return "left" if dx < 0 else "right"
+    if abs(dy) >= _POSITION_DOMINANCE * abs(dx) and abs(dy) >= _POSITION_MIN_OFFSET:
+        return "top" if dy < 0 else "bottom"
+    return None
+
+
+def describe(scene: Scene) -> str:
+    """Canonical description: shapes sorted by kind then colour, e.g. 'a red circle, a blue star and a green star'."""
+    order = sorted(scene.shapes, key=lambda s: (SHAPES.index(s.kind), COLOUR_NAMES.index(s.colour)))
+    parts = [f"{'an' if s.colour == 'orange' else 'a'} {s.colour} {s.kind}" for s in order]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def largest(scene: Scene) -> Shape | None:
+    if len(scene.shapes) < 2:
+        return None
+    first, second = sorted(scene.shapes, key=lambda s: -s.area)[:2]
+    return first if first.area >= _LARGEST_RATIO * second.area else None
+
+
+def _unique_kinds(scene: Scene) -> list[str]:
+    kinds = [s.kind for s in scene.shapes]
+    return [k for k in SHAPES if kinds.count(k) == 1]
+
+
+def _shape_of_kind(scene: Scene, kind: str) -> Shape:
+    return next(s for s in scene.shapes if s.kind == kind)
+
+
+def candidate_turns(scene: Scene, rng: random.Random) -> dict[str, list[Turn]]:
+    """Every askable question for the scene, grouped by type (some types may have none)."""
+    out: dict[str, list[Turn]] = {t: [] for t in QUESTION_TYPES}
+    for kind in _unique_kinds(scene):
+        shape = _shape_of_kind(scene, kind)
+        out["colour"].append(Turn("colour", f"what colour is the {kind}?", shape.colour))
+        where = position_of(shape)
+        if where:
+            out["where"].append(Turn("where", f"where is the {kind}?", where))
+    kinds = [s.kind for s in scene.shapes]
+    for kind in SHAPES:
+        out["count"].append(Turn("count", f"how many {PLURALS[kind]} are there?", NUMBER_WORDS[kinds.count(kind)]))
+    out["count"].append(Turn("count", "how many shapes are there?", NUMBER_WORDS[len(kinds)]))
+    present = {(s.colour, s.kind) for s in scene.shapes}
+    colour, kind = rng.choice(sorted(present))
+    out["exists"].append(Turn("exists", f"is there a {colour} {kind}?", "yes"))
+    # Hard negatives: keep either the colour or the kind of a shape that is present.
+    absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
+    near = [(c, k) for c, k in absent if any(c == pc or k == pk for pc, pk in present)]
+    colour, kind = rng.choice(near if near and rng.random() < 0.7 else absent)
+    out["exists"].append(Turn("exists", f"is there a {colour} {kind}?", "no"))
+    big = largest(scene)
+    if big:
+        out["largest"].append(Turn("largest", "which shape is the largest?", f"the {big.colour} {big.kind}"))
+    out["describe"].append(Turn("describe", "describe the image.", describe(scene)))
+    return out
+
+
+def make_dialogue(scene: Scene, rng: random.Random, n_turns: int) -> list[Turn]:
+    """Up to n_turns distinct questions about the scene, question types drawn as evenly as the scene allows."""
+    pool = candidate_turns(scene, rng)
+    for turns in pool.values():
+        rng.shuffle(turns)
+    dialogue: list[Turn] = []
+    while len(dialogue) < n_turns:
+        types = [t for t in QUESTION_TYPES if pool[t]]
+        if not types:
+            break
+        turn = pool[rng.choice(types)].pop()
+        if rng.random() < 0.5:  # users type "What ..." as often as "what ..."; both must work
+            turn = Turn(turn.qtype, turn.question[0].upper() + turn.question[1:], turn.answer)
+        dialogue.append(turn)
+    return dialogue
+
+
+def to_messages(image: Image.Image, turns: list[Turn], answered: int | None = None) -> list[dict]:
+    """HF chat messages: the image rides on the first user turn; the first `answered` turns carry answers.
+
+    With answered=None every turn is answered (a training example); with answered=k the chat ends on the
+    (k+1)-th question, ready for generation.
+    """
+    answered = len(turns) if answered is None else answered
+    messages: list[dict] = []
+    for i, turn in enumerate(turns[: answered + 1]):
+        content = [{"type": "text", "text": turn.question}]
+        if i == 0:
+            content.insert(0, {"type": "image", "image": image})
+        messages.append({"role": "user", "content": content})
+        if i < answered:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": turn.answer}]})
+    return messages

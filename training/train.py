@@ -1,0 +1,106 @@
+"""Train the demo LFM2-VL on synthetic shape dialogues and save it as a checkpoint folder.
+
+    python -m training.train --minutes 30 --out models/owlet-shapes-vl
+
+Loss is on assistant answers only. AdamW with warm-up and a cosine decay; the schedule follows
+training progress, which is steps done / --steps, or time spent / --minutes when only a time budget is given.
+A progress bar shows the loss; every --log-every steps a JSON line goes to --log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
+from training.examples import encode_batch, training_dialogue
+
+
+def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: float = 0.05) -> float:
+    """Linear warm-up over the first `warmup` of training, then cosine down to `floor` x peak."""
+    if progress < warmup:
+        return peak * max(progress / warmup, 0.01)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup))))
+    return peak * (floor + (1 - floor) * cosine)
+
+
+def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: int, peak_lr: float,
+          log_path: Path, log_every: int, threads: int, seed: int) -> dict:
+    assert steps or minutes, "give --steps or --minutes"
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    processor = build_processor()
+    model = build_fresh_model(processor, seed=seed)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=peak_lr, betas=(0.9, 0.98))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("w")
+    start = time.monotonic()
+    bar = tqdm(total=steps or int(minutes * 60), unit="step" if steps else "s", dynamic_ncols=True, mininterval=5)
+    step, smoothed = 0, None
+    while True:
+        elapsed = time.monotonic() - start
+        progress = step / steps if steps else elapsed / (minutes * 60)
+        if progress >= 1.0:
+            break
+        lr = learning_rate(progress, peak_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = encode_batch(processor, [training_dialogue(step * batch_size + i) for i in range(batch_size)])
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{lr:.2e}")
+        bar.update(1 if steps else int(time.monotonic() - start) - bar.n)
+        if step % log_every == 0:
+            record = {"step": step, "examples": step * batch_size, "loss": round(loss.item(), 5),
+                      "smoothed_loss": round(smoothed, 5), "lr": lr, "elapsed_s": round(time.monotonic() - start, 1)}
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+    bar.close()
+    log.close()
+    model.eval()
+    model.generation_config.max_new_tokens = 32
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    summary = {"steps": step, "examples": step * batch_size, "final_smoothed_loss": smoothed,
+               "minutes": round((time.monotonic() - start) / 60, 1), "batch_size": batch_size, "peak_lr": peak_lr}
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--steps", type=int, help="number of optimizer steps")
+    parser.add_argument("--minutes", type=float, help="time budget (used when --steps is not given)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--log", type=Path, default=Path("artifacts/train_log.jsonl"))
+    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not args.steps and not args.minutes:
+        args.minutes = 30.0
+    summary = train(args.out, args.steps, args.minutes, args.batch_size, args.lr, args.log, args.log_every,
+                    args.threads, args.seed)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
