@@ -1,0 +1,175 @@
+"""The Redis side of the job queue, without a model: submit, positions, fairness, caps, cancel, ownership."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from worker.dispatcher import Dispatcher
+from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UnknownJob, UserCapReached
+from worker.jobs import Job, Message
+
+
+def submit(client, user, text="hi", conv=None):
+    conv = conv or client.new_conversation(user)
+    return client.submit_turn(user, conv, text), conv
+
+
+def pop_all(client, capacity=10_000):
+    d = client.dispatcher
+    order = []
+    while (popped := d.scripts.call(d.scripts.pop, capacity, repr(time.time()))):
+        order.append(popped[0].decode())
+    return order
+
+
+def test_submit_records_turn_and_queued_event(client):
+    job, conv = submit(client, "ann", "what is this?")
+    assert client.history("ann", conv) == [{"role": "user", "text": "what is this?", "image_sha": None}]
+    assert client.queue_position(job) == 1
+    stream_id, event = next(iter(client.events(job)))
+    assert event["type"] == "queued" and event["position"] == 1
+    assert client.job_state(job) == "queued"
+
+
+def test_round_robin_under_a_flood(client):
+    heavy = [submit(client, "heavy", f"q{i}")[0] for i in range(50)]
+    light = {u: submit(client, u)[0] for u in ("b", "c", "d", "e")}
+    # each light user is behind at most one heavy job, not fifty
+    assert [client.queue_position(light[u]) for u in "bcde"] == [2, 3, 4, 5]
+    assert client.queue_position(heavy[-1]) == 54
+    order = pop_all(client)
+    assert order[:6] == [heavy[0], light["b"], light["c"], light["d"], light["e"], heavy[1]]
+    assert sorted(order) == sorted(heavy + list(light.values()))
+    assert client.queue_position(heavy[-1]) is None
+
+
+def test_fifo_mode_serves_in_arrival_order(redis_url, settings):
+    from worker.client import OwletClient
+
+    fifo = OwletClient(settings=type(settings)(**{**vars(settings), "fifo": True}))
+    try:
+        heavy = [submit(fifo, "heavy")[0] for _ in range(5)]
+        light = submit(fifo, "b")[0]
+        assert fifo.queue_position(light) == 6
+        assert pop_all(fifo) == heavy + [light]
+    finally:
+        for k in fifo.r.scan_iter(match=settings.key_prefix + "*"):
+            fifo.r.delete(k)
+
+
+def test_lone_user_may_use_every_slot(client, fake_capacity):
+    jobs = [submit(client, "solo")[0] for _ in range(6)]
+    fake_capacity(4)
+    assert client.dispatch() == 4  # work-conserving: nobody else waits, so one user takes all slots
+    assert [client.job_state(j) for j in jobs] == ["dispatched"] * 4 + ["queued"] * 2
+    assert client.dispatch() == 0  # and no more than the capacity
+    assert client.queue_position(jobs[4]) == 1
+
+
+def test_no_dispatch_without_live_workers(client):
+    job, _ = submit(client, "ann")
+    assert client.dispatch() == 0
+    assert client.job_state(job) == "queued"
+
+
+def test_user_cap_and_global_cap(redis_url, settings):
+    from worker.client import OwletClient
+
+    c = OwletClient(settings=type(settings)(**{**vars(settings), "user_queue_cap": 2, "global_queue_cap": 3}))
+    try:
+        submit(c, "ann"), submit(c, "ann")
+        with pytest.raises(UserCapReached) as exc:
+            submit(c, "ann")
+        assert "2 questions waiting" in exc.value.user_message
+        submit(c, "bob")
+        with pytest.raises(ServiceBusy) as exc:
+            submit(c, "cid")
+        assert exc.value.user_message == "The service is busy, try again in a moment."
+        assert c.dispatcher.queued_total() == 3
+    finally:
+        for k in c.r.scan_iter(match=settings.key_prefix + "*"):
+            c.r.delete(k)
+
+
+def test_cancel_queued_job_ends_stream_and_frees_the_queue(client):
+    job, conv = submit(client, "ann")
+    other, _ = submit(client, "bob")
+    assert client.cancel("ann", job) is True
+    assert [e["type"] for _, e in client.events(job)] == ["queued", "cancelled"]
+    assert client.queue_position(job) is None
+    assert client.queue_position(other) == 1
+    assert client.dispatcher.queued_total() == 1
+    assert client.cancel("ann", job) is False  # already ended
+    # the conversation is free again for the next question
+    client.submit_turn("ann", conv, "again")
+
+
+def test_users_cannot_touch_each_others_conversations(client):
+    job, conv = submit(client, "ann")
+    with pytest.raises(NotYourConversation):
+        client.history("mallory", conv)
+    with pytest.raises(NotYourConversation):
+        client.submit_turn("mallory", conv, "hi")
+    with pytest.raises(NotYourConversation):
+        client.truncate("mallory", conv, 0)
+    with pytest.raises(UnknownJob):
+        client.cancel("mallory", job)
+    with pytest.raises(NotYourConversation):
+        client.submit_turn("ann", "no-such-conversation", "hi")
+    assert client.job_state(job) == "queued"
+
+
+def test_one_pending_turn_per_conversation(client):
+    job, conv = submit(client, "ann")
+    with pytest.raises(ConversationBusy) as exc:
+        client.submit_turn("ann", conv, "second")
+    assert "cancel" in exc.value.user_message
+    assert len(client.history("ann", conv)) == 1
+
+
+def test_concurrent_dispatchers_pop_each_job_exactly_once(client):
+    jobs = {submit(client, f"u{i % 7}", conv=None)[0] for i in range(60)}
+    got, lock = [], threading.Lock()
+
+    def worker():
+        mine = pop_all(client)
+        with lock:
+            got.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(jobs)
+    assert client.dispatcher.queued_total() == 0
+
+
+def test_reader_that_attaches_late_gets_everything(client):
+    job, _ = submit(client, "ann")
+    client.cancel("ann", job)
+    first = list(client.events(job))
+    again = list(client.events(job))
+    assert first == again and [e["type"] for _, e in first] == ["queued", "cancelled"]
+    resumed = list(client.events(job, last_id=first[0][0]))
+    assert resumed == first[1:]
+
+
+def test_blocking_read_outlives_the_socket_timeout(client):
+    """redis-py 8 times sockets out after 5 s; a reader must keep waiting past that."""
+    job, _ = submit(client, "ann")
+    threading.Timer(5.5, client.cancel, args=("ann", job)).start()
+    t0 = time.monotonic()
+    types = [e["type"] for _, e in client.events(job)]
+    assert types == ["queued", "cancelled"] and time.monotonic() - t0 > 5.0
+
+
+def test_raw_enqueue_dispatches_with_dispatch_number(client, fake_capacity):
+    d: Dispatcher = client.dispatcher
+    job = Job("j1", "ann", "c1", 0, (Message("user", "x"),))
+    d.enqueue(job, None)
+    fake_capacity(1)
+    assert client.dispatch() == 1
+    assert client.r.hget(client.keys.job("j1"), "dispatch_n") == b"1"

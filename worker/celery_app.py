@@ -1,0 +1,58 @@
+"""Celery app factory. The worker's engine is created in a start-up signal, never at import.
+
+- threads pool: one process, one engine, many jobs sharing its batch;
+- prefetch disabled: a worker takes a job only when a thread is free, so waiting jobs stay in Redis
+  where the fair dispatcher sees them;
+- worker_direct: each worker also consumes its own queue ``<node>.dq2`` for conversation affinity;
+- acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams.
+"""
+from __future__ import annotations
+
+from celery import Celery, signals
+
+from worker.config import Settings
+
+
+def create_app(settings: Settings | None = None, with_runtime: bool = False) -> Celery:
+    """Build the Celery app. ``with_runtime`` wires the worker start-up/shutdown signals (worker side only)."""
+    settings = settings or Settings.from_env()
+    app = Celery("owlet", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        broker_transport_options={"global_keyprefix": settings.key_prefix + "celery:"},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=settings.key_prefix + "jobs",
+        task_ignore_result=True,
+        task_acks_late=False,
+        worker_direct=True,
+        worker_prefetch_multiplier=1,
+        worker_disable_prefetch=True,
+        worker_pool="threads",
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_enable_remote_control=False,
+    )
+    app.owlet_settings = settings
+    if with_runtime:
+        from worker.tasks import register_tasks
+
+        register_tasks(app)
+        _wire_runtime(app, settings)
+    return app
+
+
+def _wire_runtime(app: Celery, settings: Settings) -> None:
+    def start(sender=None, **_):
+        if getattr(sender, "app", None) is not app:
+            return
+        from worker.runtime import WorkerRuntime
+
+        app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname)
+        app.owlet_runtime.start()
+
+    def stop(sender=None, **_):
+        runtime = getattr(app, "owlet_runtime", None)
+        if runtime is not None:
+            runtime.stop()
+
+    signals.worker_init.connect(start, weak=False)
+    signals.worker_shutdown.connect(stop, weak=False)

@@ -1,0 +1,149 @@
+"""``OwletClient``: the API the UI and benchmarks use (see docs/interfaces.md).
+
+It stores images and history, submits fair jobs, runs a dispatch pass after each submit, and reads job
+streams. Errors raised to callers are ``worker.errors.OwletError`` subclasses carrying ``.user_message``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import redis
+
+from engine.sampling_params import SamplingParams
+from worker import heartbeat, reaper
+from worker.celery_app import create_app
+from worker.config import Settings
+from worker.dispatcher import Dispatcher
+from worker.errors import ImageMissing, InvalidInput, UnknownJob
+from worker.history import ConversationStore, turn_json
+from worker.images import ImageStore
+from worker.jobs import Job, Message
+from worker.keys import Keys
+from worker.streams import read_events
+
+class OwletClient:
+    def __init__(self, redis_url: str | None = None, settings: Settings | None = None):
+        if settings is None:
+            settings = Settings.from_env(**({"redis_url": redis_url} if redis_url else {}))
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.r = redis.Redis.from_url(settings.redis_url)
+        self.dispatcher = Dispatcher(self.r, settings, create_app(settings))
+        self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
+        self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
+
+    # -- conversations and images --------------------------------------------------------------------------
+    def put_image(self, png_bytes: bytes) -> str:
+        return self.images.put(png_bytes)
+
+    def new_conversation(self, user_id: str) -> str:
+        _check_user(user_id)
+        return self.convs.create(user_id)
+
+    def history(self, user_id: str, conv: str) -> list[dict]:
+        """The conversation's turns ``{role, text, image_sha}``; raises NotYourConversation."""
+        self.convs.check_owner(user_id, conv)
+        return [{k: t.get(k) for k in ("role", "text", "image_sha")} for t in self.convs.turns(conv)]
+
+    def truncate(self, user_id: str, conv: str, n_turns: int) -> None:
+        """Drop turns after the first ``n_turns`` (retry / edit). Refused while a turn is being answered."""
+        self.convs.check_owner(user_id, conv)
+        if not isinstance(n_turns, int) or n_turns < 0:
+            raise InvalidInput("n_turns must be a non-negative integer.")
+        pending = self.r.hget(self.keys.conversation(conv), "pending")
+        if pending is not None:
+            self.cancel(user_id, pending.decode())
+        self.convs.truncate(conv, n_turns)
+
+    # -- jobs ----------------------------------------------------------------------------------------------
+    def submit_turn(self, user_id: str, conv: str, text: str, image_sha: str | None = None,
+                    sampling: dict | None = None) -> str:
+        """Append the user's turn and enqueue a fair job; returns the job id."""
+        s = self.settings
+        _check_user(user_id)
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInput("Please type a question.")
+        if len(text) > s.turn_max_chars:
+            raise InvalidInput(f"The question is too long ({len(text)} characters, limit {s.turn_max_chars}).")
+        try:
+            SamplingParams.from_dict(sampling)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"Invalid generation settings: {exc}") from None
+        if image_sha is not None:
+            if not self.images.exists(image_sha):
+                raise ImageMissing()
+            self.images.touch(image_sha)
+        self.convs.check_owner(user_id, conv)
+        past = self.convs.turns(conv)
+        messages = tuple(Message(t["role"], t["text"], t.get("image_sha")) for t in past)
+        messages += (Message("user", text, image_sha),)
+        if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
+            raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
+        job_id = Dispatcher.new_job_id()
+        job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
+        self.dispatcher.enqueue(job, turn_json("user", text, image_sha, job_id))
+        self.convs.refresh(conv)
+        self.dispatcher.dispatch()
+        return job_id
+
+    def events(self, job_id: str, last_id: str = "0") -> Iterator[tuple[str, dict]]:
+        """Yield ``(stream_id, event)`` from ``last_id`` (replaying everything from "0") until a terminal event.
+
+        While waiting it runs the reaper sweep, so a dead worker or an expired queue slot still ends the
+        stream even when no worker is alive to notice.
+        """
+        key = self.keys.stream(job_id)
+        if not self.r.exists(key) and not self.r.exists(self.keys.job(job_id)):
+            raise UnknownJob()
+
+        def on_idle() -> bool:
+            reaper.sweep(self.dispatcher)
+            return bool(self.r.exists(key))
+
+        yield from read_events(self.r, key, last_id, self.settings.read_block_ms, on_idle)
+
+    def cancel(self, user_id: str, job_id: str) -> bool:
+        """Cancel the user's job; returns False when it had already ended. Other users' jobs are refused."""
+        owner = self.r.hget(self.keys.job(job_id), "user")
+        if owner is None or owner.decode() != user_id:
+            raise UnknownJob()
+        return self.dispatcher.cancel(job_id)
+
+    def queue_position(self, job_id: str) -> int | None:
+        return self.dispatcher.position(job_id)
+
+    def job_state(self, job_id: str) -> str | None:
+        """queued, dispatched, started, done, error, cancelled; None when unknown or expired."""
+        state = self.r.hget(self.keys.job(job_id), "state")
+        return state.decode() if state is not None else None
+
+    def health(self) -> dict:
+        try:
+            self.r.ping()
+        except redis.RedisError:
+            return {"redis": False, "workers": []}
+        workers = heartbeat.alive(self.r, self.keys)
+        return {"redis": True, "workers": [vars(w) for w in workers.values()],
+                "queued": self.dispatcher.queued_total(), **self.dispatcher.affinity_stats()}
+
+    def dispatch(self) -> int:
+        """Run one dispatch pass now (normally triggered by submits and by workers)."""
+        return self.dispatcher.dispatch()
+
+    def close(self) -> None:
+        self.r.close()
+
+def _check_user(user_id) -> None:
+    if not isinstance(user_id, str) or not user_id or len(user_id) > 200:
+        raise InvalidInput("A user id is required.")
+
+def wait_for_workers(client: OwletClient, n: int = 1, timeout_s: float = 60.0) -> list[dict]:
+    """Block until ``n`` workers have a live heartbeat (scripts and tests); raises TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = client.health()["workers"]
+        if len(workers) >= n:
+            return workers
+        time.sleep(0.1)
+    raise TimeoutError(f"fewer than {n} Owlet workers alive after {timeout_s:.0f} s")

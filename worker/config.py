@@ -1,0 +1,57 @@
+"""One env-driven settings object for the worker side (client, dispatcher and Celery worker alike)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+def _env(name: str, default, cast):
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else cast(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "owlet:"  # namespaces Owlet's keys and Celery's, so deployments/tests can share a server
+    fifo: bool = False  # True disables fair queuing (one shared FIFO); only the fairness benchmark uses it
+    user_queue_cap: int = 8  # queued (not yet dispatched) jobs per user
+    global_queue_cap: int = 200  # queued jobs in total
+    queue_timeout_s: float = 300.0  # a job that cannot start within this ends with an error
+    job_deadline_s: float = 300.0  # wall-clock budget for generation once started
+    image_ttl_s: int = 24 * 3600
+    image_max_bytes: int = 10 * 1024 * 1024
+    image_max_side: int = 1024  # larger images are downscaled before they reach the engine
+    history_ttl_s: int = 7 * 24 * 3600
+    history_max_turns: int = 64
+    history_max_chars: int = 32_000
+    turn_max_chars: int = 8_000
+    stream_maxlen: int = 10_000  # token events per job stream (approximate trim)
+    stream_ttl_s: int = 3600  # how long a finished job's stream stays readable
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 4.0  # a worker silent for this long is presumed dead
+    max_attempts: int = 2  # a job whose worker died is re-dispatched once, then failed
+    cancel_poll_s: float = 0.05
+    read_block_ms: int = 1000  # stream reads block below redis-py's 5 s socket timeout
+    worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
+    metrics_port: int = 0  # worker Prometheus HTTP port; 0 = off
+    engine_factory: str = ""  # "module:callable" returning a started-able engine; "" = engine.LLMEngine
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        """Read ``REDIS_URL`` and ``OWLET_<FIELD>`` variables; keyword overrides win."""
+        values = {"redis_url": os.environ.get("REDIS_URL") or cls.redis_url}
+        for f in fields(cls):
+            if f.name == "redis_url":
+                continue
+            cast = (lambda s: s.lower() in ("1", "true", "yes")) if f.type == "bool" else {
+                "int": int, "float": float, "str": str}[f.type]
+            values[f.name] = _env(f"OWLET_{f.name.upper()}", f.default, cast)
+        values.update(overrides)
+        return cls(**values)
+
+    def __post_init__(self):
+        assert self.user_queue_cap >= 1 and self.global_queue_cap >= 1, "queue caps must be positive"
+        assert self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval"
+        assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"
+        assert self.max_attempts >= 1, "max_attempts must be at least 1"

@@ -1,0 +1,145 @@
+"""Fair dispatch: per-user queues in Redis, served round robin, handed to Celery only while workers have room.
+
+Any process may call :meth:`Dispatcher.dispatch` at any time: the client calls it after each submit,
+workers call it when a job finishes and on every heartbeat tick. Every queue mutation is one Lua
+script (``worker.lua``), so concurrent dispatchers never lose or duplicate a job; a Celery message that
+arrives for a job that was meanwhile re-dispatched is ignored by its dispatch number.
+
+Affinity: a follow-up turn goes to the direct queue of the worker that ran the conversation's last
+turn (it holds the KV cache) while that worker's heartbeat is alive and it is not saturated.
+Otherwise it goes to the shared queue and whichever worker takes it recomputes from history.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import redis
+from celery import Celery
+from celery.utils.nodenames import worker_direct
+
+from worker import heartbeat
+from worker.config import Settings
+from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UserCapReached
+from worker.jobs import Job
+from worker.keys import Keys
+from worker.lua import Scripts
+
+RUN_JOB_TASK = "owlet.run_job"
+FIFO_QUEUE_USER = "*fifo*"  # the single shared queue of the FIFO baseline
+
+
+class Dispatcher:
+    def __init__(self, r: redis.Redis, settings: Settings, celery_app: Celery):
+        self.r, self.settings, self.celery = r, settings, celery_app
+        self.keys = Keys(settings.key_prefix)
+        self.scripts = Scripts(r, settings.key_prefix)
+
+    # -- enqueue -------------------------------------------------------------------------------------------
+    def enqueue(self, job: Job, turn_json: str | None) -> int:
+        """Store ``job`` and put it in its user's queue; returns its position.
+
+        With ``turn_json`` the user's turn is appended to the conversation in the same atomic step,
+        after checking ownership and that no earlier turn is still pending.
+        """
+        return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json)
+
+    def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None) -> int:
+        """Enqueue an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests."""
+        s = self.settings
+        quser = FIFO_QUEUE_USER if s.fifo else user
+        ttl = int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s)
+        (code,) = self.scripts.call(self.scripts.submit, job_id, user, quser, conv, payload, repr(time.time()),
+                                    s.user_queue_cap, s.global_queue_cap, s.stream_maxlen, ttl, turn_json or "")
+        if code == -1:
+            raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
+                                 "finish, then ask again.")
+        if code == -2:
+            raise ServiceBusy()
+        if code == -3:
+            raise NotYourConversation()
+        if code == -4:
+            raise ConversationBusy()
+        return int(code)
+
+    @staticmethod
+    def new_job_id() -> str:
+        return uuid.uuid4().hex
+
+    # -- dispatch ------------------------------------------------------------------------------------------
+    def dispatch(self, max_jobs: int = 1000) -> int:
+        """Move waiting jobs to Celery, round robin across users, while alive workers have free slots."""
+        workers = heartbeat.alive(self.r, self.keys)
+        capacity = sum(w.capacity for w in workers.values())
+        assigned: dict[str, int] = {}
+        sent = 0
+        while sent < max_jobs:
+            popped = self.scripts.call(self.scripts.pop, capacity, repr(time.time()))
+            if not popped:
+                break
+            job_id, dispatch_n, conv = popped[0].decode(), int(popped[1]), popped[2].decode()
+            target = self._affinity_target(conv, workers, assigned)
+            self.r.hset(self.keys.job(job_id), "target", target or "")
+            queue = worker_direct(target) if target else self.keys.celery_queue
+            self.celery.send_task(RUN_JOB_TASK, args=[job_id, dispatch_n], queue=queue)
+            sent += 1
+        return sent
+
+    def _affinity_target(self, conv: str, workers: dict, assigned: dict[str, int]) -> str | None:
+        """The worker holding ``conv``'s cache if alive and not saturated; None for the shared queue.
+
+        Only follow-up turns (a holder exists) count towards the affinity hit rate.
+        """
+        holder = self.r.get(self.keys.holder(conv)) if conv else None
+        if holder is None:
+            return None
+        holder = holder.decode()
+        beat = workers.get(holder)
+        if beat is not None and beat.load + assigned.get(holder, 0) < beat.capacity:
+            assigned[holder] = assigned.get(holder, 0) + 1
+            self.r.hincrby(self.keys.stats, "affinity_hits", 1)
+            return holder
+        self.r.hincrby(self.keys.stats, "affinity_misses", 1)
+        return None
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def position(self, job_id: str) -> int | None:
+        pos = self.scripts.call(self.scripts.position, job_id)
+        return int(pos) if pos is not None else None
+
+    def queued_total(self) -> int:
+        return int(self.r.get(self.keys.queued_count) or 0)
+
+    def affinity_stats(self) -> dict:
+        raw = self.r.hgetall(self.keys.stats)
+        stats = {k.decode(): int(v) for k, v in raw.items()}
+        hits, misses = stats.get("affinity_hits", 0), stats.get("affinity_misses", 0)
+        stats["affinity_hit_rate"] = hits / (hits + misses) if hits + misses else None
+        return stats
+
+    # -- ending a job --------------------------------------------------------------------------------------
+    def finish(self, job_id: str, event_type: str, answer_turn: str | None = None, holder: str | None = None,
+               only_state: str = "", only_worker: str = "", **data) -> bool:
+        """Write the terminal event and state atomically.
+
+        Returns False when the job had already ended, or is not in ``only_state`` / not owned by
+        ``only_worker`` (a runner whose job was re-dispatched must not end the new attempt).
+        """
+        s = self.settings
+        data.setdefault("t", time.time())
+        done = self.scripts.call(self.scripts.finish, job_id, event_type, json.dumps(data), answer_turn or "",
+                                 s.stream_ttl_s, s.stream_maxlen, holder or "", only_state, only_worker)
+        return bool(done)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job: a queued one ends at once; a dispatched or running one gets its cancel flag,
+        which its worker relays to the engine. Returns False when the job had already ended."""
+        state = self.r.hget(self.keys.job(job_id), "state")
+        if state is None or state.decode() in ("done", "error", "cancelled"):
+            return False
+        if state.decode() == "queued" and self.finish(job_id, "cancelled", only_state="queued"):
+            return True
+        # dispatched/started (or it was popped meanwhile): the worker sees the flag within a poll period
+        self.r.set(self.keys.cancel(job_id), 1, ex=int(self.settings.job_deadline_s + self.settings.queue_timeout_s))
+        return True

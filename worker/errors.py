@@ -1,0 +1,41 @@
+"""Errors raised to callers of the client; each carries a ``user_message`` safe to show in the UI."""
+from __future__ import annotations
+
+
+class OwletError(Exception):
+    """Base class. ``user_message`` says what happened and what the user can do about it."""
+
+    user_message = "Something went wrong. Please try again."
+
+    def __init__(self, user_message: str | None = None):
+        if user_message:
+            self.user_message = user_message
+        super().__init__(self.user_message)
+
+
+class UserCapReached(OwletError):
+    user_message = "You already have the maximum number of questions waiting. Wait for one to finish, then ask again."
+
+
+class ServiceBusy(OwletError):
+    user_message = "The service is busy, try again in a moment."
+
+
+class NotYourConversation(OwletError):
+    user_message = "This conversation does not exist or belongs to someone else. Start a new conversation."
+
+
+class ConversationBusy(OwletError):
+    user_message = "This conversation is still answering. Wait for the answer or cancel it first."
+
+
+class ImageMissing(OwletError):
+    user_message = "The image has expired or was never uploaded. Please upload it again."
+
+
+class InvalidInput(OwletError):
+    """Bad text, image or sampling parameters; the message names the problem."""
+
+
+class UnknownJob(OwletError):
+    user_message = "This answer is no longer available (unknown or expired job)."

@@ -1,0 +1,54 @@
+"""Worker heartbeats: each worker publishes its capacity, load and the conversations it holds, with a TTL.
+
+A worker whose heartbeat key expired is presumed dead (see ``worker.reaper``).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+from worker.keys import Keys
+
+
+@dataclass
+class Heartbeat:
+    worker: str  # Celery node name, e.g. "gpu0@host"; its direct queue is "<worker>.dq2"
+    capacity: int  # engine max_running
+    running: int = 0
+    waiting: int = 0
+    jobs: list[str] = field(default_factory=list)  # job ids this worker has started
+    sessions: list[str] = field(default_factory=list)  # conversation ids whose KV cache the engine holds
+    t: float = 0.0
+
+    @property
+    def load(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def saturated(self) -> bool:
+        return self.load >= self.capacity
+
+
+def publish(r: redis.Redis, keys: Keys, beat: Heartbeat, ttl_s: float) -> None:
+    beat.t = time.time()
+    with r.pipeline() as p:
+        p.set(keys.heartbeat(beat.worker), json.dumps(asdict(beat)), px=int(ttl_s * 1000))
+        p.sadd(keys.workers, beat.worker)
+        p.execute()
+
+
+def withdraw(r: redis.Redis, keys: Keys, worker: str) -> None:
+    """A clean shutdown: drop the heartbeat at once so nobody routes to this worker."""
+    r.delete(keys.heartbeat(worker))
+
+
+def alive(r: redis.Redis, keys: Keys) -> dict[str, Heartbeat]:
+    """Heartbeats of the workers that are alive now, by worker name."""
+    names = sorted(n.decode() for n in r.smembers(keys.workers))
+    if not names:
+        return {}
+    raw = r.mget([keys.heartbeat(n) for n in names])
+    return {n: Heartbeat(**json.loads(b)) for n, b in zip(names, raw) if b is not None}

@@ -1,0 +1,60 @@
+"""Conversation history in Redis: the source of truth for turns, image refs and answers.
+
+A conversation is a hash (owner, pending job) plus a list of JSON turns. Ownership is checked on
+every access, so one user can never read or continue another user's conversation.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import redis
+
+from worker.errors import NotYourConversation
+from worker.keys import Keys
+
+
+class ConversationStore:
+    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int):
+        self.r, self.keys, self.ttl_s = r, keys, ttl_s
+
+    def create(self, user: str) -> str:
+        conv = uuid.uuid4().hex
+        key = self.keys.conversation(conv)
+        with self.r.pipeline() as p:
+            p.hset(key, mapping={"user": user, "created": time.time()})
+            p.expire(key, self.ttl_s)
+            p.execute()
+        return conv
+
+    def owner(self, conv: str) -> str | None:
+        if not isinstance(conv, str) or not conv:
+            return None
+        owner = self.r.hget(self.keys.conversation(conv), "user")
+        return owner.decode() if owner is not None else None
+
+    def check_owner(self, user: str, conv: str) -> None:
+        """Raise NotYourConversation unless ``conv`` exists and belongs to ``user`` (same error either way)."""
+        if self.owner(conv) != user:
+            raise NotYourConversation()
+
+    def turns(self, conv: str) -> list[dict]:
+        return [json.loads(t) for t in self.r.lrange(self.keys.turns(conv), 0, -1)]
+
+    def truncate(self, conv: str, n_turns: int) -> None:
+        if n_turns <= 0:
+            self.r.delete(self.keys.turns(conv))
+        else:
+            self.r.ltrim(self.keys.turns(conv), 0, n_turns - 1)
+
+    def refresh(self, conv: str) -> None:
+        with self.r.pipeline() as p:
+            p.expire(self.keys.conversation(conv), self.ttl_s)
+            p.expire(self.keys.turns(conv), self.ttl_s)
+            p.execute()
+
+
+def turn_json(role: str, text: str, image_sha: str | None = None, job_id: str | None = None) -> str:
+    """The stored form of one turn."""
+    return json.dumps({"role": role, "text": text, "image_sha": image_sha, "job_id": job_id})

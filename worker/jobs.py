@@ -1,0 +1,79 @@
+"""The job contract: what one turn asks a worker to do, and its validation.
+
+A job is stored in Redis (hash ``job:<id>``, field ``payload``); Celery messages carry only the job id
+and its dispatch number. Payloads are validated again on the worker, because anything can be in Redis.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from worker.errors import InvalidInput
+from worker.images import SHA256_RE
+
+ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    text: str
+    image_sha: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    user: str
+    conv: str
+    turn: int  # index of this job's user turn in the conversation
+    messages: tuple[Message, ...]  # the history up to and including this turn
+    sampling: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["messages"] = [asdict(m) for m in self.messages]
+        return json.dumps(d)
+
+    @property
+    def image_shas(self) -> list[str]:
+        return [m.image_sha for m in self.messages if m.image_sha]
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidInput(message)
+
+
+def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int) -> Job:
+    """Parse and validate a stored payload; raises InvalidInput with a message the user can act on."""
+    _require(raw is not None, "The job was not found (it may have expired). Please ask again.")
+    try:
+        d = json.loads(raw)
+    except (TypeError, ValueError):
+        raise InvalidInput("The job payload is not valid JSON.") from None
+    _require(isinstance(d, dict), "The job payload must be an object.")
+    for name in ("job_id", "user", "conv"):
+        _require(isinstance(d.get(name), str) and d[name] != "", f"The job field {name!r} must be a non-empty string.")
+    turn = d.get("turn")
+    _require(isinstance(turn, int) and not isinstance(turn, bool) and turn >= 0,
+             "The job field 'turn' must be a non-negative integer.")
+    raw_messages = d.get("messages")
+    _require(isinstance(raw_messages, list) and raw_messages, "The job must carry its history as a non-empty list.")
+    _require(len(raw_messages) <= max_turns,
+             f"The conversation is too long ({len(raw_messages)} turns, limit {max_turns}). Start a new conversation.")
+    messages = []
+    for m in raw_messages:
+        _require(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("text"), str),
+                 "Each history message needs a role (user or assistant) and a text string.")
+        sha = m.get("image_sha")
+        _require(sha is None or (isinstance(sha, str) and SHA256_RE.match(sha) is not None),
+                 "An image reference in the history is not a sha256 hex digest.")
+        messages.append(Message(m["role"], m["text"], sha))
+    _require(messages[-1].role == "user", "The last history message must be the user's question.")
+    total = sum(len(m.text) for m in messages)
+    _require(total <= max_chars,
+             f"The conversation is too long ({total} characters, limit {max_chars}). Start a new conversation.")
+    sampling = d.get("sampling") or {}
+    _require(isinstance(sampling, dict), "The job field 'sampling' must be an object.")
+    return Job(d["job_id"], d["user"], d["conv"], turn, tuple(messages), sampling)

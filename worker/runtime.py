@@ -1,0 +1,144 @@
+"""Everything one worker process owns: its engine, Redis clients, heartbeat and cancel-watch threads.
+
+Created in Celery's worker_init signal (``worker.celery_app``), so importing the worker loads nothing.
+The heartbeat thread also runs the reaper sweep and a dispatch pass on every tick, which keeps the
+service work-conserving even when no UI process is submitting.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+
+import redis
+
+from worker import heartbeat, reaper
+from worker.config import Settings
+from worker.dispatcher import Dispatcher
+from worker.history import ConversationStore
+from worker.images import ImageStore
+from worker.keys import Keys
+from worker.metrics import WorkerMetrics
+from worker.runner import JobRunner
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: Settings):
+    """The engine named by ``OWLET_ENGINE_FACTORY`` ("module:callable"), else ``engine.LLMEngine`` from env."""
+    if settings.engine_factory:
+        module, _, name = settings.engine_factory.partition(":")
+        return getattr(importlib.import_module(module), name)()
+    from engine import EngineConfig, LLMEngine
+
+    return LLMEngine(EngineConfig.from_env())
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, celery_app, worker: str, engine=None):
+        self.settings, self.worker = settings, worker
+        self.keys = Keys(settings.key_prefix)
+        self.r = redis.Redis.from_url(settings.redis_url)
+        self.dispatcher = Dispatcher(self.r, settings, celery_app)
+        self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
+        self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
+        self.metrics = WorkerMetrics(worker)
+        self.engine = engine if engine is not None else build_engine(settings)
+        self._active: set[str] = set()  # job ids submitted to the engine and not finished
+        self._aborted: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake_dispatch = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- life cycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.engine.start()
+        self._beat()  # announce capacity before the first job can arrive
+        for target, name in ((self._heartbeat_loop, "owlet-heartbeat"), (self._cancel_loop, "owlet-cancel")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port)
+        log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake_dispatch.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        heartbeat.withdraw(self.r, self.keys, self.worker)
+        self.engine.stop()
+
+    # -- jobs ----------------------------------------------------------------------------------------------
+    def run_job(self, job_id, dispatch_n) -> None:
+        JobRunner(self).run(job_id, dispatch_n)
+
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str):
+        with self._lock:
+            self._active.add(job_id)
+        return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
+                                       deadline_s=self.settings.job_deadline_s)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._active.discard(job_id)
+            self._aborted.discard(job_id)
+
+    def dispatch_soon(self) -> None:
+        """A slot was freed: let the heartbeat thread dispatch now instead of at its next tick."""
+        self._wake_dispatch.set()
+
+    # -- background threads --------------------------------------------------------------------------------
+    def _capacity(self) -> int:
+        return int(self.engine.stats().get("max_running", 1))
+
+    def _beat(self) -> None:
+        stats = self.engine.stats()
+        with self._lock:
+            jobs = sorted(self._active)
+        beat = heartbeat.Heartbeat(worker=self.worker, capacity=int(stats.get("max_running", 1)),
+                                   running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)),
+                                   jobs=jobs, sessions=list(stats.get("sessions", [])))
+        heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
+        self.metrics.observe_engine(stats)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._beat()
+                reaper.sweep(self.dispatcher)
+                self.dispatcher.dispatch()
+                self.metrics.observe_affinity(self.dispatcher.affinity_stats())
+            except Exception:  # a Redis hiccup must not stop the heartbeat for good
+                log.exception("heartbeat tick failed")
+            self._wake_dispatch.wait(self.settings.heartbeat_interval_s)
+            if self._wake_dispatch.is_set() and not self._stop.is_set():
+                self._wake_dispatch.clear()
+                try:
+                    self.dispatcher.dispatch()
+                except Exception:
+                    log.exception("dispatch failed")
+
+    def _cancel_loop(self) -> None:
+        """Relay cancel flags to the engine; polling keeps one Redis round trip per period for all jobs."""
+        while not self._stop.wait(self.settings.cancel_poll_s):
+            with self._lock:
+                jobs = sorted(self._active - self._aborted)
+            if not jobs:
+                continue
+            try:
+                with self.r.pipeline(transaction=False) as p:
+                    for job in jobs:
+                        p.exists(self.keys.cancel(job))
+                    flags = p.execute()
+            except redis.RedisError:
+                log.exception("cancel poll failed")
+                continue
+            for job, flagged in zip(jobs, flags):
+                if flagged:
+                    self.engine.abort(job)
+                    self.metrics.cancels.inc()
+                    with self._lock:
+                        self._aborted.add(job)

@@ -1,0 +1,60 @@
+"""Per-job Redis Streams of events: queued, started, token, done, error, cancelled.
+
+Each entry has a ``type`` field and a ``data`` field holding JSON. Readers replay from id 0, so late
+or reconnecting readers lose nothing. Terminal events are written by the Lua scripts in
+``worker.lua`` (atomically with the job's state change); this module writes the others and reads.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import redis
+
+from worker.keys import Keys
+
+TERMINAL = frozenset({"done", "error", "cancelled"})
+
+
+def encode(event_type: str, **data) -> dict:
+    data.setdefault("t", time.time())
+    return {"type": event_type, "data": json.dumps(data)}
+
+
+def decode(fields: dict) -> dict:
+    event = json.loads(fields[b"data"])
+    event["type"] = fields[b"type"].decode()
+    return event
+
+
+class StreamWriter:
+    """Appends non-terminal events to one job's stream."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, job_id: str, maxlen: int):
+        self.r, self.key, self.maxlen = r, keys.stream(job_id), maxlen
+
+    def add(self, event_type: str, **data) -> None:
+        assert event_type not in TERMINAL, "terminal events go through the finish script"
+        self.r.xadd(self.key, encode(event_type, **data), maxlen=self.maxlen, approximate=True)
+
+
+def read_events(r: redis.Redis, key: str, last_id: str, block_ms: int,
+                on_idle=None) -> Iterator[tuple[str, dict]]:
+    """Yield ``(entry_id, event)`` from ``last_id`` on until a terminal event.
+
+    ``block_ms`` stays under redis-py's 5 s socket timeout; ``on_idle()`` runs after each empty
+    wait and may return False to stop (the caller uses it to detect expired or vanished jobs).
+    """
+    while True:
+        reply = r.xread({key: last_id}, count=256, block=block_ms)
+        if not reply:
+            if on_idle is not None and on_idle() is False:
+                return
+            continue
+        for entry_id, fields in reply[0][1]:
+            last_id = entry_id.decode()
+            event = decode(fields)
+            yield last_id, event
+            if event["type"] in TERMINAL:
+                return
