@@ -1,0 +1,41 @@
+"""Shared helpers for engine tests: synthetic images and chats, and the per-request generate() reference."""
+from __future__ import annotations
+
+import torch
+from PIL import Image, ImageDraw
+
+
+def image(seed: int, size=(64, 64)) -> Image.Image:
+    """A deterministic picture: a coloured background with a shape, different per seed."""
+    g = torch.Generator().manual_seed(seed)
+    c = [int(x) for x in torch.randint(0, 255, (6,), generator=g)]
+    img = Image.new("RGB", size, tuple(c[:3]))
+    d = ImageDraw.Draw(img)
+    w, h = size
+    d.ellipse([w // 5, h // 5, w // 5 + w // 2, h // 5 + h // 2], fill=tuple(c[3:]))
+    return img
+
+
+def chat(text: str, img: Image.Image | None = None) -> list[dict]:
+    content = ([{"type": "image", "image": img}] if img is not None else []) + [{"type": "text", "text": text}]
+    return [{"role": "user", "content": content}]
+
+
+def reference_tokens(runner, messages, max_new_tokens: int) -> list[int]:
+    """Greedy tokens from HF generate() on this request alone: the ground truth every engine path must match."""
+    proc, model = runner.processor, runner.model
+    images = [i["image"] for m in messages if isinstance(m["content"], list) for i in m["content"]
+              if i["type"] == "image"]
+    text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = proc(images=images or None, text=text, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def run_until_done(engine, max_steps: int = 10_000) -> None:
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+        assert steps < max_steps, "engine did not drain"
