@@ -37,11 +37,11 @@ def build_page(handlers: ChatHandlers, browser_secret: str) -> gr.Blocks:
             new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
 
         streamed = [box, chatbot, status, session]
-        chat_event = box.submit(handlers.respond, [box, chatbot, session, browser_id], streamed,
+        chat_event = box.submit(handlers.respond, [box, session, browser_id], streamed,
                                 api_name="chat", concurrency_limit=None, show_progress="hidden")
-        retry_event = chatbot.retry(handlers.retry, [chatbot, session, browser_id], streamed,
+        retry_event = chatbot.retry(handlers.retry, [session, browser_id], streamed,
                                     api_name="retry", concurrency_limit=None, show_progress="hidden")
-        edit_event = chatbot.edit(handlers.edit, [chatbot, session, browser_id], streamed,
+        edit_event = chatbot.edit(handlers.edit, [session, browser_id], streamed,
                                   api_name="edit", concurrency_limit=None, show_progress="hidden")
         answering = [chat_event, retry_event, edit_event]
         box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,

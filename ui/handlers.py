@@ -50,20 +50,21 @@ class ChatHandlers:
 
     # ---- a new question ---------------------------------------------------------------------------
 
-    async def respond(self, message, chat, session, browser_id, request: gr.Request):
+    async def respond(self, message, session, browser_id, request: gr.Request):
         """Check the input, submit the turn, then stream queue position, tokens and final stats."""
         session = dict(session or new_session())
         text, files = parse_input(message)
-        shown = list(chat or [])
         if not text and not files:
-            yield _box(False), shown, wording.EMPTY_MESSAGE, session
+            yield _box(False), gr.skip(), wording.EMPTY_MESSAGE, session
             return
         if len(files) > 1:
-            yield _box(False, text), shown, wording.ONE_IMAGE_ONLY, session
+            yield _box(False, text), gr.skip(), wording.ONE_IMAGE_ONLY, session
             return
         if len(text) > self.config.max_text_chars:
-            yield _box(False, text), shown, wording.too_long(self.config.max_text_chars), session
+            yield _box(False, text), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
+        user = user_id_from_request(request, browser_id)
+        shown = await asyncio.to_thread(self._shown_history, user, session)
         checked = None
         if files:
             try:
@@ -75,30 +76,28 @@ class ChatHandlers:
                 yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
                        note, session)
                 return
-        user = user_id_from_request(request, browser_id)
         async for update in self._submit_and_stream(user, session, text or wording.DEFAULT_IMAGE_PROMPT,
                                                     checked, files[0] if files else None, shown):
             yield update
 
     # ---- retry and edit: truncate the stored history, then ask again --------------------------------
 
-    async def retry(self, chat, session, browser_id, data: gr.RetryData, request: gr.Request):
+    async def retry(self, session, browser_id, data: gr.RetryData, request: gr.Request):
         """Ask the retried question again: history is cut back to just before it."""
-        async for update in self._redo(chat, session, browser_id, request, _index(data.index), None):
+        async for update in self._redo(session, browser_id, request, _index(data.index), None):
             yield update
 
-    async def edit(self, chat, session, browser_id, data: gr.EditData, request: gr.Request):
+    async def edit(self, session, browser_id, data: gr.EditData, request: gr.Request):
         """Replace an earlier question with its edited text and answer from there."""
-        async for update in self._redo(chat, session, browser_id, request, _index(data.index),
-                                       message_text(data.value)):
+        async for update in self._redo(session, browser_id, request, _index(data.index), message_text(data.value)):
             yield update
 
-    async def _redo(self, chat, session, browser_id, request, index: int, new_text):
+    async def _redo(self, session, browser_id, request, index: int, new_text):
         session = dict(session or new_session())
         conv = session.get("conversation")
         user = user_id_from_request(request, browser_id)
         if not conv:
-            yield _box(False), list(chat or []), "Nothing to retry yet.", session
+            yield _box(False), gr.skip(), "Nothing to retry yet.", session
             return
         try:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
@@ -109,7 +108,7 @@ class ChatHandlers:
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
         except Exception as exc:
-            yield (_box(False), list(chat or []), self._error_text(exc), session)
+            yield _box(False), gr.skip(), self._error_text(exc), session
             return
         text = new_text if new_text is not None else (turn.get("text") or "")
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
@@ -151,7 +150,7 @@ class ChatHandlers:
                                       stall_timeout_s=self.config.stall_timeout_s, started_at=started):
                 finished = p.finished
                 if not p.finished:
-                    bubble = p.answer if p.answer else "⏳ " + p.status
+                    bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
                     yield _box(True), base + [assistant_message(bubble)], p.status, session
                     continue
                 session = {**session, "job": None}
@@ -183,6 +182,15 @@ class ChatHandlers:
         return _box(False), [], "New conversation.", new_session()
 
     # ---- helpers ---------------------------------------------------------------------------------------
+
+    def _shown_history(self, user, session) -> list[dict]:
+        """The stored conversation as chat messages ([] for a new chat, or if it cannot be read)."""
+        if not session.get("conversation"):
+            return []
+        try:
+            return render_history(self.client.history(user, session["conversation"]), session["images"])
+        except Exception:
+            return []
 
     def _cancel_quietly(self, user, job) -> None:
         if not job:

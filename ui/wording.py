@@ -6,6 +6,7 @@ from collections.abc import Mapping
 WORKER_LOST = ("The worker handling this answer stopped responding. Please ask again; "
                "if it keeps happening, the service may be restarting.")
 STOPPED = "Stopped."
+THINKING = "Thinking…"
 SERVICE_DOWN = "The chat service is not reachable right now (queue unavailable). Please try again shortly."
 EMPTY_MESSAGE = "Type a question, or attach an image and ask about it."
 ONE_IMAGE_ONLY = "Please attach one image per message."
