@@ -40,6 +40,7 @@ class LLMEngine:
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)
+        self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
         self.batch = DecodeBatch(self.runner.device)
         self.sessions = SessionStore.for_runner(config, self.runner)
         self._inbox: deque[Request] = deque()
@@ -62,7 +63,7 @@ class LLMEngine:
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         prompt = self.prompts.build(messages)
-        max_len = self.runner.max_model_len
+        max_len = self.max_model_len
         if len(prompt.token_ids) >= max_len:
             raise ValueError(f"the conversation is too long: {len(prompt.token_ids)} tokens, and the model's "
                              f"context holds {max_len}. Start a new conversation or use a smaller image.")
@@ -213,7 +214,7 @@ class LLMEngine:
             req.first_token_time = now
         req.output_ids.append(token)
         self._counters["generated_tokens"] += 1
-        if token in self.runner.eos_ids:
+        if token in self.runner.eos_ids and not req.params.ignore_eos:
             self._finish(req, FinishReason.EOS)
             return True
         req.handle.push_delta(req.detokenizer.add_token(token))

@@ -16,6 +16,7 @@ class SamplingParams:
     top_k: int = 0  # 0 disables top-k
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks that need a fixed amount of work)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -32,6 +33,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError("ignore_eos must be true or false")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
 

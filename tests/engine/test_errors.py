@@ -1,0 +1,130 @@
+"""Bad input is refused with a clear ValueError; failures inside a step fail only the requests involved."""
+import io
+import time
+
+import pytest
+
+from engine import FinishReason, SamplingParams, greedy
+
+from .helpers import chat, image, reference_tokens, run_until_done
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([], "non-empty"),
+    (chat("   "), "empty"),
+    ([{"role": "user", "content": [{"type": "image", "image": b"not an image at all"}]}], "could not be decoded"),
+    ([{"role": "user", "content": [{"type": "image", "image": 42}]}], "PIL image"),
+    ([{"role": "wizard", "content": "hi"}], "role"),
+    ([{"role": "user", "content": [{"type": "video"}]}], "type"),
+    ([{"role": "assistant", "content": "hi"}], "last message"),
+])
+def test_bad_chats_raise_value_error(make_engine, messages, match):
+    eng = make_engine("lfm2vl")
+    with pytest.raises(ValueError, match=match):
+        eng.add_request(messages)
+    h = eng.add_request(chat("still serving?"), greedy(3))
+    run_until_done(eng)
+    assert len(h.result(0).token_ids) == 3
+
+
+def test_prompt_longer_than_context_is_refused(make_engine):
+    eng = make_engine("llava", max_model_len=64)
+    with pytest.raises(ValueError, match="too long"):
+        eng.add_request(chat("word " * 200))
+
+
+def test_generation_stops_at_the_context_limit(make_engine):
+    eng = make_engine("llava", max_model_len=40)
+    h = eng.add_request(chat("hi"), greedy(500))
+    run_until_done(eng)
+    r = h.result(0)
+    assert r.finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
+    assert r.stats.prompt_tokens + len(r.token_ids) <= 40
+
+
+def test_invalid_sampling_and_deadline_are_refused(make_engine):
+    eng = make_engine("lfm2vl")
+    with pytest.raises(ValueError):
+        eng.add_request(chat("hi"), {"temperature": 2})
+    with pytest.raises(ValueError, match="deadline"):
+        eng.add_request(chat("hi"), deadline_s=-1)
+
+
+def test_valid_image_bytes_are_accepted(make_engine):
+    buf = io.BytesIO()
+    image(1).save(buf, format="PNG")
+    eng = make_engine("lfm2vl")
+    h = eng.add_request([{"role": "user", "content": [{"type": "image", "image": buf.getvalue()},
+                                                      {"type": "text", "text": "colour?"}]}], greedy(2))
+    run_until_done(eng)
+    assert h.result(0).finish_reason is FinishReason.LENGTH
+
+
+def test_huge_image_is_downscaled_before_preprocessing(make_engine):
+    eng = make_engine("lfm2vl", max_image_pixels=128 * 128)
+    h = eng.add_request(chat("what?", image(2, (2000, 1500))), greedy(2))
+    run_until_done(eng)
+    assert h.result(0).stats.prompt_tokens < 200
+
+
+def test_prefill_failure_fails_only_that_request(family, make_engine, runners, monkeypatch):
+    eng = make_engine(family)
+    good = eng.add_request(chat("fine", image(1)), greedy(6))
+    eng.step()
+    bad = eng.add_request(chat("poisoned"), greedy(6))
+    real = eng.runner.prefill
+
+    def flaky(req, n):
+        if req.request_id == bad.request_id:
+            raise RuntimeError("injected")
+        return real(req, n)
+    monkeypatch.setattr(eng.runner, "prefill", flaky)
+    run_until_done(eng)
+    assert bad.result(0).finish_reason is FinishReason.ERROR and "failed" in bad.result(0).error
+    assert good.result(0).token_ids == reference_tokens(runners(family), chat("fine", image(1)), 6)
+    monkeypatch.setattr(eng.runner, "prefill", real)
+    after = eng.add_request(chat("after"), greedy(4))
+    run_until_done(eng)
+    assert after.result(0).token_ids == reference_tokens(runners(family), chat("after"), 4)
+
+
+def test_decode_failure_fails_the_batch_and_the_loop_survives(make_engine, monkeypatch):
+    eng = make_engine("lfm2vl").start()
+    real = eng.runner.decode
+    calls = {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected decode failure")
+        return real(batch)
+    monkeypatch.setattr(eng.runner, "decode", flaky)
+    victims = [eng.add_request(chat(f"q{i}"), greedy(20, ignore_eos=True)) for i in range(2)]
+    results = [v.result(timeout=30) for v in victims]
+    assert any(r.finish_reason is FinishReason.ERROR for r in results)
+    assert all(r.error for r in results if r.finish_reason is FinishReason.ERROR)
+    later = eng.add_request(chat("later"), greedy(3))
+    assert later.result(timeout=30).finish_reason is FinishReason.LENGTH
+
+
+def test_deadline_ends_the_request(make_engine):
+    eng = make_engine("lfm2vl").start()
+    h = eng.add_request(chat("long answer"), greedy(100_000, ignore_eos=True), deadline_s=0.3)
+    r = h.result(timeout=30)
+    assert r.finish_reason is FinishReason.DEADLINE and "deadline" in r.error
+
+
+def test_stop_cancels_in_flight_requests_so_nobody_waits_forever(make_engine):
+    eng = make_engine("lfm2vl").start()
+    h = eng.add_request(chat("go on"), greedy(100_000, ignore_eos=True))
+    time.sleep(0.2)
+    eng.stop()
+    assert h.result(timeout=5).finish_reason is FinishReason.CANCELLED
+
+
+def test_waiting_queue_cap(make_engine):
+    eng = make_engine("lfm2vl", max_waiting=2)
+    eng.add_request(chat("a"), greedy(2))
+    eng.add_request(chat("b"), greedy(2))
+    with pytest.raises(ValueError, match="capacity"):
+        eng.add_request(chat("c"), greedy(2))
