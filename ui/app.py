@@ -19,10 +19,10 @@ footer { display: none !important; }
 BROWSER_ID_KEY = "owlet-browser-id"
 
 
-def build_page(handlers: ChatHandlers, browser_secret: str) -> gr.Blocks:
+def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
     """Build the Blocks for one app; nothing runs until it is launched."""
     with gr.Blocks(title="Owlet", fill_height=True) as page:
-        browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=browser_secret)
+        browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.browser_secret)
         session = gr.State(new_session())
         with gr.Row(elem_id="owlet-header"):
             gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")
@@ -35,13 +35,16 @@ def build_page(handlers: ChatHandlers, browser_secret: str) -> gr.Blocks:
         with gr.Row():
             status = gr.Markdown("", elem_id="owlet-status")
             new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
+        with gr.Accordion("Settings", open=False):
+            answer_length = gr.Slider(1, config.max_new_tokens_cap, value=config.max_new_tokens, step=1,
+                                      label="Longest answer (tokens)")
 
         streamed = [box, chatbot, status, session]
-        chat_event = box.submit(handlers.respond, [box, session, browser_id], streamed,
+        chat_event = box.submit(handlers.respond, [box, answer_length, session, browser_id], streamed,
                                 api_name="chat", concurrency_limit=None, show_progress="hidden")
-        retry_event = chatbot.retry(handlers.retry, [session, browser_id], streamed,
+        retry_event = chatbot.retry(handlers.retry, [answer_length, session, browser_id], streamed,
                                     api_name="retry", concurrency_limit=None, show_progress="hidden")
-        edit_event = chatbot.edit(handlers.edit, [session, browser_id], streamed,
+        edit_event = chatbot.edit(handlers.edit, [answer_length, session, browser_id], streamed,
                                   api_name="edit", concurrency_limit=None, show_progress="hidden")
         answering = [chat_event, retry_event, edit_event]
         box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,

@@ -47,7 +47,8 @@ class UIConfig:
     allowed_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
     max_text_chars: int = 4000
     # Generation requested per turn.
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # the default answer length
+    max_new_tokens_cap: int = 1024  # the most a user may ask for with the "answer length" slider
     temperature: float = 0.0
     # A stream with no event for this long is reported as a lost worker and cancelled: no spinner forever.
     stall_timeout_s: float = 120.0
@@ -60,7 +61,7 @@ class UIConfig:
         assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
         assert self.max_image_side >= 32, "max_image_side must be at least 32 px"
         assert self.allowed_formats, "at least one image format must be allowed"
-        assert self.max_new_tokens >= 1, "max_new_tokens must be positive"
+        assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"
         assert self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive"
 
     @classmethod

@@ -40,7 +40,15 @@ class ChatHandlers:
     def __init__(self, client, config, metrics):
         self.client, self.config, self.metrics = client, config, metrics
         self.limits = UploadLimits.from_config(config)
-        self.sampling = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature}
+
+    def _sampling(self, max_new_tokens) -> dict:
+        """Generation settings for one turn; the requested length is clamped to the configured cap."""
+        try:
+            n = int(max_new_tokens)
+        except (TypeError, ValueError):
+            n = self.config.max_new_tokens
+        n = max(1, min(n, self.config.max_new_tokens_cap))
+        return {"max_new_tokens": n, "temperature": self.config.temperature}
 
     # ---- page load and identity -------------------------------------------------------------------
 
@@ -50,7 +58,7 @@ class ChatHandlers:
 
     # ---- a new question ---------------------------------------------------------------------------
 
-    async def respond(self, message, session, browser_id, request: gr.Request):
+    async def respond(self, message, max_new_tokens, session, browser_id, request: gr.Request):
         """Check the input, submit the turn, then stream queue position, tokens and final stats."""
         session = dict(session or new_session())
         text, files = parse_input(message)
@@ -77,22 +85,24 @@ class ChatHandlers:
                        note, session)
                 return
         async for update in self._submit_and_stream(user, session, text or wording.DEFAULT_IMAGE_PROMPT,
-                                                    checked, files[0] if files else None, shown):
+                                                    checked, files[0] if files else None, shown,
+                                                    sampling=self._sampling(max_new_tokens)):
             yield update
 
     # ---- retry and edit: truncate the stored history, then ask again --------------------------------
 
-    async def retry(self, session, browser_id, data: gr.RetryData, request: gr.Request):
+    async def retry(self, max_new_tokens, session, browser_id, data: gr.RetryData, request: gr.Request):
         """Ask the retried question again: history is cut back to just before it."""
-        async for update in self._redo(session, browser_id, request, _index(data.index), None):
+        async for update in self._redo(max_new_tokens, session, browser_id, request, _index(data.index), None):
             yield update
 
-    async def edit(self, session, browser_id, data: gr.EditData, request: gr.Request):
+    async def edit(self, max_new_tokens, session, browser_id, data: gr.EditData, request: gr.Request):
         """Replace an earlier question with its edited text and answer from there."""
-        async for update in self._redo(session, browser_id, request, _index(data.index), message_text(data.value)):
+        async for update in self._redo(max_new_tokens, session, browser_id, request, _index(data.index),
+                                       message_text(data.value)):
             yield update
 
-    async def _redo(self, session, browser_id, request, index: int, new_text):
+    async def _redo(self, max_new_tokens, session, browser_id, request, index: int, new_text):
         session = dict(session or new_session())
         conv = session.get("conversation")
         user = user_id_from_request(request, browser_id)
@@ -114,12 +124,13 @@ class ChatHandlers:
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
         shown = render_history(turns[:index], session["images"])
         async for update in self._submit_and_stream(user, session, text, None, None, shown,
+                                                    sampling=self._sampling(max_new_tokens),
                                                     image_sha=turn.get("image_sha")):
             yield update
 
     # ---- the shared submit + stream loop -------------------------------------------------------------
 
-    async def _submit_and_stream(self, user, session, text, checked, image_path, shown, image_sha=None):
+    async def _submit_and_stream(self, user, session, text, checked, image_path, shown, sampling, image_sha=None):
         started = time.monotonic()
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
@@ -130,7 +141,7 @@ class ChatHandlers:
                 image_sha = await asyncio.to_thread(self.client.put_image, checked.png_bytes)
                 session["images"] = {**session["images"], image_sha: image_path}
             job = await asyncio.to_thread(self.client.submit_turn, user, session["conversation"], text,
-                                          image_sha, self.sampling)
+                                          image_sha, sampling)
         except Exception as exc:
             note = self._error_text(exc)
             yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
@@ -198,7 +209,7 @@ class ChatHandlers:
         try:
             self.client.cancel(user, job)
         except Exception:  # already finished or expired: nothing left to free
-            log.debug("cancel of %s failed", job, exc_info=True)
+            log.warning("cancel of %s failed", job, exc_info=True)
 
     def _error_text(self, exc: Exception) -> str:
         kind = _ERROR_KINDS.get(type(exc).__name__)
@@ -217,12 +228,12 @@ class ChatHandlers:
             return (p.answer + "\n\n" if p.answer else "") + "⚠️ " + p.error
         if p.state == "cancelled":
             return (p.answer + " " if p.answer else "") + "*(stopped)*"
-        note = wording.finish_note(p.finish_reason)
-        return p.answer + (f" *{note}*" if note else "")
+        return p.answer  # exactly the stored turn; how it ended goes in the status line
 
     def _final_status(self, p) -> str:
         if p.state == "done":
-            return wording.stats_line(p.stats, p.first_token_s)
+            return " · ".join(filter(None, [wording.stats_line(p.stats, p.first_token_s),
+                                            wording.finish_note(p.finish_reason)]))
         if p.state == "cancelled":
             return wording.STOPPED
         return "⚠️ " + (p.error or "The answer failed.")

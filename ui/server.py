@@ -37,7 +37,7 @@ def build(config, client=None):
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
-    page = build_page(ChatHandlers(client, config, metrics), config.browser_secret)
+    page = build_page(ChatHandlers(client, config, metrics), config)
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     launch_kwargs = dict(
         server_name=config.host,

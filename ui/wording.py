@@ -53,7 +53,6 @@ def stats_line(stats: Mapping | None, ui_ttft_s: float | None = None) -> str:
 def finish_note(finish_reason: str | None) -> str:
     """A short suffix for answers that did not end naturally."""
     return {
-        "length": "(answer cut at the length limit)",
-        "deadline": "(answer cut: it took too long)",
-        "cancelled": "(stopped)",
+        "length": "cut at the length limit",
+        "deadline": "cut short: it took too long",
     }.get(finish_reason or "", "")

@@ -1,0 +1,121 @@
+"""End to end through gradio_client against a real stack: image upload, two turns with the session cache,
+streamed partial updates, Stop, a bad image, and /healthz and /metrics."""
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+import redis
+from gradio_client import Client, handle_file
+
+from tests.ui.conftest import STACK_MAX_NEW_TOKENS
+from tests.ui.stack import test_image as make_image
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def bubble_text(message: dict) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def submit(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
+    """Start one turn through the page's /chat endpoint (the API client has no browser id: None)."""
+    return client.submit({"text": text, "files": [handle_file(str(image))] if image else []}, max_new_tokens,
+                         None, api_name="/chat")
+
+
+def ask(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
+    """Run one turn; returns (every streamed output, the final output)."""
+    job = submit(client, text, image, max_new_tokens)
+    final = job.result(timeout=180)
+    return job.outputs(), final
+
+
+def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        outs = job.outputs()
+        if outs and outs[-1][1] and not bubble_text(outs[-1][1][-1]).startswith("⏳"):
+            return
+        time.sleep(0.02)
+    raise AssertionError("no token arrived")
+
+
+def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_path):
+    client = Client(stack.url, verbose=False)
+    outputs, (_box, chat, status) = ask(client, "What colour is the shape?", make_image(tmp_path / "red.png"))
+    answers = [bubble_text(o[1][-1]) for o in outputs if o[1] and o[1][-1]["role"] == "assistant"]
+    growing = [a for a in answers if a and not a.startswith("⏳")]
+    assert any(a.startswith("⏳ Queued") or a.startswith("⏳ Thinking") for a in answers), answers[:3]
+    assert len(set(growing)) >= 3, "the answer should arrive as several partial updates"
+    assert all(b.startswith(a) for a, b in zip(growing, growing[1:])), "partials must only grow"
+    assert [m["role"] for m in chat] == ["user", "assistant"]
+    assert any(isinstance(p, dict) and p.get("type") == "file" for p in chat[0]["content"]), "image shown"
+    assert re.search(r"First token \d+\.\d+ s · [\d.]+ tokens/s", status), status
+    assert "session cache miss" in status
+
+    _outputs, (_box, chat2, status2) = ask(client, "And where is it?")
+    assert [m["role"] for m in chat2] == ["user", "assistant", "user", "assistant"]
+    assert bubble_text(chat2[1]) == bubble_text(chat[1]), "the first answer is kept as stored"
+    assert "session cache hit" in status2, status2
+
+
+def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
+    client = Client(stack.url, verbose=False)
+    # A long answer (the tiny model rarely stops by itself), so Stop lands mid-answer.
+    job = submit(client, "Describe everything in detail.", make_image(tmp_path / "blue.png", (20, 20, 220)),
+                 max_new_tokens=1500)
+    wait_for_first_token(job)
+    _box, stop_status = client.predict(None, api_name="/stop")
+    assert stop_status.startswith("Stopped.")
+    _box, chat, status = job.result(timeout=60)
+    assert bubble_text(chat[-1]).endswith("*(stopped)*"), bubble_text(chat[-1])[-80:]
+    assert status == "Stopped."
+    # The engine slot is free again: no request left running, and the next question is answered.
+    deadline = time.monotonic() + 10
+    while engine_running(metrics_text(stack)) > 0:
+        assert time.monotonic() < deadline, "the cancelled request still holds an engine slot"
+        time.sleep(0.2)
+    _outputs, (_b, chat2, status2) = ask(client, "Hello again?")
+    assert "First token" in status2 and chat2[-1]["role"] == "assistant"
+    assert [m["role"] for m in chat2] == ["user", "user", "assistant"], "a stopped answer is not stored"
+
+
+def test_bad_image_gets_a_clear_message_and_nothing_is_queued(stack, tmp_path):
+    bad = tmp_path / "photo.png"
+    bad.write_bytes(b"definitely not a png" * 50)
+    r = redis.Redis.from_url(stack.redis_url)
+    stored_before = sorted(r.scan_iter(match=stack.prefix + "*", count=1000))
+    client = Client(stack.url, verbose=False)
+    _outputs, (box, chat, status) = ask(client, "What is this?", bad)
+    assert status.startswith("Image rejected: This file is not an image we can read")
+    assert bubble_text(chat[-1]).startswith("⚠️ Image rejected")
+    assert box["value"]["text"] == "What is this?", "the question is kept so the user can attach another image"
+    assert sorted(r.scan_iter(match=stack.prefix + "*", count=1000)) == stored_before, "nothing reached Redis"
+    r.close()
+    assert re.search(r'owlet_ui_errors_total\{kind="image_rejected"\} [1-9]', metrics_text(stack))
+
+
+def test_healthz_and_metrics(stack):
+    health = json.load(urllib.request.urlopen(stack.url + "healthz"))
+    assert health["ok"] and health["redis"] and len(health["workers"]) == 1
+    text = urllib.request.urlopen(stack.url + "metrics").read().decode()
+    for name in ("owlet_workers_alive 1.0", "owlet_redis_up 1.0", "owlet_queue_depth_total",
+                 "owlet_ui_time_to_first_token_seconds_bucket", "owlet_time_per_output_token_seconds_bucket",
+                 'owlet_affinity_total{result="hit"}', "owlet_batch_occupancy{worker="):
+        assert name in text, name
+
+
+def metrics_text(stack) -> str:
+    return urllib.request.urlopen(stack.url + "metrics").read().decode()
+
+
+def engine_running(text: str) -> float:
+    """Sum of owlet_engine_running over workers, from /metrics text."""
+    return sum(float(m) for m in re.findall(r"^owlet_engine_running\{[^}]*\} ([\d.]+)$", text, re.M))
