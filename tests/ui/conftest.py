@@ -5,10 +5,8 @@ import pytest
 import redis
 
 from tests.redis_server import running_redis, unique_prefix
+from tests.ui.page_client import STACK_MAX_NEW_TOKENS
 from tests.ui.stack import ARTIFACTS, free_port, load_launcher, tiny_model
-
-# Long enough that Stop lands mid-answer and 8 answers overlap in the batch; short enough to keep tests quick.
-STACK_MAX_NEW_TOKENS = 96
 
 
 @pytest.fixture(scope="session")

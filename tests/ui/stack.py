@@ -33,7 +33,7 @@ def tiny_model() -> Path:
     return ensure_tiny_checkpoint("lfm2vl")
 
 
-def test_image(path: Path, colour=(200, 30, 30), size=(96, 64)) -> Path:
+def make_image(path: Path, colour=(200, 30, 30), size=(96, 64)) -> Path:
     from PIL import Image
 
     Image.new("RGB", size, colour).save(path)

@@ -9,42 +9,12 @@ import urllib.request
 
 import pytest
 import redis
-from gradio_client import Client, handle_file
+from gradio_client import Client
 
-from tests.ui.conftest import STACK_MAX_NEW_TOKENS
-from tests.ui.stack import test_image as make_image
+from tests.ui.page_client import ask, bubble_text, engine_running, metrics_text, submit, wait_for_first_token
+from tests.ui.stack import make_image
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def bubble_text(message: dict) -> str:
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-
-
-def submit(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
-    """Start one turn through the page's /chat endpoint (the API client has no browser id: None)."""
-    return client.submit({"text": text, "files": [handle_file(str(image))] if image else []}, max_new_tokens,
-                         None, api_name="/chat")
-
-
-def ask(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
-    """Run one turn; returns (every streamed output, the final output)."""
-    job = submit(client, text, image, max_new_tokens)
-    final = job.result(timeout=180)
-    return job.outputs(), final
-
-
-def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        outs = job.outputs()
-        if outs and outs[-1][1] and not bubble_text(outs[-1][1][-1]).startswith("⏳"):
-            return
-        time.sleep(0.02)
-    raise AssertionError("no token arrived")
 
 
 def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_path):
@@ -111,11 +81,3 @@ def test_healthz_and_metrics(stack):
                  'owlet_affinity_total{result="hit"}', "owlet_batch_occupancy{worker="):
         assert name in text, name
 
-
-def metrics_text(stack) -> str:
-    return urllib.request.urlopen(stack.url + "metrics").read().decode()
-
-
-def engine_running(text: str) -> float:
-    """Sum of owlet_engine_running over workers, from /metrics text."""
-    return sum(float(m) for m in re.findall(r"^owlet_engine_running\{[^}]*\} ([\d.]+)$", text, re.M))

@@ -1,0 +1,49 @@
+"""Helpers for driving the page through gradio_client and reading its /metrics."""
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from gradio_client import Client, handle_file
+
+STACK_MAX_NEW_TOKENS = 96  # the stack's default answer length (see conftest)
+
+
+def bubble_text(message: dict) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def submit(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
+    """Start one turn through the page's /chat endpoint (the API client has no browser id: None)."""
+    return client.submit({"text": text, "files": [handle_file(str(image))] if image else []}, max_new_tokens,
+                         None, api_name="/chat")
+
+
+def ask(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
+    """Run one turn; returns (every streamed output, the final output)."""
+    job = submit(client, text, image, max_new_tokens)
+    final = job.result(timeout=180)
+    return job.outputs(), final
+
+
+def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        outs = job.outputs()
+        if outs and outs[-1][1] and not bubble_text(outs[-1][1][-1]).startswith("⏳"):
+            return
+        time.sleep(0.02)
+    raise AssertionError("no token arrived")
+
+
+def metrics_text(stack) -> str:
+    return urllib.request.urlopen(stack.url + "metrics").read().decode()
+
+
+def engine_running(text: str) -> float:
+    """Sum of owlet_engine_running over workers, from /metrics text."""
+    return sum(float(m) for m in re.findall(r"^owlet_engine_running\{[^}]*\} ([\d.]+)$", text, re.M))
