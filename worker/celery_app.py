@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from celery import Celery, signals
 
 from worker.config import Settings
@@ -34,6 +36,9 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
     app.owlet_settings = settings
     if with_runtime:
         from worker.tasks import register_tasks
+
+        # enough threads for a full engine batch plus a little slack; the dispatcher, not Celery, limits load
+        app.conf.worker_concurrency = settings.worker_concurrency or int(os.environ.get("OWLET_MAX_RUNNING", 16)) + 2
 
         register_tasks(app)
         _wire_runtime(app, settings)

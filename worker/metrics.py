@@ -34,7 +34,7 @@ class WorkerMetrics:
         self.running = const(Gauge("owlet_worker_running", "Requests in the engine batch", ["worker"], registry=reg))
         self.batch_occupancy = const(Gauge("owlet_worker_batch_occupancy", "running / max_running", ["worker"],
                                            registry=reg))
-        self.cache = Gauge("owlet_worker_cache", "Engine session cache counters (hits, misses, evictions, bytes)",
+        self.cache = Gauge("owlet_worker_cache", "Engine session and image cache counters",
                            ["worker", "stat"], registry=reg)
         self.affinity = Gauge("owlet_affinity", "Cluster-wide affinity counters from Redis (hits, misses, rate)",
                               ["worker", "stat"], registry=reg)
@@ -50,9 +50,12 @@ class WorkerMetrics:
         running, max_running = stats.get("running", 0), max(1, stats.get("max_running", 1))
         self.running.set(running)
         self.batch_occupancy.set(running / max_running)
-        for key in ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes"):
+        for key in ("session_hits", "session_partial_hits", "session_misses", "session_evictions", "session_bytes",
+                    "prefix_hits"):
             if isinstance(stats.get(key), (int, float)):
-                self.cache.labels(worker=self.worker, stat=key.removeprefix("cache_")).set(stats[key])
+                self.cache.labels(worker=self.worker, stat=key).set(stats[key])
+        for key, value in (stats.get("image_cache") or {}).items():
+            self.cache.labels(worker=self.worker, stat=f"image_{key}").set(value)
 
     def observe_affinity(self, stats: dict) -> None:
         for key in ("affinity_hits", "affinity_misses", "affinity_hit_rate"):
