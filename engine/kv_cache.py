@@ -119,3 +119,32 @@ def nbytes(cache) -> int:
         elif layer.keys is not None:
             total += layer.keys.nbytes + layer.values.nbytes
     return total
+
+
+@dataclass
+class StepUndo:
+    """What a failed forward may have changed in place: attention lengths and conv states (see ``rollback``)."""
+    attn_len: dict[int, int]
+    conv: dict[int, torch.Tensor]
+
+
+def undo_point(cache) -> StepUndo:
+    """Cheap record taken before a decode step: conv states are [B, hidden, L], a few KB per row."""
+    attn, conv = {}, {}
+    for i, layer in enumerate(cache.layers):
+        if _is_conv(layer):
+            conv[i] = layer.conv_states[0].clone()
+        else:
+            attn[i] = layer.keys.shape[-2]
+    return StepUndo(attn, conv)
+
+
+def rollback(cache, undo: StepUndo) -> None:
+    """Undo a forward that failed half way (e.g. out of memory): layers it reached appended K/V or rewrote
+    their conv state in place; the layers it did not reach are untouched."""
+    for i, layer in enumerate(cache.layers):
+        if _is_conv(layer):
+            layer.conv_states[0].copy_(undo.conv[i])
+        else:
+            layer.keys = layer.keys[:, :, :undo.attn_len[i]]
+            layer.values = layer.values[:, :, :undo.attn_len[i]]

@@ -16,6 +16,9 @@ import time
 import uuid
 from collections import deque
 
+import torch
+
+from . import kv_cache
 from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
@@ -51,7 +54,8 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._counters = dict(steps=0, decode_steps=0, decode_rows=0, prefill_tokens=0, generated_tokens=0,
-                              requests_finished=0, requests_failed=0, requests_cancelled=0, step_errors=0)
+                              requests_finished=0, requests_failed=0, requests_cancelled=0, step_errors=0,
+                              oom_events=0)
 
     # -- public API (any thread) ----------------------------------------------
     def add_request(self, messages, sampling: SamplingParams | None = None, *, session_id: str | None = None,
@@ -183,14 +187,33 @@ class LLMEngine:
             if not self._accept_token(req, token):
                 self.batch.add(req, req.cache, req.num_tokens - 1, token)
             req.cache = None
+        except torch.OutOfMemoryError:
+            self._prefill_out_of_memory(req)
         except Exception as exc:  # noqa: BLE001 — one bad request must not stop the engine
             log.exception("prefill failed for %s", req.request_id)
             self._counters["step_errors"] += 1
             self._finish(req, FinishReason.ERROR, error=f"the model failed on this request ({type(exc).__name__})")
 
+    def _prefill_out_of_memory(self, req: Request) -> None:
+        """Free idle sessions and start this prompt again next step; a second failure fails the request."""
+        self._counters["oom_events"] += 1
+        freed = self.sessions.evict_all()
+        if req.oom_retries >= 1:
+            self._finish(req, FinishReason.ERROR, error="the server ran out of memory for this request; "
+                                                         "try a smaller image or a shorter conversation")
+            return
+        log.warning("out of memory in prefill of %s; freed %d session bytes, retrying", req.request_id, freed)
+        req.oom_retries += 1
+        req.cache = req.embeds = req.prefill_start = None
+        req.num_computed = req.cached_tokens = 0
+
     def _decode(self) -> None:
+        undo = kv_cache.undo_point(self.batch.cache)
         try:
             logits, cache = self.runner.decode(self.batch)
+        except torch.OutOfMemoryError:
+            self._decode_out_of_memory(undo)
+            return
         except Exception as exc:  # noqa: BLE001
             log.exception("decode step failed for %d requests", len(self.batch))
             self._counters["step_errors"] += 1
@@ -206,6 +229,18 @@ class LLMEngine:
         for req, token in zip(list(rows), tokens):
             self._accept_token(req, token)
         self._drop_finished_rows()
+
+    def _decode_out_of_memory(self, undo) -> None:
+        """Roll the batch back, free idle sessions; if that freed nothing, shed the newest half of the batch."""
+        kv_cache.rollback(self.batch.cache, undo)
+        self._counters["oom_events"] += 1
+        if self.sessions.evict_all() == 0:
+            shed = self.batch.requests[(len(self.batch) + 1) // 2:] or self.batch.requests
+            for req in list(shed):
+                self._finish(req, FinishReason.ERROR,
+                             error="the server ran out of memory mid-answer; please ask again in a moment")
+            self._drop_finished_rows()
+        log.warning("out of memory in decode; %d rows remain and retry next step", len(self.batch))
 
     def _accept_token(self, req: Request, token: int) -> bool:
         """Append a sampled token, stream its text, and finish the request if it should stop. True if finished."""

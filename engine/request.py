@@ -43,6 +43,7 @@ class Request:
     embeds: object = None  # prompt input embeddings, built once at prefill start
     output_ids: list[int] = field(default_factory=list)
     generator: object = None  # torch.Generator for sampled requests
+    oom_retries: int = 0
     prefill_start: float | None = None
     first_token_time: float | None = None
 
