@@ -51,5 +51,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                  api_name="stop", queue=False)
         new_chat.click(handlers.new_conversation, [session, browser_id], [box, chatbot, status, session],
                        cancels=answering, api_name="new_conversation", queue=False)
+        # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
+        # history never disagrees with what is shown.
+        chatbot.clear(handlers.new_conversation, [session, browser_id], [box, chatbot, status, session],
+                      cancels=answering, api_visibility="private", queue=False)
         page.load(handlers.on_load, [browser_id], [browser_id, chatbot, status, session], api_visibility="private")
     return page

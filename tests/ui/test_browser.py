@@ -1,0 +1,92 @@
+"""One real browser session (headless Chromium via Playwright) against the real stack: upload an image,
+ask, watch the answer stream, ask a follow-up, reload and keep the same identity. Saves screenshots
+under artifacts/."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import redis
+
+from tests.ui.stack import ARTIFACTS, make_image
+
+CHROMIUM = os.environ.get("OWLET_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
+
+BOT = "#owlet-chat .message-row.bot-row"
+USER = "#owlet-chat .message-row.user-row"
+
+
+@pytest.fixture
+def page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        context = browser.new_context(viewport={"width": 1100, "height": 900})
+        yield context.new_page()
+        browser.close()
+
+
+def ask(page, text: str) -> list[str]:
+    """Type and send a question; return the distinct texts the answer bubble showed while streaming."""
+    bots_before = page.locator(BOT).count()
+    page.locator("#owlet-input textarea").fill(text)
+    page.locator("#owlet-input textarea").press("Enter")
+    seen: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if page.locator(BOT).count() > bots_before:
+            current = page.locator(BOT).last.inner_text().strip()
+            if current and (not seen or seen[-1] != current):
+                seen.append(current)
+        status = page.locator("#owlet-status").inner_text()
+        if "First token" in status and page.locator(BOT).count() > bots_before:
+            return seen
+        assert "⚠️" not in status, status
+        time.sleep(0.02)
+    raise AssertionError(f"no answer; status: {page.locator('#owlet-status').inner_text()!r}")
+
+
+def browser_owners(stack) -> dict[str, int]:
+    """Conversations per browser-id owner in this stack's Redis namespace."""
+    r = redis.Redis.from_url(stack.redis_url)
+    owners: dict[str, int] = {}
+    for key in r.scan_iter(match=stack.prefix + "conv:*", count=1000):
+        if key.endswith(b":turns") or r.type(key) != b"hash":
+            continue
+        user = (r.hget(key, "user") or b"").decode()
+        if user.startswith("browser:"):
+            owners[user] = owners.get(user, 0) + 1
+    r.close()
+    return owners
+
+
+def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(stack.url)
+    page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    page.locator("#owlet-input input[type=file]").set_input_files(str(make_image(tmp_path / "red.png")))
+    page.wait_for_selector("#owlet-input img, #owlet-input .thumbnail-item", timeout=30_000)
+
+    seen = ask(page, "What colour is the shape?")
+    partials = [s for s in seen if not s.startswith("⏳")]
+    assert len(partials) >= 2, f"the answer should stream in several steps, saw {seen!r}"
+    assert page.locator(f"{USER} img").count() == 1, "the uploaded image is shown in the chat"
+    page.screenshot(path=str(ARTIFACTS / "ui-browser-first-answer.png"))
+
+    ask(page, "Where is it in the picture?")
+    assert page.locator(USER).count() == 2 and page.locator(BOT).count() == 2
+    assert "session cache hit" in page.locator("#owlet-status").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "ui-browser-follow-up.png"))
+
+    page.reload()
+    page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    ask(page, "Hello after a reload?")
+    owners = browser_owners(stack)
+    assert list(owners.values()) == [2], f"one browser id owning both conversations expected, got {owners}"
