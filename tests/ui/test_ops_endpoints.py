@@ -1,0 +1,76 @@
+"""/healthz and /metrics on the real page and a real Redis, before any worker exists, and with Redis gone."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.ui.stack import free_port
+from ui.config import UIConfig
+from ui.server import build
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def page_without_workers():
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uiops"))
+        page, launch_kwargs, client, _metrics = build(config)
+        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        try:
+            yield f"http://127.0.0.1:{config.port}/", client
+        finally:
+            page.close()
+            keys = list(client.r.scan_iter(match=config.key_prefix + "*", count=1000))
+            if keys:
+                client.r.delete(*keys)
+            client.close()
+
+
+def test_healthz_is_503_without_a_worker_and_metrics_still_render(page_without_workers):
+    url, _client = page_without_workers
+    status, body = get(url + "healthz")
+    health = json.loads(body)
+    assert status == 503 and health["redis"] is True and health["workers"] == []
+    assert health["reason"] == "no worker heartbeat is alive"
+    status, text = get(url + "metrics")
+    assert status == 200
+    assert "owlet_redis_up 1.0" in text and "owlet_workers_alive 0.0" in text
+    assert "# TYPE owlet_ui_time_to_first_token_seconds histogram" in text
+
+
+def test_a_worker_heartbeat_makes_healthz_ok(page_without_workers):
+    from worker.heartbeat import Heartbeat, publish
+
+    url, client = page_without_workers
+    publish(client.r, client.keys, Heartbeat(worker="w1@test", capacity=4, running=3), ttl_s=30)
+    status, body = get(url + "healthz")
+    assert status == 200 and json.loads(body)["workers"] == ["w1@test"]
+    _, text = get(url + "metrics")
+    assert 'owlet_batch_occupancy{worker="w1@test"} 0.75' in text
+
+
+def test_redis_down_gives_503_and_redis_up_zero():
+    config = UIConfig(port=free_port(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    page, launch_kwargs, client, _metrics = build(config)
+    page.launch(prevent_thread_lock=True, **launch_kwargs)
+    try:
+        status, body = get(f"http://127.0.0.1:{config.port}/healthz")
+        assert status == 503 and json.loads(body)["reason"] == "Redis is not reachable"
+        status, text = get(f"http://127.0.0.1:{config.port}/metrics")
+        assert status == 200 and "owlet_redis_up 0.0" in text
+    finally:
+        page.close()
+        client.close()
