@@ -1,0 +1,26 @@
+# Owlet image: one image for the GPU worker and the UI (the command picks the role; see docker-compose.yml).
+# torch from PyPI on linux/amd64 ships CUDA, so the same image runs the worker on a GPU host.
+FROM python:3.11-slim AS base
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+WORKDIR /app
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+COPY engine engine
+COPY worker worker
+COPY ui ui
+COPY training training
+COPY scripts scripts
+RUN useradd --create-home --uid 1000 owlet && mkdir -p /app/models && chown -R owlet /app
+USER owlet
+EXPOSE 7860
+# The model folder is mounted at /app/models (read-only) by docker-compose.yml.
+CMD ["python", "-m", "ui", "--host", "0.0.0.0", "--port", "7860"]
+
+# Optional monitoring image: the same app plus Flower (`docker compose --profile flower up`).
+FROM base AS flower
+USER root
+RUN pip install flower==2.2.0
+USER owlet
+EXPOSE 5555
+CMD ["celery", "-A", "worker.main", "flower", "--port=5555"]
