@@ -1,0 +1,448 @@
+"""Engine benchmark: one mixed VLM workload served three ways in a single run, side by side.
+
+Workload: 32 requests with mixed prompt lengths, half with an image (each image unique, so no image
+cache helps), ``max_new_tokens`` spread over 8..128, arriving all at once ("burst") and then as a
+Poisson stream. Ways:
+
+1. ``sequential``: one ``model.generate()`` per request, in arrival order;
+2. ``static``: ``generate()`` over left-padded batches of up to ``max_running`` requests. A batch
+   runs until its longest request is done; on the Poisson stream a batch is whatever has arrived
+   (at least one request) when the previous batch ends;
+3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``.
+
+Fairness: every way loads the same checkpoint in the same dtype, decodes greedily, and produces
+exactly ``max_new_tokens`` tokens per request (checked and printed). Random weights would emit EOS
+at random, so the bench checkpoint has the EOS rows of its (tied) embedding zeroed: the EOS logit
+is then exactly 0 while the other ~500 logits are random, so greedy decoding never picks it.
+
+Measures. tokens/s and requests/s count requested tokens and requests over the makespan (first
+arrival to last token). TTFT is from a request's arrival, queueing included, to its first token:
+for ``generate()`` a streamer stamps each decoding step (the first stamp after the prompt is the
+first token of every row of that batch); for the engine it is ``stats.ttft_s`` (``add_request``
+to first token) plus the submitter's lag behind the scheduled arrival.
+
+Both generate() and the engine run in this one process with the same torch thread count (1 by
+default on CPU, see ``--threads``).
+
+Run: ``python -m bench.engine`` (the "small" ~90M-parameter shape, about 8 minutes on 2 CPU cores),
+``--tiny`` (under a minute), ``--shape lfm2-vl-1.6b`` (real LFM2-VL-1.6B text shape, random init;
+meant for a GPU, fp16). The last line is ``RESULT {json}`` with the headline ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# Text / vision / processor shapes. "small" is about 90M parameters; "lfm2-vl-1.6b" follows the
+# real model's text shape (hidden 2048, 16 layers, attention at 2, 5, 8, 10, 12, 14, 8 KV heads
+# of dim 64) and a SigLIP2-so400m-like vision tower. Vocabularies stay at the local tokenizer's
+# size (~500), since no 65k-token tokenizer exists offline; that understates the LM head's cost.
+SHAPES = {
+    "tiny": dict(text={}, vision={}, projector=64, image_tokens=(4, 16), image_sides=(64, 96, 128)),
+    "small": dict(
+        text=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                  num_key_value_heads=4, initializer_range=0.02),
+        vision=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4),
+        projector=512, image_tokens=(16, 64), image_sides=(128, 192, 256, 320)),
+    "lfm2-vl-1.6b": dict(
+        text=dict(hidden_size=2048, intermediate_size=12288, num_hidden_layers=16, num_attention_heads=32,
+                  num_key_value_heads=8, initializer_range=0.02, max_position_embeddings=8192,
+                  layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]),
+        vision=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16),
+        projector=2048, image_tokens=(64, 256), image_sides=(256, 384, 512)),
+}
+_CHECKPOINT_VERSION = 1  # bump when the checkpoint recipe changes
+_WORDS = ("what colour is the circle where is the red square how many shapes are there describe the image "
+          "a small blue star and a large green square on a striped background the triangle is on the left").split()
+
+
+@dataclass
+class BenchRequest:
+    index: int
+    messages: list
+    max_new_tokens: int
+    has_image: bool
+    prompt_tokens: int = 0
+
+
+@dataclass
+class Outcome:
+    """What one way measured for one request; times are seconds from the run's start."""
+    index: int  # BenchRequest.index
+    arrival_s: float
+    first_token_s: float
+    last_token_s: float
+    generated_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+
+@dataclass
+class WayResult:
+    way: str
+    pattern: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def makespan_s(self) -> float:
+        return max(o.last_token_s for o in self.outcomes) - min(o.arrival_s for o in self.outcomes)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(o.generated_tokens for o in self.outcomes) / self.makespan_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.outcomes) / self.makespan_s
+
+    def ttft_percentile(self, q: float) -> float:
+        values = sorted(o.ttft_s for o in self.outcomes)
+        return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def bench_checkpoint(shape: str, cache_dir: Path) -> Path:
+    """Build (once, cached) a random-init LFM2-VL checkpoint of ``shape`` whose EOS is never greedy."""
+    from training.tiny_checkpoint import build_lfm2vl_checkpoint, make_lfm2vl_processor, train_tokenizer
+
+    spec = SHAPES[shape]
+    key = hashlib.sha256(json.dumps([shape, _CHECKPOINT_VERSION, repr(spec)]).encode()).hexdigest()[:10]
+    final = cache_dir / f"bench-lfm2vl-{shape}-{key}"
+    if (final / "config.json").exists():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=cache_dir))
+    try:
+        tokenizer = train_tokenizer()
+        lo, hi = spec["image_tokens"]
+        processor = make_lfm2vl_processor(tokenizer, max_image_tokens=hi, min_image_tokens=lo)
+        build_lfm2vl_checkpoint(tmp, tokenizer=tokenizer, processor=processor, text_overrides=spec["text"],
+                                vision_overrides=spec["vision"], projector_hidden_size=spec["projector"])
+        _silence_eos(tmp, tokenizer.eos_token_id)
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _silence_eos(folder: Path, eos_id: int) -> None:
+    """Zero the EOS rows of the input embedding and LM head: its logit becomes exactly 0 while the
+    others are random, so greedy decoding never stops early and every way does the same work."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[eos_id].zero_()
+        model.get_output_embeddings().weight[eos_id].zero_()
+    model.save_pretrained(folder)
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+def make_workload(n: int, min_new: int, max_new: int, image_sides: tuple[int, ...], seed: int = 0) -> list[BenchRequest]:
+    """``n`` requests: prompts of 4..120 words, every other one with a unique noise image, and
+    ``max_new_tokens`` evenly spread over ``min_new..max_new``, all in shuffled order."""
+    import numpy as np
+    from PIL import Image
+
+    rng = random.Random(seed)
+    pixels = np.random.default_rng(seed)
+    budgets = [min_new + round(i * (max_new - min_new) / max(1, n - 1)) for i in range(n)]
+    rng.shuffle(budgets)
+    requests = []
+    for i in range(n):
+        text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 120))) + "?"
+        content = [{"type": "text", "text": text}]
+        has_image = i % 2 == 0
+        if has_image:
+            w, h = rng.choice(image_sides), rng.choice(image_sides)
+            image = Image.fromarray(pixels.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            content.insert(0, {"type": "image", "image": image})
+        requests.append(BenchRequest(i, [{"role": "user", "content": content}], budgets[i], has_image))
+    rng.shuffle(requests)
+    return requests
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    t, arrivals = 0.0, []
+    for _ in range(n):
+        arrivals.append(t)
+        t += rng.expovariate(rate_per_s)
+    return arrivals
+
+
+# ----------------------------------------------------------------------------- ways 1 and 2: generate()
+
+
+class StepClock:
+    """A ``generate()`` streamer that stamps every decoding step (the first ``put`` is the prompt)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+        self._seen_prompt = False
+
+    def put(self, value):
+        if self._seen_prompt:
+            self.stamps.append(time.perf_counter())
+        self._seen_prompt = True
+
+    def end(self):
+        pass
+
+
+def _generate(model, processor, requests: list[BenchRequest], max_new_tokens: int) -> tuple[list[int], StepClock]:
+    from transformers import GenerationConfig
+
+    inputs = processor.apply_chat_template([r.messages for r in requests], add_generation_prompt=True, tokenize=True,
+                                           return_dict=True, return_tensors="pt",
+                                           processor_kwargs={"padding": True})
+    inputs = inputs.to(model.device)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=model.generation_config.eos_token_id,
+                              pad_token_id=processor.tokenizer.pad_token_id)
+    clock = StepClock()
+    with torch.inference_mode():
+        out = model.generate(**inputs, generation_config=config, streamer=clock)
+    new = out[:, inputs["input_ids"].shape[1]:]
+    eos = model.generation_config.eos_token_id
+    # A row's length is where it first emitted EOS (generate pads after it), else the full run.
+    lengths = []
+    for row in new.tolist():
+        lengths.append(row.index(eos) + 1 if eos in row else len(row))
+    return lengths, clock
+
+
+def run_generate(model, processor, requests, arrivals, batch_size: int, way: str, pattern: str) -> WayResult:
+    """Serve ``requests`` arriving at ``arrivals`` (s) with ``generate()``, ``batch_size`` at a time."""
+    order = sorted(range(len(requests)), key=lambda i: arrivals[i])
+    result = WayResult(way, pattern)
+    start = time.perf_counter()
+    while order:
+        now = time.perf_counter() - start
+        if arrivals[order[0]] > now:
+            time.sleep(arrivals[order[0]] - now)
+            now = time.perf_counter() - start
+        batch = [i for i in order if arrivals[i] <= now][:batch_size]
+        order = [i for i in order if i not in batch]
+        budgets = [requests[i].max_new_tokens for i in batch]
+        lengths, clock = _generate(model, processor, [requests[i] for i in batch], max(budgets))
+        for i, budget, length in zip(batch, budgets, lengths):
+            used = min(budget, length)  # a row past its own budget is padding work, not output
+            result.outcomes.append(Outcome(requests[i].index, arrivals[i], clock.stamps[0] - start,
+                                           clock.stamps[used - 1] - start, used))
+    return result
+
+
+# ----------------------------------------------------------------------------- way 3: the engine
+
+
+def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
+    """Submit each request to the running engine at its arrival time and collect the results."""
+    from engine import SamplingParams
+
+    start = time.perf_counter()
+    handles, lags = [], []
+    for i in sorted(range(len(requests)), key=lambda i: arrivals[i]):
+        delay = arrivals[i] - (time.perf_counter() - start)
+        if delay > 0:
+            time.sleep(delay)
+        lags.append((i, time.perf_counter() - start - arrivals[i]))
+        params = SamplingParams(max_new_tokens=requests[i].max_new_tokens, temperature=0.0)
+        handles.append(engine.add_request(requests[i].messages, params))
+    finished: dict[int, float] = {}
+    results = {}
+
+    def wait(index, handle):
+        results[index] = handle.result()
+        finished[index] = time.perf_counter() - start
+
+    waiters = [threading.Thread(target=wait, args=(i, h)) for (i, _), h in zip(lags, handles)]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    out = WayResult("engine", pattern)
+    for i, lag in lags:
+        r = results[i]
+        if r.error:
+            raise RuntimeError(f"engine request {i} failed: {r.error}")
+        first = arrivals[i] + lag + (r.stats.ttft_s or 0.0)
+        out.outcomes.append(Outcome(requests[i].index, arrivals[i], first, finished[i], len(r.token_ids)))
+    return out
+
+
+def start_engine(ckpt: Path, dtype: torch.dtype, args):
+    from engine import EngineConfig, LLMEngine
+
+    config = EngineConfig(model=str(ckpt), dtype=str(dtype).replace("torch.", ""), device=args.device,
+                          max_running=args.max_running, session_cache=False, default_deadline_s=None)
+    engine = LLMEngine(config)
+    engine.start()
+    return engine
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def resolve_dtype(device: str) -> torch.dtype:
+    """The auto dtype: fp16 on CUDA; on CPU bf16 where the CPU has bf16 units, else fp32."""
+    if device.startswith("cuda"):
+        return torch.float16
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+def machine_line(device: str, dtype: torch.dtype) -> str:
+    if device.startswith("cuda"):
+        where = torch.cuda.get_device_name(device)
+    else:
+        name = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                    platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+        where = f"{name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    return f"machine: {where} | device {device} | dtype {str(dtype).replace('torch.', '')} | torch {torch.__version__}"
+
+
+def print_table(results: list[WayResult]) -> None:
+    print(f"{'pattern':8} {'way':10} {'tok/s':>8} {'req/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} "
+          f"{'makespan':>9} {'engine x':>9}")
+    for r in results:
+        engine = next((e for e in results if e.pattern == r.pattern and e.way == "engine"), None)
+        ratio = f"{engine.tokens_per_s / r.tokens_per_s:8.2f}x" if engine else f"{'-':>9}"
+        print(f"{r.pattern:8} {r.way:10} {r.tokens_per_s:8.1f} {r.requests_per_s:7.2f} {r.ttft_percentile(0.5):8.2f}s "
+              f"{r.ttft_percentile(0.95):8.2f}s {r.makespan_s:8.1f}s {ratio}")
+
+
+def check_equal_work(requests, results: list[WayResult]) -> bool:
+    """Every way must produce every request's full budget, or the comparison is unfair."""
+    budget = {r.index: r.max_new_tokens for r in requests}
+    ok = True
+    for r in results:
+        produced = {o.index: o.generated_tokens for o in r.outcomes}
+        wrong = sorted(i for i in budget if produced.get(i) != budget[i])
+        print(f"  {r.pattern:8} {r.way:10} generated {sum(produced.values())} of {sum(budget.values())} tokens"
+              + (f"; requests off budget: {wrong}" if wrong else "; every request exactly its max_new_tokens"))
+        ok &= not wrong
+    return ok
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny model and short budgets: a quick run")
+    p.add_argument("--shape", choices=["small", "lfm2-vl-1.6b"], default="small")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--max-running", type=int, default=16, help="engine batch size = static batch size")
+    p.add_argument("--patterns", default="burst,poisson", help="comma list of burst, poisson")
+    p.add_argument("--ways", default="sequential,static,engine", help="comma list of sequential, static, engine")
+    p.add_argument("--rate", type=float, default=None,
+                   help="Poisson arrivals per second (default: 0.7 x the engine's burst requests/s)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads, 0 for torch's choice. Default 1: on a shared 2-core machine two "
+                        "intra-op threads spin against other processes (measured 7x slower decode)")
+    p.add_argument("--cache-dir", default=None, help="where bench checkpoints are cached (default .cache/bench-models)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads and not args.device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    shape = "tiny" if args.tiny else args.shape
+    min_new, max_new = (4, 16) if args.tiny else (8, 128)
+    dtype = resolve_dtype(args.device)
+    cache_dir = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models"
+    ckpt = bench_checkpoint(shape, cache_dir)
+    model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=dtype).to(args.device).eval()
+    processor = AutoProcessor.from_pretrained(ckpt)
+    processor.tokenizer.padding_side = "left"  # generate() batches must be left-padded
+    requests = make_workload(args.requests, min_new, max_new, SHAPES[shape]["image_sides"])
+    for r in requests:
+        r.prompt_tokens = len(processor.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True)["input_ids"][0])
+    params = sum(p.numel() for p in model.parameters())
+    print(machine_line(args.device, dtype))
+    prompts = [r.prompt_tokens for r in requests]
+    print(f"model: LFM2-VL '{shape}' random init, {params / 1e6:.1f}M parameters | {len(requests)} requests, "
+          f"{sum(r.has_image for r in requests)} with an image, prompt tokens {min(prompts)}..{max(prompts)} "
+          f"(mean {statistics.mean(prompts):.0f}), max_new_tokens {min_new}..{max_new}, "
+          f"{sum(r.max_new_tokens for r in requests)} tokens to generate, max_running {args.max_running}")
+
+    engine = start_engine(ckpt, dtype, args) if "engine" in ways else None
+    try:
+        warm = requests[:2]  # first calls pay one-off costs (allocator, oneDNN, vision tower)
+        run_generate(model, processor, warm, [0.0] * len(warm), 2, "warmup", "warmup")
+        if engine:
+            run_engine(engine, warm, [0.0] * len(warm), "warmup")
+        results: list[WayResult] = []
+        patterns = [p.strip() for p in args.patterns.split(",") if p.strip()]
+        rate = args.rate
+        for pattern in patterns:
+            if pattern == "burst":
+                arrivals = [0.0] * len(requests)
+            elif pattern == "poisson":
+                if rate is None:
+                    burst = next((r for r in results if r.way == "engine" and r.pattern == "burst"), None)
+                    rate = 0.7 * burst.requests_per_s if burst else 0.5
+                arrivals = poisson_arrivals(len(requests), rate)
+                print(f"poisson: {rate:.2f} requests/s, last arrival at {arrivals[-1]:.1f}s")
+            else:
+                raise SystemExit(f"unknown pattern {pattern!r}")
+            for way in ways:
+                t = time.perf_counter()
+                if way == "engine":
+                    res = run_engine(engine, requests, arrivals, pattern)
+                else:
+                    res = run_generate(model, processor, requests, arrivals, 1 if way == "sequential" else args.max_running,
+                                       way, pattern)
+                results.append(res)
+                print(f"  {pattern} {way}: {time.perf_counter() - t:.1f}s", flush=True)
+    finally:
+        if engine:
+            engine.stop()
+
+    print_table(results)
+    equal = check_equal_work(requests, results)
+    print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
+    headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
+    for pattern in patterns:
+        by_way = {r.way: r for r in results if r.pattern == pattern}
+        suffix = "" if pattern == "burst" else f"_{pattern}"
+        for way in ("sequential", "static"):
+            if "engine" in by_way and way in by_way:
+                headline[f"vs_{way}{suffix}"] = round(by_way["engine"].tokens_per_s / by_way[way].tokens_per_s, 2)
+        for way, r in by_way.items():
+            headline[f"{way}_tok_s{suffix}"] = round(r.tokens_per_s, 1)
+    print("RESULT " + json.dumps(headline))
+    return headline
+
+
+if __name__ == "__main__":
+    main()
