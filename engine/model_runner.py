@@ -85,22 +85,25 @@ class ModelRunner:
         return feats, False
 
     def embed_prompt(self, request) -> torch.Tensor:
-        """Input embeddings [T, hidden] for the request's prompt, image slots filled with vision features.
+        """Input embeddings [T - num_computed, hidden] for the part of the prompt not yet in the cache, with
+        image slots filled by vision features.
 
-        Images whose tokens all lie in the already-cached prefix are skipped: reusing a session never re-encodes
-        the image it already saw.
+        Images whose tokens all lie in the already-cached prefix are skipped: reusing a session never
+        re-encodes the image it already saw.
         """
+        base = request.num_computed
         ids = torch.tensor(request.prompt.token_ids, device=self.device)
-        embeds = self._embed(ids)
+        embeds = self._embed(ids[base:])
         slots = (ids == self.image_token_id).nonzero().flatten()
         start = 0
         for image in request.prompt.images:
             positions = slots[start:start + image.num_image_tokens]
             start += image.num_image_tokens
-            if positions.numel() and int(positions[-1]) >= request.num_computed:
+            if positions.numel() and int(positions[-1]) >= base:
                 feats, hit = self.encode_image(image)
                 request.image_cache_hits += int(hit)
-                embeds[positions] = feats.to(embeds.dtype)
+                keep = positions >= base  # an image can straddle the cached boundary
+                embeds[positions[keep] - base] = feats[keep].to(embeds.dtype)
         return embeds
 
     # -- forward passes -------------------------------------------------------
@@ -109,9 +112,11 @@ class ModelRunner:
         """Run the next ``n_tokens`` prompt tokens of ``request`` through its private cache; returns last logits."""
         if request.embeds is None:
             request.embeds = self.embed_prompt(request)
+            request.embeds_offset = request.num_computed
         start, end = request.num_computed, request.num_computed + n_tokens
+        offset = request.embeds_offset
         out = self.model(
-            inputs_embeds=request.embeds[None, start:end],
+            inputs_embeds=request.embeds[None, start - offset:end - offset],
             attention_mask=torch.ones(1, end, dtype=torch.long, device=self.device),
             position_ids=torch.arange(start, end, device=self.device)[None],
             cache=request.cache,

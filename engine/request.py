@@ -40,7 +40,8 @@ class Request:
     image_cache_hits: int = 0
     cache: object = None  # private DynamicCache (batch 1) while prefilling
     prompt_conv: dict | None = None  # conv states at the end of the prompt (hybrid models; session checkpoints)
-    embeds: object = None  # prompt input embeddings, built once at prefill start
+    embeds: object = None  # input embeddings of the uncached prompt part, built once at prefill start
+    embeds_offset: int = 0  # prompt position of embeds[0]
     output_ids: list[int] = field(default_factory=list)
     generator: object = None  # torch.Generator for sampled requests
     oom_retries: int = 0
