@@ -38,18 +38,28 @@ class Progress:
         return self.state in ("done", "error", "cancelled", "lost")
 
 
-def _read_into(client, job_id: str, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+def _read_into(client, job_id: str, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
+               gone: threading.Event) -> None:
+    """Thread body: relay the job's events until a terminal one, or until the reader has gone away."""
+
+    def hand_over(item) -> bool:
+        if gone.is_set():
+            return False
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the event loop closed (server shutting down)
+            return False
+
     try:
         for _entry_id, event in client.events(job_id, last_id="0"):
-            loop.call_soon_threadsafe(queue.put_nowait, event)
+            if not hand_over(event):
+                return
     except Exception as exc:  # Redis down mid-stream: report it, never leave the page waiting
-        loop.call_soon_threadsafe(queue.put_nowait, {"type": "error", "message": wording.SERVICE_DOWN,
-                                                     "_exc": repr(exc)})
-    finally:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, _END)
-        except RuntimeError:  # the event loop is already closed (server shutting down)
-            pass
+        if gone.is_set():
+            return
+        hand_over({"type": "error", "message": wording.SERVICE_DOWN, "_exc": repr(exc)})
+    hand_over(_END)
 
 
 def _apply(progress: Progress, event: dict) -> None:
@@ -85,8 +95,17 @@ async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: flo
     """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    threading.Thread(target=_read_into, args=(client, job_id, loop, queue), daemon=True,
+    gone = threading.Event()  # set when this reader stops listening, so the thread ends at its next event
+    threading.Thread(target=_read_into, args=(client, job_id, loop, queue, gone), daemon=True,
                      name=f"owlet-follow-{job_id[:8]}").start()
+    try:
+        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at):
+            yield progress
+    finally:
+        gone.set()
+
+
+async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
     last_event_at = time.monotonic()
     while True:

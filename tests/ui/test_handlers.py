@@ -1,0 +1,142 @@
+"""The page's handlers in-process over a real OwletClient and Redis: caps, busy, a silent worker, Stop
+while queued, and retry/edit against the real stack's worker giving a consistent stored history."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import gradio as gr
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.ui.stack import make_image
+from ui import wording
+from ui.chat_view import render_history
+from ui.config import UIConfig
+from ui.handlers import ChatHandlers, new_session
+from ui.identity import new_browser_id
+from ui.metrics import UIMetrics
+from worker.client import OwletClient
+from worker.config import Settings
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def make_handlers(redis_url: str, prefix: str, **settings) -> ChatHandlers:
+    client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix, **settings))
+    config = UIConfig(redis_url=redis_url, key_prefix=prefix, stall_timeout_s=1.0, queue_poll_s=0.1,
+                      max_new_tokens=24)
+    return ChatHandlers(client, config, UIMetrics())
+
+
+async def drain(agen) -> list:
+    return [update async for update in agen]
+
+
+def ask(handlers, text, session=None, browser=None, files=(), hash_="s"):
+    return handlers.respond({"text": text, "files": list(files)}, 24, session or new_session(), browser,
+                            gr.Request(session_hash=hash_))
+
+
+@pytest.fixture
+def idle_handlers():
+    """Handlers over a namespace where no worker consumes: jobs stay queued (or sit unconsumed in Celery)."""
+    with running_redis() as redis_url:
+        prefix = unique_prefix("uih")
+        handlers = make_handlers(redis_url, prefix, user_queue_cap=1, global_queue_cap=2)
+        yield handlers
+        keys = list(handlers.client.r.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            handlers.client.r.delete(*keys)  # also ends follower threads still polling these streams
+        handlers.client.close()
+
+
+def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
+    h, alice, bob, carol = idle_handlers, new_browser_id(), new_browser_id(), new_browser_id()
+
+    async def scenario():
+        waiting = ask(h, "first question", browser=alice, hash_="a1")
+        _box, chat, status, session = await waiting.__anext__()
+        assert status.startswith("Queued") and session["job"], status
+        assert chat[-1]["content"].startswith("⏳ Queued")
+        # Same person, a second conversation: the per-user cap (1 waiting job) refuses it, clearly.
+        *_, (_b, chat2, status2, _s) = await drain(ask(h, "another chat", browser=alice, hash_="a2"))
+        assert "questions waiting" in status2 and chat2[-1]["content"].startswith("⚠️")
+        # Bob fills the global queue (cap 2); Carol is told the service is busy.
+        bob_waiting = ask(h, "bob asks", browser=bob, hash_="b1")
+        _b, _c, bob_status, bob_session = await bob_waiting.__anext__()
+        *_, (_b, _c, status3, _s) = await drain(ask(h, "carol asks", browser=carol, hash_="c1"))
+        assert "busy" in status3.lower(), status3
+        # Stop while queued: the job ends at once and the stream finishes with "Stopped."
+        h.stop(session, alice, gr.Request(session_hash="a1"))
+        *_, (box, chat4, status4, session4) = await drain(waiting)
+        assert status4 == wording.STOPPED and chat4[-1]["content"].endswith("*(stopped)*")
+        assert session4["job"] is None and box.interactive is True
+        h.stop(bob_session, bob, gr.Request(session_hash="b1"))
+        await drain(bob_waiting)
+
+    asyncio.run(scenario())
+    assert h.client.health()["queued"] == 0
+    text = h.metrics.render().decode()
+    assert 'owlet_ui_errors_total{kind="user_cap"} 1.0' in text and 'owlet_ui_errors_total{kind="busy"} 1.0' in text
+
+
+def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
+    from worker.heartbeat import Heartbeat, publish
+
+    h = idle_handlers
+    # A heartbeat with free capacity but no consumer: the job is dispatched and then nothing ever arrives.
+    publish(h.client.r, h.client.keys, Heartbeat(worker="ghost@test", capacity=2), ttl_s=60)
+    start = time.monotonic()
+    *_, (_box, chat, status, session) = asyncio.run(drain(ask(h, "hello?", browser=new_browser_id())))
+    assert status == "⚠️ " + wording.WORKER_LOST
+    assert chat[-1]["content"] == "⚠️ " + wording.WORKER_LOST
+    assert time.monotonic() - start < 10
+    job = h.client.r.hgetall(h.client.keys.job(session["job"] or "")) if session["job"] else None
+    assert session["job"] is None and job is None
+    assert 'owlet_ui_errors_total{kind="worker_lost"} 1.0' in h.metrics.render().decode()
+
+
+def test_empty_input_and_too_many_images_are_refused_without_touching_redis(idle_handlers, tmp_path):
+    h = idle_handlers
+    before = list(h.client.r.scan_iter(match=h.client.settings.key_prefix + "*"))
+    [(_b, chat, status, _s)] = asyncio.run(drain(ask(h, "   ")))
+    assert status == wording.EMPTY_MESSAGE and chat is not None
+    two = [str(make_image(tmp_path / "a.png")), str(make_image(tmp_path / "b.png"))]
+    [(_b, _c, status, _s)] = asyncio.run(drain(ask(h, "compare", files=two)))
+    assert status == wording.ONE_IMAGE_ONLY
+    assert list(h.client.r.scan_iter(match=h.client.settings.key_prefix + "*")) == before
+
+
+def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
+    h = make_handlers(stack.redis_url, stack.prefix)
+    browser, req = new_browser_id(), gr.Request(session_hash="retry-edit")
+    image = str(make_image(tmp_path / "green.png", (20, 200, 20)))
+
+    async def scenario():
+        *_, (_b, _c, status, session) = await drain(ask(h, "first question", browser=browser, files=[image]))
+        assert "First token" in status, status
+        *_, (_b, chat, status, session) = await drain(ask(h, "second question", session, browser))
+        assert len(chat) == 4
+
+        retry = gr.RetryData(None, {"index": 2, "value": "second question"})
+        *_, (_b, chat, status, session) = await drain(h.retry(24, session, browser, retry, req))
+        assert "First token" in status, status
+        turns = h.client.history(f"browser:{browser}", session["conversation"])
+        assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
+        assert turns[2]["text"] == "second question"
+        assert chat == render_history(turns, session["images"]), "the page shows exactly the stored history"
+
+        edit = gr.EditData(None, {"index": 0, "value": [{"type": "text", "text": "edited first"}],
+                                  "previous_value": "first question"})
+        *_, (_b, chat, status, session) = await drain(h.edit(24, session, browser, edit, req))
+        turns = h.client.history(f"browser:{browser}", session["conversation"])
+        assert [(t["role"], t["text"]) for t in turns][:1] == [("user", "edited first")] and len(turns) == 2
+        assert turns[0]["image_sha"], "editing the text keeps the image of that turn"
+        assert chat == render_history(turns, session["images"])
+        assert chat[0]["content"][0]["path"] == image
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        h.client.close()
