@@ -13,7 +13,8 @@ Poisson stream. Ways:
 Fairness: every way loads the same checkpoint in the same dtype, decodes greedily, and produces
 exactly ``max_new_tokens`` tokens per request (checked and printed). Random weights would emit EOS
 at random, so the bench checkpoint has the EOS rows of its (tied) embedding zeroed: the EOS logit
-is then exactly 0 while the other ~500 logits are random, so greedy decoding never picks it.
+is then exactly 0 while the other ~500 logits are random, so greedy decoding never picks it. As a
+backstop generate() gets ``min_new_tokens`` and the engine ``ignore_eos``.
 
 Measures. tokens/s and requests/s count requested tokens and requests over the makespan (first
 arrival to last token). TTFT is from a request's arrival, queueing included, to its first token:
@@ -217,7 +218,9 @@ def _generate(model, processor, requests: list[BenchRequest], max_new_tokens: in
                                            return_dict=True, return_tensors="pt",
                                            processor_kwargs={"padding": True})
     inputs = inputs.to(model.device)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=model.generation_config.eos_token_id,
+    # min_new_tokens backs up the silenced EOS row (see the module docstring), like ignore_eos in the engine.
+    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                              eos_token_id=model.generation_config.eos_token_id,
                               pad_token_id=processor.tokenizer.pad_token_id)
     clock = StepClock()
     with torch.inference_mode():
@@ -260,24 +263,22 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
     from engine import SamplingParams
 
     start = time.perf_counter()
-    handles, lags = [], []
+    lags: list[tuple[int, float]] = []
+    results, finished = {}, {}
+
+    def wait(index, handle):  # one waiter per request, started at submission, stamps its end
+        results[index] = handle.result()
+        finished[index] = time.perf_counter() - start
+
+    waiters = []
     for i in sorted(range(len(requests)), key=lambda i: arrivals[i]):
         delay = arrivals[i] - (time.perf_counter() - start)
         if delay > 0:
             time.sleep(delay)
         lags.append((i, time.perf_counter() - start - arrivals[i]))
-        params = SamplingParams(max_new_tokens=requests[i].max_new_tokens, temperature=0.0)
-        handles.append(engine.add_request(requests[i].messages, params))
-    finished: dict[int, float] = {}
-    results = {}
-
-    def wait(index, handle):
-        results[index] = handle.result()
-        finished[index] = time.perf_counter() - start
-
-    waiters = [threading.Thread(target=wait, args=(i, h)) for (i, _), h in zip(lags, handles)]
-    for w in waiters:
-        w.start()
+        params = SamplingParams(max_new_tokens=requests[i].max_new_tokens, temperature=0.0, ignore_eos=True)
+        waiters.append(threading.Thread(target=wait, args=(i, engine.add_request(requests[i].messages, params))))
+        waiters[-1].start()
     for w in waiters:
         w.join()
     out = WayResult("engine", pattern)
