@@ -152,6 +152,7 @@ class ChatHandlers:
             base = render_history(turns, session["images"])
         except Exception:
             base = shown + [pending_user]
+        follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
         finished = False
         try:
@@ -166,8 +167,8 @@ class ChatHandlers:
                     continue
                 session = {**session, "job": None}
                 yield (_box(False), base + [assistant_message(self._final_bubble(p))],
-                       self._final_status(p), session)
-                self._record(p)
+                       self._final_status(p, follow_up), session)
+                self._record(p, follow_up)
         finally:
             self.metrics.active_streams.dec()
             if not finished:  # Stop pressed, tab closed or server shutting down: free the engine slot
@@ -230,19 +231,19 @@ class ChatHandlers:
             return (p.answer + " " if p.answer else "") + "*(stopped)*"
         return p.answer  # exactly the stored turn; how it ended goes in the status line
 
-    def _final_status(self, p) -> str:
+    def _final_status(self, p, follow_up: bool) -> str:
         if p.state == "done":
-            return " · ".join(filter(None, [wording.stats_line(p.stats, p.first_token_s),
+            return " · ".join(filter(None, [wording.stats_line(p.stats, p.first_token_s, follow_up),
                                             wording.finish_note(p.finish_reason)]))
         if p.state == "cancelled":
             return wording.STOPPED
         return "⚠️ " + (p.error or "The answer failed.")
 
-    def _record(self, p) -> None:
+    def _record(self, p, follow_up: bool) -> None:
         m = self.metrics
         m.turns.labels({"done": "done", "cancelled": "cancelled"}.get(p.state, "error")).inc()
         if p.state == "done":
-            m.observe_done(p.stats)
+            m.observe_done(p.stats, follow_up)
         elif p.state == "cancelled":
             m.cancels.inc()
         else:

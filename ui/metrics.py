@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ui.wording import session_cache_hit
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 PER_TOKEN_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -38,7 +40,7 @@ class UIMetrics:
         self.active_streams = Gauge("owlet_ui_active_streams", "Answers being streamed to browsers now.",
                                     registry=r)
 
-    def observe_done(self, stats: dict | None) -> None:
+    def observe_done(self, stats: dict | None, follow_up: bool = False) -> None:
         """Record a finished answer's engine stats (the ``done`` event's ``stats``)."""
         stats = stats or {}
         if stats.get("ttft_s") is not None:
@@ -48,7 +50,7 @@ class UIMetrics:
             self.tokens_per_s.observe(tps)
             self.tpot.observe(1.0 / tps)
         if stats.get("prompt_tokens"):
-            self.session_cache.labels("hit" if (stats.get("cached_tokens") or 0) > 0 else "miss").inc()
+            self.session_cache.labels("hit" if session_cache_hit(stats, follow_up) else "miss").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

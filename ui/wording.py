@@ -29,7 +29,17 @@ def image_rejected(reason: str) -> str:
     return f"Image rejected: {reason}"
 
 
-def stats_line(stats: Mapping | None, ui_ttft_s: float | None = None) -> str:
+def session_cache_hit(stats: Mapping | None, follow_up: bool) -> bool:
+    """Did this turn reuse its conversation's cached KV? The engine may say so (``cache_source``); otherwise
+    reused tokens on a follow-up count as a session hit, and on a first turn they can only be the shared
+    chat-template prefix, which is not a session hit."""
+    stats = stats or {}
+    if "cache_source" in stats:
+        return stats["cache_source"] == "session"
+    return follow_up and (stats.get("cached_tokens") or 0) > 0
+
+
+def stats_line(stats: Mapping | None, ui_ttft_s: float | None = None, follow_up: bool = False) -> str:
     """'First token 0.21 s · 34.5 tokens/s · 48 tokens · session cache hit (812/830 prompt tokens reused)'."""
     stats = stats or {}
     parts = []
@@ -43,8 +53,10 @@ def stats_line(stats: Mapping | None, ui_ttft_s: float | None = None) -> str:
     if generated is not None:
         parts.append(f"{generated} tokens")
     cached, prompt = stats.get("cached_tokens") or 0, stats.get("prompt_tokens") or 0
-    if cached > 0:
+    if session_cache_hit(stats, follow_up):
         parts.append(f"session cache hit ({cached}/{prompt} prompt tokens reused)")
+    elif cached:
+        parts.append(f"session cache miss ({cached}/{prompt} prompt tokens from the shared prefix)")
     elif prompt:
         parts.append("session cache miss")
     return " · ".join(parts)

@@ -28,7 +28,7 @@ def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_pa
     assert [m["role"] for m in chat] == ["user", "assistant"]
     assert any(isinstance(p, dict) and p.get("type") == "file" for p in chat[0]["content"]), "image shown"
     assert re.search(r"First token \d+\.\d+ s · [\d.]+ tokens/s", status), status
-    assert "session cache miss" in status
+    assert "session cache miss" in status and "session cache hit" not in status
 
     _outputs, (_box, chat2, status2) = ask(client, "And where is it?")
     assert [m["role"] for m in chat2] == ["user", "assistant", "user", "assistant"]
