@@ -46,7 +46,9 @@ def build(config, client=None):
         auth=list(config.auth) or None,
         auth_message="Sign in to Owlet." if config.auth else None,
         max_threads=config.max_threads,
-        max_file_size=config.max_upload_bytes,  # Gradio refuses bigger uploads before our own check
+        # Gradio's hard cap protects the disk; it sits above our own limit so that a merely too-big image
+        # gets our clear chat message ("the limit is 10 MB") rather than Gradio's generic upload error.
+        max_file_size=4 * config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics)},
         show_error=False,
         quiet=True,

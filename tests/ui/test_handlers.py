@@ -140,3 +140,13 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
         asyncio.run(scenario())
     finally:
         h.client.close()
+
+
+def test_redis_down_is_a_clear_message_not_a_traceback():
+    from tests.ui.stack import free_port
+
+    h = make_handlers(f"redis://127.0.0.1:{free_port()}/0", "owlet-nowhere:")
+    *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=new_browser_id())))
+    assert status == wording.SERVICE_DOWN and chat[-1]["content"] == "⚠️ " + wording.SERVICE_DOWN
+    assert box.interactive is True and session["job"] is None
+    h.client.close()
