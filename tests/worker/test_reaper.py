@@ -1,0 +1,106 @@
+"""Every job ends: queue timeouts, dead workers (re-dispatch once, then fail), lost dispatches, run deadlines.
+
+Workers here are heartbeats and claims written to the real Redis, so each failure can be staged exactly;
+test_worker_failover.py kills a real worker process.
+"""
+from __future__ import annotations
+
+import time
+
+from worker import reaper
+from worker.heartbeat import Heartbeat, publish
+
+
+def claim(client, job_id, worker):
+    d = client.dispatcher
+    n = client.r.hget(client.keys.job(job_id), "dispatch_n").decode()
+    return d.scripts.call(d.scripts.claim, job_id, int(n), worker, repr(time.time()), 1000)
+
+
+def beat(client, worker, capacity=1):
+    publish(client.r, client.keys, Heartbeat(worker=worker, capacity=capacity), ttl_s=60)
+
+
+def die(client, worker):
+    client.r.delete(client.keys.heartbeat(worker))
+
+
+def event_types(client, job):
+    return [e["type"] for _, e in client.events(job)]
+
+
+def test_job_that_cannot_start_in_time_ends_with_error(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    assert reaper.sweep(client.dispatcher)["timed_out"] == 0
+    later = time.time() + client.settings.queue_timeout_s + 1
+    assert reaper.sweep(client.dispatcher, now=later)["timed_out"] == 1
+    events = [e for _, e in client.events(job)]
+    assert [e["type"] for e in events] == ["queued", "error"]
+    assert events[-1]["message"] == reaper.QUEUE_TIMEOUT
+    assert client.dispatcher.queued_total() == 0
+    client.submit_turn("ann", conv, "again")  # the conversation is not stuck pending
+
+
+def test_dead_worker_job_is_redispatched_once_then_failed(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    assert client.dispatch() == 1 and claim(client, job, "a@x") == 1
+    die(client, "a@x")
+    assert reaper.sweep(client.dispatcher)["requeued"] == 1
+    entries = client.r.xrange(client.keys.stream(job))
+    assert [f[b"type"] for _, f in entries] == [b"queued", b"started", b"queued"]
+    assert client.job_state(job) == "queued" and client.queue_position(job) == 1
+    # the old worker's late claim of its stale dispatch is refused
+    assert claim(client, job, "a@x") == 0
+    beat(client, "b@x")
+    assert client.dispatch() == 1 and claim(client, job, "b@x") == 1
+    die(client, "b@x")
+    assert reaper.sweep(client.dispatcher)["failed"] == 1
+    evs = [e for _, e in client.events(job)]
+    assert [e["type"] for e in evs] == ["queued", "started", "queued", "started", "error"]
+    assert evs[2]["restart"] is True and evs[-1]["message"] == reaper.WORKER_LOST
+    assert client.history("ann", conv) == [{"role": "user", "text": "hi", "image_sha": None}]
+    assert client.r.sismember(client.keys.workers, "a@x") == 0  # forgotten once nothing of it is left
+
+
+def test_job_sent_to_a_dead_workers_direct_queue_is_redispatched(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    client.dispatch()
+    client.r.hset(client.keys.job(job), "target", "a@x")  # as if routed there by affinity
+    die(client, "a@x")
+    assert reaper.sweep(client.dispatcher)["requeued"] == 1
+    assert client.job_state(job) == "queued"
+
+
+def test_running_job_past_its_deadline_ends_with_error(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    client.dispatch()
+    claim(client, job, "a@x")
+    later = time.time() + client.settings.job_deadline_s + 3 * client.settings.heartbeat_ttl_s + 1
+    beat(client, "a@x")
+    assert reaper.sweep(client.dispatcher, now=later)["timed_out"] == 1
+    evs = [e for _, e in client.events(job)]
+    assert evs[-1]["type"] == "error" and evs[-1]["message"] == reaper.RUN_TIMEOUT
+
+
+def test_finish_is_exactly_once(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    client.dispatch()
+    claim(client, job, "a@x")
+    from worker.history import turn_json
+
+    answer = turn_json("assistant", "red", job_id=job)
+    d = client.dispatcher
+    assert d.finish(job, "done", answer_turn=answer, holder="a@x", only_state="started", only_worker="a@x")
+    assert not d.finish(job, "done", answer_turn=answer, holder="a@x")
+    assert not d.finish(job, "error", message="late")
+    assert [t["role"] for t in client.history("ann", conv)] == ["user", "assistant"]
+    assert event_types(client, job) == ["queued", "started", "done"]
