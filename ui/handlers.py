@@ -113,7 +113,8 @@ class ChatHandlers:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
             if not (0 <= index < len(turns)) or turns[index].get("role") != "user":
-                yield _box(False), render_history(turns, session["images"]), "Only your own messages can be retried or edited.", session
+                yield (_box(False), render_history(turns, session["images"]),
+                       "Only your own messages can be retried or edited.", session)
                 return
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
@@ -163,7 +164,8 @@ class ChatHandlers:
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
-                    yield _box(True), base + [assistant_message(bubble)], p.status, session
+                    # The box is already locked: skip re-sending it with every burst of tokens.
+                    yield gr.skip(), base + [assistant_message(bubble)], p.status, session
                     continue
                 session = {**session, "job": None}
                 yield (_box(False), base + [assistant_message(self._final_bubble(p))],
