@@ -17,12 +17,14 @@ CSS = """
 footer { display: none !important; }
 """
 BROWSER_ID_KEY = "owlet-browser-id"
+CONVERSATION_KEY = "owlet-conversation"
 
 
 def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
     """Build the Blocks for one app; nothing runs until it is launched."""
     with gr.Blocks(title="Owlet", fill_height=True) as page:
         browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.browser_secret)
+        last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.browser_secret)
         session = gr.State(new_session())
         with gr.Row(elem_id="owlet-header"):
             gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")
@@ -49,11 +51,17 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         answering = [chat_event, retry_event, edit_event]
         box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,
                  api_name="stop", queue=False)
-        new_chat.click(handlers.new_conversation, [session, browser_id], [box, chatbot, status, session],
-                       cancels=answering, api_name="new_conversation", queue=False)
+        fresh = [box, chatbot, status, session]
+        new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
+                                   api_name="new_conversation", queue=False)
         # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
         # history never disagrees with what is shown.
-        chatbot.clear(handlers.new_conversation, [session, browser_id], [box, chatbot, status, session],
-                      cancels=answering, api_visibility="private", queue=False)
-        page.load(handlers.on_load, [browser_id], [browser_id, chatbot, status, session], api_visibility="private")
+        clear_event = chatbot.clear(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
+                                    api_visibility="private", queue=False)
+        # Remember the conversation in the browser after every change, so a reload reopens it.
+        for event in (*answering, new_event, clear_event):
+            event.then(handlers.remember_conversation, [session], [last_conversation], queue=False,
+                       api_visibility="private")
+        page.load(handlers.on_load, [browser_id, last_conversation], [browser_id, chatbot, status, session],
+                  api_visibility="private")
     return page

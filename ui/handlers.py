@@ -52,9 +52,31 @@ class ChatHandlers:
 
     # ---- page load and identity -------------------------------------------------------------------
 
-    def on_load(self, stored_browser_id, request: gr.Request):
-        """Give this browser a lasting id (kept in localStorage) and start with an empty chat."""
-        return ensure_browser_id(stored_browser_id), [], "", new_session()
+    def on_load(self, stored_browser_id, stored_conversation, request: gr.Request):
+        """Give this browser a lasting id (kept in localStorage) and reopen its last conversation, if any.
+
+        The conversation is reopened only if this user still owns it and it has not expired; otherwise
+        the page starts with an empty chat.
+        """
+        browser_id = ensure_browser_id(stored_browser_id)
+        session = new_session()
+        if isinstance(stored_conversation, dict):
+            stored_conversation = stored_conversation.get("conversation")
+        if isinstance(stored_conversation, str) and stored_conversation:
+            try:
+                turns = self.client.history(user_id_from_request(request, browser_id), stored_conversation)
+            except Exception:  # expired, not this user's, or Redis unavailable: start afresh
+                turns = []
+            if turns:
+                session["conversation"] = stored_conversation
+                return browser_id, render_history(turns, {}), wording.RESTORED, session
+        return browser_id, [], "", session
+
+    @staticmethod
+    def remember_conversation(session):
+        """What the browser keeps so a reload reopens this chat. Always a (truthy) dict: BrowserState skips
+        saving falsy values, so a bare None after "New conversation" would leave the old id in place."""
+        return {"conversation": (session or {}).get("conversation")}
 
     # ---- a new question ---------------------------------------------------------------------------
 

@@ -85,8 +85,21 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     assert "session cache hit" in page.locator("#owlet-status").inner_text()
     page.screenshot(path=str(ARTIFACTS / "ui-browser-follow-up.png"))
 
+    # A reload keeps the browser's identity and reopens the conversation, which then continues.
     page.reload()
     page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('#owlet-chat .message-row.user-row').length == 2",
+                           timeout=30_000)
+    assert "restored" in page.locator("#owlet-status").inner_text()
     ask(page, "Hello after a reload?")
-    owners = browser_owners(stack)
-    assert list(owners.values()) == [2], f"one browser id owning both conversations expected, got {owners}"
+    assert page.locator(USER).count() == 3
+    assert list(browser_owners(stack).values()) == [1], "one browser id, one conversation"
+
+    # "New conversation" empties the chat, and a reload does not bring the old one back.
+    page.locator("#owlet-new").click()
+    page.wait_for_function("document.querySelectorAll('#owlet-chat .message-row').length == 0", timeout=30_000)
+    time.sleep(0.5)
+    page.reload()
+    page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    time.sleep(1.0)
+    assert page.locator(USER).count() == 0
