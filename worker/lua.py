@@ -34,13 +34,29 @@ local function position(job, user)
   end
   return pos
 end
+local function leave_ring(quser)
+  redis.call('LREM', P .. 'ring', 0, quser)
+  redis.call('SREM', P .. 'served', quser)
+end
+-- A user who starts waiting goes ahead of every user already served this busy period (in arrival order),
+-- so a light user never waits behind a whole round of a heavy user's jobs; then everyone takes turns.
+local function join_ring(quser)
+  local ring = redis.call('LRANGE', P .. 'ring', 0, -1)
+  for _, u in ipairs(ring) do
+    if redis.call('SISMEMBER', P .. 'served', u) == 1 then
+      redis.call('LINSERT', P .. 'ring', 'BEFORE', u, quser)
+      return
+    end
+  end
+  redis.call('RPUSH', P .. 'ring', quser)
+end
 local function unqueue(job, quser, user)
   if redis.call('LREM', uq(quser), 1, job) > 0 then
     redis.call('DECR', P .. 'queued')
     if tonumber(redis.call('HINCRBY', P .. 'queued_by_user', user, -1)) <= 0 then
       redis.call('HDEL', P .. 'queued_by_user', user)
     end
-    if redis.call('LLEN', uq(quser)) == 0 then redis.call('LREM', P .. 'ring', 0, quser) end
+    if redis.call('LLEN', uq(quser)) == 0 then leave_ring(quser) end
   end
   redis.call('ZREM', P .. 'queued_since', job)
 end
@@ -97,7 +113,7 @@ redis.call('HSET', jk, 'payload', payload, 'user', user, 'qkey', quser, 'conv', 
            'enqueued_at', now, 'attempts', 0, 'dispatch_n', 0)
 redis.call('EXPIRE', jk, ttl)
 redis.call('HINCRBY', P .. 'queued_by_user', user, 1)
-if redis.call('RPUSH', uq(quser), job) == 1 then redis.call('RPUSH', P .. 'ring', quser) end
+if redis.call('RPUSH', uq(quser), job) == 1 then join_ring(quser) end
 redis.call('INCR', P .. 'queued')
 redis.call('ZADD', P .. 'queued_since', now, job)
 local pos = position(job, quser)
@@ -114,7 +130,12 @@ while true do
   local quser = redis.call('LPOP', P .. 'ring')
   if not quser then return nil end
   local job = redis.call('LPOP', uq(quser))
-  if redis.call('LLEN', uq(quser)) > 0 then redis.call('RPUSH', P .. 'ring', quser) end
+  if redis.call('LLEN', uq(quser)) > 0 then
+    redis.call('RPUSH', P .. 'ring', quser)
+    redis.call('SADD', P .. 'served', quser)
+  else
+    redis.call('SREM', P .. 'served', quser)
+  end
   if job then
     redis.call('DECR', P .. 'queued')
     redis.call('ZREM', P .. 'queued_since', job)

@@ -45,6 +45,17 @@ def test_round_robin_under_a_flood(client):
     assert client.queue_position(heavy[-1]) is None
 
 
+def test_newcomers_go_ahead_of_a_user_already_being_served(client):
+    heavy = [submit(client, "heavy", f"q{i}")[0] for i in range(20)]
+    assert pop_all(client, capacity=1) == [heavy[0]]  # heavy has been served in this busy period
+    light = [submit(client, u)[0] for u in ("b", "c", "d")]
+    assert [client.queue_position(j) for j in light] == [1, 2, 3]
+    assert client.queue_position(heavy[1]) == 4
+    client.r.delete(client.keys.inflight)  # free the slot the first pop took
+    order = pop_all(client)
+    assert order[:5] == light + heavy[1:3]
+
+
 def test_fifo_mode_serves_in_arrival_order(redis_url, settings):
     from worker.client import OwletClient
 
@@ -160,9 +171,11 @@ def test_reader_that_attaches_late_gets_everything(client):
 def test_blocking_read_outlives_the_socket_timeout(client):
     """redis-py 8 times sockets out after 5 s; a reader must keep waiting past that."""
     job, _ = submit(client, "ann")
-    threading.Timer(5.5, client.cancel, args=("ann", job)).start()
+    timer = threading.Timer(5.5, client.cancel, args=("ann", job))
+    timer.start()
     t0 = time.monotonic()
     types = [e["type"] for _, e in client.events(job)]
+    timer.join()  # the cancel call may still be reading its reply; let it finish before the client closes
     assert types == ["queued", "cancelled"] and time.monotonic() - t0 > 5.0
 
 
