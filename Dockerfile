@@ -2,7 +2,7 @@
 # torch from PyPI on linux/amd64 ships CUDA, so the same image runs the worker on a GPU host.
 FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false GRADIO_ANALYTICS_ENABLED=False
 WORKDIR /app
 COPY requirements.txt .
 RUN pip install -r requirements.txt

@@ -103,7 +103,8 @@ class Stack:
     def _child_env(self) -> dict:
         env = dict(os.environ)
         env.update(REDIS_URL=self.redis_url, OWLET_MODEL=str(self.model), HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+                   GRADIO_ANALYTICS_ENABLED="False")  # no phoning home from a local demo
         env.update(self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         return env

@@ -1,0 +1,68 @@
+"""Regenerate docs/screenshot.png: run the demo stack, chat about a rendered shapes scene in headless
+Chromium, and capture the page.
+
+    python scripts/screenshot.py [--model models/owlet-shapes-vl] [--out docs/screenshot.png]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from run_demo import DEFAULT_MODEL, ROOT, Stack  # noqa: E402
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+QUESTIONS = ("What shapes do you see?", "What colour is the largest one?")
+
+
+def ask(page, text: str) -> None:
+    answered = page.locator("#owlet-chat .message-row.bot-row").count()
+    page.locator("#owlet-input textarea").fill(text)
+    page.locator("#owlet-input textarea").press("Enter")
+    page.wait_for_function(
+        f"document.querySelectorAll('#owlet-chat .message-row.bot-row').length > {answered} && "
+        "document.querySelector('#owlet-status').innerText.includes('First token')", timeout=120_000)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshot.png")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--port", type=int, default=7899)
+    args = parser.parse_args()
+
+    from playwright.sync_api import sync_playwright
+
+    from training.scenes import generate_scene, render_scene
+
+    with tempfile.TemporaryDirectory() as tmp:
+        image = Path(tmp) / "scene.png"
+        render_scene(generate_scene(random.Random(7))).save(image)
+        with Stack(None, args.model, "127.0.0.1", args.port, [], worker_concurrency=18) as stack, \
+                sync_playwright() as p:
+            stack.wait_ready(300)
+            browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1100, "height": 960})
+            page.goto(stack.url)
+            page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            page.locator("#owlet-input input[type=file]").set_input_files(str(image))
+            time.sleep(1.0)
+            ask(page, QUESTIONS[0])
+            ask(page, QUESTIONS[1])
+            time.sleep(0.5)
+            page.screenshot(path=str(args.out))
+            browser.close()
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
