@@ -20,14 +20,15 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "owlet-s
 MAX_IMAGE_TOKENS, MIN_IMAGE_TOKENS = 64, 16
 TOKENIZER_VOCAB = 512
 # Hybrid LFM2 text stack as in LFM2-VL-1.6B (conv blocks with a few attention layers), scaled down.
+# Attention layers are the ones that read the image tokens back; conv layers only see 3 neighbours.
 TEXT_SIZES = dict(
-    hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-    layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
+    hidden_size=160, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    layer_types=["conv", "full_attention", "conv", "full_attention"],
     block_auto_adjust_ff_dim=False, max_position_embeddings=2048,
 )
-VISION_SIZES = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+VISION_SIZES = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
                     patch_size=16, num_patches=256)
-PROJECTOR_HIDDEN = 256
+PROJECTOR_HIDDEN = 192
 
 
 def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:

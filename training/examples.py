@@ -17,11 +17,14 @@ IGNORE = -100
 
 
 def training_dialogue(index: int) -> tuple[Scene, list[Turn]]:
-    """Training example `index`: a scene and 1-5 turns about it (the seed is the index)."""
+    """Training example `index`: a scene and 2-6 turns about it (the seed is the index).
+
+    Long dialogues are cheap supervision: the 64 image tokens are paid once and every turn adds an answer.
+    """
     assert 0 <= index < EVAL_SEED_BASE, f"training index {index} would collide with eval seeds"
     rng = random.Random(index)
     scene = generate_scene(rng)
-    return scene, make_dialogue(scene, rng, rng.randint(1, 5))
+    return scene, make_dialogue(scene, rng, rng.randint(2, 6))
 
 
 def eval_dialogue(index: int, n_turns: int = 4) -> tuple[Scene, list[Turn]]:

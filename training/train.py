@@ -31,12 +31,19 @@ def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: flo
 
 
 def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: int, peak_lr: float,
-          log_path: Path, log_every: int, threads: int, seed: int) -> dict:
+          log_path: Path, log_every: int, threads: int, seed: int, save_every: int = 0,
+          init: Path | None = None, first_example: int = 0) -> dict:
     assert steps or minutes, "give --steps or --minutes"
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    processor = build_processor()
-    model = build_fresh_model(processor, seed=seed)
+    if init:  # continue from a saved checkpoint (a new schedule; optimizer moments start afresh)
+        from transformers import AutoProcessor, Lfm2VlForConditionalGeneration
+
+        processor = AutoProcessor.from_pretrained(init, local_files_only=True)
+        model = Lfm2VlForConditionalGeneration.from_pretrained(init, dtype=torch.float32, local_files_only=True)
+    else:
+        processor = build_processor()
+        model = build_fresh_model(processor, seed=seed)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -55,7 +62,8 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
         lr = learning_rate(progress, peak_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = encode_batch(processor, [training_dialogue(step * batch_size + i) for i in range(batch_size)])
+        batch = encode_batch(processor, [training_dialogue(first_example + step * batch_size + i)
+                                          for i in range(batch_size)])
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -70,17 +78,24 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
                       "smoothed_loss": round(smoothed, 5), "lr": lr, "elapsed_s": round(time.monotonic() - start, 1)}
             log.write(json.dumps(record) + "\n")
             log.flush()
+        if save_every and step % save_every == 0:  # snapshots let a long run be checked while it goes on
+            _save(model, processor, out_dir.parent / f"{out_dir.name}-step{step}")
+            model.train()
     bar.close()
     log.close()
+    _save(model, processor, out_dir)
+    summary = {"steps": step, "examples": step * batch_size, "final_smoothed_loss": smoothed,
+               "minutes": round((time.monotonic() - start) / 60, 1), "batch_size": batch_size, "peak_lr": peak_lr}
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _save(model, processor, out_dir: Path) -> None:
     model.eval()
     model.generation_config.max_new_tokens = 32
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
-    summary = {"steps": step, "examples": step * batch_size, "final_smoothed_loss": smoothed,
-               "minutes": round((time.monotonic() - start) / 60, 1), "batch_size": batch_size, "peak_lr": peak_lr}
-    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 def main() -> None:
@@ -94,11 +109,15 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", type=Path, help="start from this checkpoint folder instead of random weights")
+    parser.add_argument("--first-example", type=int, default=0,
+                        help="index of the first training dialogue (continue past the examples already seen)")
+    parser.add_argument("--save-every", type=int, default=0, help="also save <out>-step<N> snapshots")
     args = parser.parse_args()
     if not args.steps and not args.minutes:
         args.minutes = 30.0
     summary = train(args.out, args.steps, args.minutes, args.batch_size, args.lr, args.log, args.log_every,
-                    args.threads, args.seed)
+                    args.threads, args.seed, args.save_every, args.init, args.first_example)
     print(json.dumps(summary))
 
 
