@@ -12,6 +12,7 @@ import gradio as gr
 
 from ui import wording
 from ui.chat_view import assistant_message, message_text, parse_input, render_history, user_message
+from ui.eta import EtaEstimator
 from ui.identity import ensure_browser_id, user_id_from_request
 from ui.job_follower import follow_job
 from ui.uploads import UploadLimits, UploadRejected, check_upload
@@ -40,6 +41,7 @@ class ChatHandlers:
     def __init__(self, client, config, metrics):
         self.client, self.config, self.metrics = client, config, metrics
         self.limits = UploadLimits.from_config(config)
+        self.eta = EtaEstimator(client)
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -182,7 +184,8 @@ class ChatHandlers:
             yield _box(True), base + [assistant_message("⏳ " + wording.queued(None, None))], \
                 wording.queued(None, None), session
             async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
-                                      stall_timeout_s=self.config.stall_timeout_s, started_at=started):
+                                      stall_timeout_s=self.config.stall_timeout_s, started_at=started,
+                                      eta=self.eta.eta_s):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
@@ -268,6 +271,8 @@ class ChatHandlers:
         m.turns.labels({"done": "done", "cancelled": "cancelled"}.get(p.state, "error")).inc()
         if p.state == "done":
             m.observe_done(p.stats, follow_up)
+            if p.run_s is not None and p.queue_wait_s is not None:
+                self.eta.observe(p.run_s)
         elif p.state == "cancelled":
             m.cancels.inc()
         else:

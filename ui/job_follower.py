@@ -32,6 +32,7 @@ class Progress:
     started_at: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None  # submit → first token, as the user saw it
     queue_wait_s: float | None = None  # submit → a worker started it
+    run_s: float | None = None  # a worker started it → its last token (feeds the queue ETA)
 
     @property
     def finished(self) -> bool:
@@ -79,6 +80,7 @@ def _apply(progress: Progress, event: dict) -> None:
         progress.answer += event.get("text") or ""
     elif kind == "done":
         progress.state, progress.status = "done", ""
+        progress.run_s = now - (progress.queue_wait_s or 0.0)
         progress.answer = event.get("text", progress.answer) or progress.answer
         progress.stats = event.get("stats") or {}
         progress.finish_reason = event.get("finish_reason")
@@ -91,21 +93,24 @@ def _apply(progress: Progress, event: dict) -> None:
 
 
 async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: float,
-                     started_at: float | None = None) -> AsyncIterator[Progress]:
-    """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``."""
+                     started_at: float | None = None, eta=None) -> AsyncIterator[Progress]:
+    """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``.
+
+    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one.
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     gone = threading.Event()  # set when this reader stops listening, so the thread ends at its next event
     threading.Thread(target=_read_into, args=(client, job_id, loop, queue, gone), daemon=True,
                      name=f"owlet-follow-{job_id[:8]}").start()
     try:
-        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at):
+        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta):
             yield progress
     finally:
         gone.set()
 
 
-async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at) -> AsyncIterator[Progress]:
+async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
     last_event_at = time.monotonic()
     while True:
@@ -118,7 +123,7 @@ async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at) ->
                 if position is not None:
                     last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
                     if position != progress.position:
-                        progress.eta_s = _scaled_eta(progress, position)
+                        progress.eta_s = await asyncio.to_thread(eta, position) if eta else None
                         progress.position = position
                         progress.status = wording.queued(position, progress.eta_s)
                         yield progress
@@ -133,6 +138,8 @@ async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at) ->
         while not queue.empty():  # coalesce a burst of tokens into one update
             items.append(queue.get_nowait())
         for event in items:
+            if isinstance(event, dict) and event.get("type") == "queued" and event.get("eta_s") is None and eta:
+                event = {**event, "eta_s": await asyncio.to_thread(eta, event.get("position"))}
             if event is _END:
                 if not progress.finished:  # the stream ended or vanished without a terminal event
                     progress.state, progress.error = "lost", wording.WORKER_LOST
@@ -150,8 +157,3 @@ def _position(client, job_id: str) -> int | None:
     except Exception:  # a failed refresh of the queue line is not worth failing the turn
         return None
 
-
-def _scaled_eta(progress: Progress, position: int) -> float | None:
-    if progress.eta_s is None or not progress.position:
-        return None
-    return progress.eta_s * position / progress.position

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import gradio as gr
 import pytest
@@ -150,3 +151,43 @@ def test_redis_down_is_a_clear_message_not_a_traceback():
     assert status == wording.SERVICE_DOWN and chat[-1]["content"] == "⚠️ " + wording.SERVICE_DOWN
     assert box.interactive is True and session["job"] is None
     h.client.close()
+
+
+def test_queue_eta_learns_answer_time_and_divides_by_live_capacity(idle_handlers):
+    from worker.heartbeat import Heartbeat, publish
+
+    from ui.eta import EtaEstimator
+
+    client = idle_handlers.client
+    eta = EtaEstimator(client, prior_run_s=8.0, weight=0.2)
+    assert eta.eta_s(3) is None, "no live worker: no estimate"
+    publish(client.r, client.keys, Heartbeat(worker="a@test", capacity=2), ttl_s=60)
+    publish(client.r, client.keys, Heartbeat(worker="b@test", capacity=3), ttl_s=60)
+    assert eta.eta_s(10) == pytest.approx(10 * 8.0 / 5)
+    eta.observe(18.0)  # 8 + 0.2 × (18 − 8) = 10
+    assert eta.eta_s(5) == pytest.approx(10.0)
+    assert eta.eta_s(None) is None
+
+
+def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers):
+    from worker.heartbeat import Heartbeat, publish
+
+    h = idle_handlers
+    publish(h.client.r, h.client.keys, Heartbeat(worker="busy@test", capacity=1), ttl_s=60)
+    h.config = replace(h.config, stall_timeout_s=30.0)  # the dispatched job is silent on purpose
+
+    async def scenario():
+        first = ask(h, "takes the only slot", browser=new_browser_id(), hash_="x1")
+        await first.__anext__()
+        second = ask(h, "waits behind it", browser=new_browser_id(), hash_="x2")
+        statuses = []
+        async for _box, _chat, status, session in second:
+            statuses.append(status)
+            if "about" in status:
+                break
+        assert any(s.startswith("Queued — position 1, about 8 s") for s in statuses), statuses
+        await second.aclose()  # leaving the stream cancels the waiting job
+        await first.aclose()
+
+    asyncio.run(scenario())
+    assert h.client.health()["queued"] == 0, "closing the page's streams cancelled both jobs"
