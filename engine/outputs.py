@@ -26,6 +26,7 @@ class RequestStats:
     ttft_s: float | None = None  # add_request -> first token
     decode_tokens_per_s: float | None = None  # after the first token
     image_cache_hits: int = 0
+    cache_source: str | None = None  # "session" (this conversation's cache), "prefix" (shared template head), None
 
 
 @dataclass

@@ -38,6 +38,7 @@ class Request:
     num_computed: int = 0  # prompt tokens already in the cache (reused or prefilled)
     cached_tokens: int = 0  # of those, tokens that came from the session cache
     image_cache_hits: int = 0
+    cache_source: str | None = None
     cache: object = None  # private DynamicCache (batch 1) while prefilling
     prompt_conv: dict | None = None  # conv states at the end of the prompt (hybrid models; session checkpoints)
     embeds: object = None  # input embeddings of the uncached prompt part, built once at prefill start
@@ -78,4 +79,5 @@ class Request:
             ttft_s=ttft,
             decode_tokens_per_s=tps,
             image_cache_hits=self.image_cache_hits,
+            cache_source=self.cache_source,
         )

@@ -91,13 +91,13 @@ class SessionStore:
         """Before a request's first prefill: load the longest verified cached prefix into ``req.cache``."""
         if not self.enabled:
             return
-        entry, key = None, None
+        entry, source = None, "session"
         if req.session_id is not None:
-            entry, key = self.entries.get(req.session_id), req.session_id
+            entry = self.entries.get(req.session_id)
         reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
         if reuse == 0:
             self.counters["session_misses"] += req.session_id is not None
-            key = self._prefix_key(req.prompt.head_ids)
+            key, source = self._prefix_key(req.prompt.head_ids), "prefix"
             entry = self.entries.get(key) if key else None
             reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
             if reuse == 0:
@@ -109,6 +109,7 @@ class SessionStore:
             self.counters["session_hits"] += 1
         req.cache = self._materialise(entry, reuse)
         req.num_computed = req.cached_tokens = reuse
+        req.cache_source = source
         self.counters["reused_tokens"] += reuse
 
     def first_chunk_limit(self, req) -> int | None:

@@ -36,7 +36,8 @@ def test_three_turns_identical_with_and_without_session_cache(family, make_engin
     for p, r in zip(prompts, with_cache):
         assert r.token_ids == reference_tokens(runners(family), p, 8)
     # turns 2 and 3 reuse at least the previous prompt, image included
-    assert all(r.stats.cached_tokens > 20 for r in with_cache[1:])
+    assert all(r.stats.cached_tokens > 20 and r.stats.cache_source == "session" for r in with_cache[1:])
+    assert with_cache[0].stats.cache_source in (None, "prefix")
     assert all(r.stats.cached_tokens < 10 for r in recomputed)
     stats = cached.stats()
     assert stats["session_hits"] + stats["session_partial_hits"] == 2
