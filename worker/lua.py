@@ -34,12 +34,23 @@ local function position(job, user)
   end
   return pos
 end
+-- 'served' holds users with jobs in flight (or served this round): a user who starts waiting goes ahead
+-- of all of them, in arrival order, so a light user never waits behind a round of a heavy user's jobs.
+local function unmark_if_idle(quser)
+  if redis.call('HEXISTS', P .. 'inflight_by_user', quser) == 0 and redis.call('LLEN', uq(quser)) == 0 then
+    redis.call('SREM', P .. 'served', quser)
+  end
+end
 local function leave_ring(quser)
   redis.call('LREM', P .. 'ring', 0, quser)
-  redis.call('SREM', P .. 'served', quser)
+  unmark_if_idle(quser)
 end
--- A user who starts waiting goes ahead of every user already served this busy period (in arrival order),
--- so a light user never waits behind a whole round of a heavy user's jobs; then everyone takes turns.
+local function left_flight(quser)
+  if tonumber(redis.call('HINCRBY', P .. 'inflight_by_user', quser, -1)) <= 0 then
+    redis.call('HDEL', P .. 'inflight_by_user', quser)
+  end
+  unmark_if_idle(quser)
+end
 local function join_ring(quser)
   local ring = redis.call('LRANGE', P .. 'ring', 0, -1)
   for _, u in ipairs(ring) do
@@ -66,6 +77,7 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder)
   if state == 'done' or state == 'error' or state == 'cancelled' then return 0 end
   local f = redis.call('HMGET', jk, 'user', 'conv', 'worker', 'qkey')
   if state == 'queued' then unqueue(job, f[4] or f[1] or '', f[1] or '') end
+  if (state == 'dispatched' or state == 'started') and f[4] then left_flight(f[4]) end
   if f[2] then
     local ck = P .. 'conv:' .. f[2]
     if etype == 'done' and answer ~= '' and redis.call('EXISTS', ck) == 1 then
@@ -130,12 +142,7 @@ while true do
   local quser = redis.call('LPOP', P .. 'ring')
   if not quser then return nil end
   local job = redis.call('LPOP', uq(quser))
-  if redis.call('LLEN', uq(quser)) > 0 then
-    redis.call('RPUSH', P .. 'ring', quser)
-    redis.call('SADD', P .. 'served', quser)
-  else
-    redis.call('SREM', P .. 'served', quser)
-  end
+  if redis.call('LLEN', uq(quser)) > 0 then redis.call('RPUSH', P .. 'ring', quser) end
   if job then
     redis.call('DECR', P .. 'queued')
     redis.call('ZREM', P .. 'queued_since', job)
@@ -145,6 +152,8 @@ while true do
       redis.call('HDEL', P .. 'queued_by_user', user)
     end
     if redis.call('HGET', jk, 'state') == 'queued' then
+      redis.call('HINCRBY', P .. 'inflight_by_user', quser, 1)
+      redis.call('SADD', P .. 'served', quser)
       local n = redis.call('HINCRBY', jk, 'dispatch_n', 1)
       redis.call('HINCRBY', jk, 'attempts', 1)
       redis.call('HSET', jk, 'state', 'dispatched', 'dispatched_at', now, 'target', '')
@@ -190,6 +199,7 @@ local f = redis.call('HMGET', jk, 'user', 'worker', 'qkey')
 if f[2] then redis.call('SREM', P .. 'running:' .. f[2], job) end
 redis.call('ZREM', P .. 'inflight', job)
 redis.call('HSET', jk, 'state', 'queued', 'worker', '', 'target', '')
+left_flight(f[3])
 if redis.call('LPUSH', uq(f[3]), job) == 1 then redis.call('LPUSH', P .. 'ring', f[3]) end
 redis.call('INCR', P .. 'queued')
 redis.call('HINCRBY', P .. 'queued_by_user', f[1], 1)
