@@ -37,9 +37,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         with gr.Row():
             status = gr.Markdown("", elem_id="owlet-status")
             new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
-        with gr.Accordion("Settings", open=False):
+        with gr.Accordion("Settings", open=False, elem_id="owlet-settings"):
             answer_length = gr.Slider(1, config.max_new_tokens_cap, value=config.max_new_tokens, step=1,
-                                      label="Longest answer (tokens)")
+                                      label="Longest answer (tokens)", elem_id="owlet-answer-length")
 
         streamed = [box, chatbot, status, session]
         chat_event = box.submit(handlers.respond, [box, answer_length, session, browser_id], streamed,

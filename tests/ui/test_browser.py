@@ -9,6 +9,7 @@ import time
 import pytest
 import redis
 
+from tests.ui.page_client import engine_running, metrics_text
 from tests.ui.stack import ARTIFACTS, make_image
 
 CHROMIUM = os.environ.get("OWLET_CHROMIUM", "/usr/bin/chromium")
@@ -33,9 +34,11 @@ def page():
         browser.close()
 
 
-def ask(page, text: str) -> list[str]:
-    """Type and send a question; return the distinct texts the answer bubble showed while streaming."""
+def ask(page, text: str) -> tuple[list[str], str]:
+    """Type and send a question; return the distinct texts the answer bubble showed while streaming, and
+    the final status line."""
     bots_before = page.locator(BOT).count()
+    status_before = page.locator("#owlet-status").inner_text()
     page.locator("#owlet-input textarea").fill(text)
     page.locator("#owlet-input textarea").press("Enter")
     seen: list[str] = []
@@ -46,8 +49,9 @@ def ask(page, text: str) -> list[str]:
             if current and (not seen or seen[-1] != current):
                 seen.append(current)
         status = page.locator("#owlet-status").inner_text()
-        if "First token" in status and page.locator(BOT).count() > bots_before:
-            return seen
+        # Components re-render separately: wait for this answer's own stats, not the previous ones.
+        if "First token" in status and status != status_before and page.locator(BOT).count() > bots_before:
+            return seen, status
         assert "⚠️" not in status, status
         time.sleep(0.02)
     raise AssertionError(f"no answer; status: {page.locator('#owlet-status').inner_text()!r}")
@@ -74,15 +78,15 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     page.locator("#owlet-input input[type=file]").set_input_files(str(make_image(tmp_path / "red.png")))
     page.wait_for_selector("#owlet-input img, #owlet-input .thumbnail-item", timeout=30_000)
 
-    seen = ask(page, "What colour is the shape?")
+    seen, _status = ask(page, "What colour is the shape?")
     partials = [s for s in seen if not s.startswith("⏳")]
     assert len(partials) >= 2, f"the answer should stream in several steps, saw {seen!r}"
     assert page.locator(f"{USER} img").count() == 1, "the uploaded image is shown in the chat"
     page.screenshot(path=str(ARTIFACTS / "ui-browser-first-answer.png"))
 
-    ask(page, "Where is it in the picture?")
+    _seen, status = ask(page, "Where is it in the picture?")
     assert page.locator(USER).count() == 2 and page.locator(BOT).count() == 2
-    assert "session cache hit" in page.locator("#owlet-status").inner_text()
+    assert "session cache hit" in status, status
     page.screenshot(path=str(ARTIFACTS / "ui-browser-follow-up.png"))
 
     # A reload keeps the browser's identity and reopens the conversation, which then continues.
@@ -90,10 +94,28 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     page.wait_for_selector("#owlet-input textarea", timeout=60_000)
     page.wait_for_function("document.querySelectorAll('#owlet-chat .message-row.user-row').length == 2",
                            timeout=30_000)
-    assert "restored" in page.locator("#owlet-status").inner_text()
+    page.wait_for_function("document.querySelector('#owlet-status').innerText.includes('restored')",
+                           timeout=10_000)
     ask(page, "Hello after a reload?")
     assert page.locator(USER).count() == 3
     assert list(browser_owners(stack).values()) == [1], "one browser id, one conversation"
+
+    # Stop mid-answer from the browser: the stream ends at once and the engine slot is freed.
+    page.locator("#owlet-settings").click()
+    page.locator("#owlet-answer-length input[type=number]").fill("1500")
+    page.locator("#owlet-answer-length input[type=number]").press("Enter")
+    bots = page.locator(BOT).count()
+    page.locator("#owlet-input textarea").fill("Tell me everything.")
+    page.locator("#owlet-input textarea").press("Enter")
+    page.wait_for_function(f"document.querySelectorAll('{BOT}').length > {bots} && "
+                           f"!document.querySelectorAll('{BOT}')[{bots}].innerText.startsWith('⏳')", timeout=60_000)
+    page.locator("#owlet-input button.stop-button").click()
+    page.wait_for_function("document.querySelector('#owlet-status').innerText.startsWith('Stopped')", timeout=30_000)
+    deadline = time.monotonic() + 15
+    while engine_running(metrics_text(stack)) > 0:
+        assert time.monotonic() < deadline, "the stopped answer still holds an engine slot"
+        time.sleep(0.2)
+    page.screenshot(path=str(ARTIFACTS / "ui-browser-stopped.png"))
 
     # "New conversation" empties the chat, and a reload does not bring the old one back.
     page.locator("#owlet-new").click()
