@@ -7,15 +7,11 @@ may wait in Gradio's queue before new ones are told the page is busy.
 """
 from __future__ import annotations
 
-import logging
-
 from ui.app import CSS, build_page
 from ui.cluster_metrics import ClusterCollector
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import ops_routes
-
-log = logging.getLogger("owlet.ui")
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
