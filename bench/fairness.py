@@ -1,0 +1,109 @@
+"""Fairness under a flood: Owlet's round-robin dispatcher against a plain FIFO queue, in one run.
+
+One heavy user submits 50 jobs, then 4 light users submit 1 job each. Both modes run the same real
+Celery worker (tiny LFM2-VL model, 4 engine slots) on the same Redis. Reports every user's queue wait
+(submit -> started) and completion time (submit -> done), relative to one job's median service time.
+
+    .venv/bin/python bench/fairness.py [--heavy-jobs 50] [--tokens 16] [--slots 4]
+
+Ends with ``RESULT {json}`` holding light_wait_over_service_max and fifo_light_wait_over_service_max.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.redis_server import running_redis, unique_prefix  # noqa: E402
+from tests.worker.worker_process import WorkerProcess, worker_env  # noqa: E402
+from training.tiny_checkpoint import ensure_tiny_checkpoint  # noqa: E402
+from worker.client import OwletClient  # noqa: E402
+from worker.config import Settings  # noqa: E402
+
+LIGHT_USERS = ("light1", "light2", "light3", "light4")
+
+
+def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
+    settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("bench-fair"), fifo=fifo,
+                                 user_queue_cap=args.heavy_jobs + 10, global_queue_cap=args.heavy_jobs + 50)
+    client = OwletClient(settings=settings)
+    worker = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=args.slots),
+                           log_dir, concurrency=args.slots + 2)
+    try:
+        worker.wait_ready(client)
+        sampling = {"max_new_tokens": args.tokens, "ignore_eos": True}
+        # warm up the engine so the first measured job does not pay one-off costs
+        warm = client.submit_turn("warm", client.new_conversation("warm"), "Warm up.", sampling=sampling)
+        list(client.events(warm))
+        jobs: list[tuple[str, str, float]] = []  # (user, job, submitted_at)
+        for i in range(args.heavy_jobs):
+            conv = client.new_conversation("heavy")
+            jobs.append(("heavy", client.submit_turn("heavy", conv, f"Question {i}.", sampling=sampling), time.time()))
+        for user in LIGHT_USERS:
+            conv = client.new_conversation(user)
+            jobs.append((user, client.submit_turn(user, conv, "One question.", sampling=sampling), time.time()))
+        rows = []
+        for user, job, submitted in jobs:
+            events = {e["type"]: e for _, e in client.events(job)}
+            assert "done" in events, f"job {job} did not finish: {events}"
+            rows.append({"user": user, "wait_s": events["started"]["t"] - submitted,
+                         "service_s": events["done"]["t"] - events["started"]["t"],
+                         "completion_s": events["done"]["t"] - submitted})
+        return summarise(rows)
+    finally:
+        worker.stop()
+        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
+        if keys:
+            client.r.delete(*keys)
+        client.close()
+
+
+def summarise(rows: list[dict]) -> dict:
+    service = statistics.median(r["service_s"] for r in rows)
+    heavy = [r for r in rows if r["user"] == "heavy"]
+    per_user = {"heavy": {"wait_s": statistics.median(r["wait_s"] for r in heavy),
+                          "wait_max_s": max(r["wait_s"] for r in heavy),
+                          "completion_s": max(r["completion_s"] for r in heavy)}}
+    for r in rows:
+        if r["user"] != "heavy":
+            per_user[r["user"]] = {"wait_s": r["wait_s"], "wait_max_s": r["wait_s"], "completion_s": r["completion_s"]}
+    light_max = max(per_user[u]["wait_s"] for u in LIGHT_USERS)
+    return {"service_s": service, "users": per_user, "light_wait_over_service_max": light_max / service}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heavy-jobs", type=int, default=50)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=4, help="engine max_running of the worker")
+    args = ap.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="owlet-bench-"))
+    with running_redis() as url:
+        fair = run_mode(url, False, args, log_dir)
+        fifo = run_mode(url, True, args, log_dir)
+    print(f"\n{args.heavy_jobs} heavy jobs then 1 job from each of 4 light users; {args.slots} engine slots; "
+          f"{args.tokens} tokens per job")
+    print(f"median service time: fair {fair['service_s']:.3f} s, fifo {fifo['service_s']:.3f} s\n")
+    print(f"{'user':<8} {'fair wait s':>12} {'fifo wait s':>12} {'fair wait/svc':>14} {'fifo wait/svc':>14} "
+          f"{'fair done s':>12} {'fifo done s':>12}")
+    for user in ("heavy", *LIGHT_USERS):
+        a, b = fair["users"][user], fifo["users"][user]
+        label = "heavy*" if user == "heavy" else user
+        print(f"{label:<8} {a['wait_s']:>12.3f} {b['wait_s']:>12.3f} {a['wait_s'] / fair['service_s']:>14.2f} "
+              f"{b['wait_s'] / fifo['service_s']:>14.2f} {a['completion_s']:>12.3f} {b['completion_s']:>12.3f}")
+    print("* heavy: median wait over its jobs; done = when its last job finished")
+    result = {"light_wait_over_service_max": round(fair["light_wait_over_service_max"], 3),
+              "fifo_light_wait_over_service_max": round(fifo["light_wait_over_service_max"], 3),
+              "service_s_fair": round(fair["service_s"], 4), "service_s_fifo": round(fifo["service_s"], 4),
+              "heavy_jobs": args.heavy_jobs, "slots": args.slots, "tokens": args.tokens}
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
