@@ -1,0 +1,87 @@
+"""The worker runtime in-process (real engine, tiny model, real Redis), driving ``run_job`` directly.
+
+Covers paths that need precise control: run deadlines, cancel before start, duplicate deliveries, metrics.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig, LLMEngine
+from tests.worker.live import collect, types
+from tests.worker.test_worker_jobs import LONG
+from training.tiny_checkpoint import ensure_tiny_checkpoint
+from worker.celery_app import create_app
+from worker.client import OwletClient
+from worker.runtime import WorkerRuntime
+
+
+@pytest.fixture
+def runtime_client(settings):
+    settings = type(settings)(**{**vars(settings), "job_deadline_s": 0.5, "heartbeat_interval_s": 0.2})
+    engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), device="cpu", max_running=2))
+    runtime = WorkerRuntime(settings, create_app(settings), "inproc@test", engine=engine)
+    runtime.start()
+    client = OwletClient(settings=settings)
+    try:
+        yield runtime, client
+    finally:
+        runtime.stop()
+        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
+        if keys:
+            client.r.delete(*keys)
+        client.close()
+
+
+def dispatched(client, job_id) -> int:
+    """The dispatch number the dispatcher gave the job (its Celery message sits unconsumed in Redis)."""
+    client.dispatch()
+    return int(client.r.hget(client.keys.job(job_id), "dispatch_n"))
+
+
+def test_job_past_its_deadline_ends_with_a_clear_error(runtime_client):
+    runtime, client = runtime_client
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "Talk for a long time.", sampling=LONG)
+    runtime.run_job(job, dispatched(client, job))
+    events = collect(client, job)
+    assert types(events)[-1] == "error" and "took too long" in events[-1]["message"]
+    assert [t["role"] for t in client.history("ann", conv)] == ["user"]
+    assert runtime.engine.stats()["running"] == 0
+
+
+def test_cancel_before_start_never_reaches_the_engine(runtime_client):
+    runtime, client = runtime_client
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 2})
+    n = dispatched(client, job)
+    assert client.cancel("ann", job) is True  # dispatched, not started: the flag is set
+    runtime.run_job(job, n)
+    assert types(collect(client, job)) == ["queued", "started", "cancelled"]
+    assert runtime.engine.stats()["requests_finished"] == 0
+
+
+def test_duplicate_delivery_runs_once_and_metrics_record_it(runtime_client):
+    runtime, client = runtime_client
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 3})
+    n = dispatched(client, job)
+    runtime.run_job(job, n)
+    runtime.run_job(job, n)  # e.g. a redelivered Celery message
+    events = collect(client, job)
+    assert types(events) == ["queued", "started", "token", "done"]
+    assert [t["role"] for t in client.history("ann", conv)] == ["user", "assistant"]
+    reg = runtime.metrics.registry
+    assert reg.get_sample_value("owlet_worker_ttft_seconds_count", {"worker": "inproc@test"}) == 1
+    assert reg.get_sample_value("owlet_worker_jobs_total", {"worker": "inproc@test", "outcome": "done"}) == 1
+    assert reg.get_sample_value("owlet_worker_tokens_total", {"worker": "inproc@test"}) == 3
+
+
+def test_bad_dispatch_number_fails_only_a_waiting_job(runtime_client):
+    runtime, client = runtime_client
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 2})
+    dispatched(client, job)
+    runtime.run_job(job, "one")
+    events = collect(client, job)
+    assert events[-1]["type"] == "error" and "malformed" in events[-1]["message"]
+    runtime.run_job(None, 1)  # no job id at all: dropped with a log line, the worker carries on
