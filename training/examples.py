@@ -17,14 +17,15 @@ IGNORE = -100
 
 
 def training_dialogue(index: int) -> tuple[Scene, list[Turn]]:
-    """Training example `index`: a scene and 2-6 turns about it (the seed is the index).
+    """Training example `index`: a scene and 4-10 turns about it (the seed is the index).
 
-    Long dialogues are cheap supervision: the 64 image tokens are paid once and every turn adds an answer.
+    Long dialogues are cheap supervision: the 64 image tokens are paid once and every turn adds an answer,
+    so the vision tower gets several gradients per image.
     """
     assert 0 <= index < EVAL_SEED_BASE, f"training index {index} would collide with eval seeds"
     rng = random.Random(index)
     scene = generate_scene(rng)
-    return scene, make_dialogue(scene, rng, rng.randint(2, 6))
+    return scene, make_dialogue(scene, rng, rng.randint(4, 10))
 
 
 def eval_dialogue(index: int, n_turns: int = 4) -> tuple[Scene, list[Turn]]:
