@@ -16,8 +16,9 @@ from worker.runtime import WorkerRuntime
 
 
 @pytest.fixture
-def runtime_client(settings):
-    settings = type(settings)(**{**vars(settings), "job_deadline_s": 0.5, "heartbeat_interval_s": 0.2})
+def runtime_client(settings, request):
+    deadline = getattr(request, "param", 60.0)
+    settings = type(settings)(**{**vars(settings), "job_deadline_s": deadline, "heartbeat_interval_s": 0.2})
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), device="cpu", max_running=2))
     runtime = WorkerRuntime(settings, create_app(settings), "inproc@test", engine=engine)
     runtime.start()
@@ -38,6 +39,7 @@ def dispatched(client, job_id) -> int:
     return int(client.r.hget(client.keys.job(job_id), "dispatch_n"))
 
 
+@pytest.mark.parametrize("runtime_client", [0.5], indirect=True)
 def test_job_past_its_deadline_ends_with_a_clear_error(runtime_client):
     runtime, client = runtime_client
     conv = client.new_conversation("ann")
