@@ -38,9 +38,12 @@ def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
     try:
         worker.wait_ready(client)
         sampling = {"max_new_tokens": args.tokens, "ignore_eos": True}
-        # warm up the engine so the first measured job does not pay one-off costs
-        warm = client.submit_turn("warm", client.new_conversation("warm"), "Warm up.", sampling=sampling)
-        list(client.events(warm))
+        # warm up with a full batch, so the first measured batch does not pay one-off costs (kernels, caches)
+        for _ in range(2):
+            warm = [client.submit_turn(f"warm{i}", client.new_conversation(f"warm{i}"), f"Warm up {i}.",
+                                       sampling=sampling) for i in range(args.slots)]
+            for job in warm:
+                list(client.events(job))
         jobs: list[tuple[str, str, float]] = []  # (user, job, submitted_at)
         for i in range(args.heavy_jobs):
             conv = client.new_conversation("heavy")
