@@ -25,7 +25,7 @@ class EngineConfig:
     session_budget_mb: float | None = None  # None: 256 MB on CPU; a fraction of free memory on CUDA
     session_budget_fraction: float = 0.5  # CUDA only: share of free memory after load and batch reserve
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
-    park_group_size: int = 32
+    park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
     seed: int = 0
 
