@@ -53,6 +53,7 @@ class UIConfig:
     # A stream with no event for this long is reported as a lost worker and cancelled: no spinner forever.
     stall_timeout_s: float = 120.0
     queue_poll_s: float = 1.0  # how often the "queued — position k" line refreshes
+    stream_min_interval_s: float = 0.05  # at most 20 chat updates a second per answer, however fast the model
 
     def __post_init__(self):
         assert 0 < self.port < 65536, f"port must be 1..65535, got {self.port}"

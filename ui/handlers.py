@@ -185,7 +185,7 @@ class ChatHandlers:
                 wording.queued(None, None), session
             async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
                                       stall_timeout_s=self.config.stall_timeout_s, started_at=started,
-                                      eta=self.eta.eta_s):
+                                      eta=self.eta.eta_s, min_interval_s=self.config.stream_min_interval_s):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)

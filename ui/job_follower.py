@@ -3,7 +3,8 @@
 The worker client's ``events()`` is a blocking generator, so a small daemon thread reads it and hands
 events to the asyncio side. The async side waits with a timeout, which lets it refresh the
 "queued — position k" line while the job waits and notice a stream that went silent (a lost worker).
-Bursts of tokens are coalesced into one update, so a fast model does not flood the browser.
+Bursts of tokens are coalesced, and updates are sent at most every ``min_interval_s``, so a fast model
+does not flood the server (each update re-renders the chat) or the browser.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def _apply(progress: Progress, event: dict) -> None:
 
 
 async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: float,
-                     started_at: float | None = None, eta=None) -> AsyncIterator[Progress]:
+                     started_at: float | None = None, eta=None, min_interval_s: float = 0.0) -> AsyncIterator[Progress]:
     """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``.
 
     ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one.
@@ -104,19 +105,29 @@ async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: flo
     threading.Thread(target=_read_into, args=(client, job_id, loop, queue, gone), daemon=True,
                      name=f"owlet-follow-{job_id[:8]}").start()
     try:
-        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta):
+        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta,
+                                      min_interval_s):
             yield progress
     finally:
         gone.set()
 
 
-async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta) -> AsyncIterator[Progress]:
+async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta,
+                  min_interval_s) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
-    last_event_at = time.monotonic()
+    last_event_at = last_yield_at = time.monotonic()
+    unsent = False  # tokens applied but not yet shown, held back by min_interval_s
     while True:
+        timeout = poll_s
+        if unsent:
+            timeout = max(0.0, min_interval_s - (time.monotonic() - last_yield_at))
         try:
-            item = await asyncio.wait_for(queue.get(), timeout=poll_s)
+            item = await asyncio.wait_for(queue.get(), timeout=timeout)
         except asyncio.TimeoutError:
+            if unsent:
+                unsent, last_yield_at = False, time.monotonic()
+                yield progress
+                continue
             silent_for = time.monotonic() - last_event_at
             if progress.state == "queued":
                 position = await asyncio.to_thread(_position, client, job_id)
@@ -146,9 +157,16 @@ async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, et
                 yield progress
                 return
             _apply(progress, event)
-        yield progress
         if progress.finished:
+            yield progress
             return
+        # A fast model emits hundreds of tokens a second; re-rendering the chat for each costs the server
+        # and the browser far more than it shows. Updates go out at most every min_interval_s.
+        if time.monotonic() - last_yield_at >= min_interval_s:
+            unsent, last_yield_at = False, time.monotonic()
+            yield progress
+        else:
+            unsent = True
 
 
 def _position(client, job_id: str) -> int | None:
