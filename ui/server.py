@@ -8,6 +8,7 @@ may wait in Gradio's queue before new ones are told the page is busy.
 from __future__ import annotations
 
 from ui.app import CSS, build_page
+from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
@@ -57,6 +58,9 @@ def build(config, client=None):
 
 def serve(config, block: bool = True, client=None):
     """Launch the page; prints the local URL (and the share link, or why there is none)."""
+    if config.browser_secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
+        print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own so "
+              "browser ids cannot be forged by someone who read this code.", flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
     page.launch(prevent_thread_lock=True, **launch_kwargs)
     print(f"Owlet UI: {page.local_url}", flush=True)
