@@ -20,7 +20,7 @@ from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
 from worker.jobs import Job, Message
 from worker.keys import Keys
-from worker.streams import read_events
+from worker.streams import TERMINAL, read_events
 
 class OwletClient:
     def __init__(self, redis_url: str | None = None, settings: Settings | None = None):
@@ -97,11 +97,19 @@ class OwletClient:
         if not self.r.exists(key) and not self.r.exists(self.keys.job(job_id)):
             raise UnknownJob()
 
+        vanished = []
+
         def on_idle() -> bool:
-            reaper.sweep(self.dispatcher)
-            return bool(self.r.exists(key))
+            reaper.sweep_if_due(self.dispatcher)
+            if not self.r.exists(key):
+                vanished.append(True)
+                return False
+            # a reader resuming after the terminal event has nothing more to wait for
+            return self.job_state(job_id) not in TERMINAL
 
         yield from read_events(self.r, key, last_id, self.settings.read_block_ms, on_idle)
+        if vanished:  # the stream expired under the reader: still end with a terminal event
+            yield "0-0", {"type": "error", "message": UnknownJob.user_message, "t": time.time()}
 
     def cancel(self, user_id: str, job_id: str) -> bool:
         """Cancel the user's job; returns False when it had already ended. Other users' jobs are refused."""

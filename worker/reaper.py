@@ -17,6 +17,13 @@ QUEUE_TIMEOUT = "The service is busy and could not start your question in time. 
 RUN_TIMEOUT = "Your answer took too long and was stopped. Try a shorter question or fewer tokens."
 
 
+def sweep_if_due(d: Dispatcher, every_s: float = 0.5) -> dict[str, int] | None:
+    """Sweep unless another process swept within ``every_s``: many waiting readers cost one sweep, not many."""
+    if not d.r.set(d.keys.prefix + "sweep_lock", 1, px=int(every_s * 1000), nx=True):
+        return None
+    return sweep(d)
+
+
 def sweep(d: Dispatcher, now: float | None = None) -> dict[str, int]:
     """Run every check once; returns counts of what it did (for logs and tests)."""
     now = time.time() if now is None else now

@@ -108,7 +108,7 @@ class WorkerRuntime:
         while not self._stop.is_set():
             try:
                 self._beat()
-                reaper.sweep(self.dispatcher)
+                reaper.sweep_if_due(self.dispatcher, self.settings.heartbeat_interval_s / 2)
                 self.dispatcher.dispatch()
                 self.metrics.observe_affinity(self.dispatcher.affinity_stats())
             except Exception:  # a Redis hiccup must not stop the heartbeat for good

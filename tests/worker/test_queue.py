@@ -168,6 +168,19 @@ def test_reader_that_attaches_late_gets_everything(client):
     assert resumed == first[1:]
 
 
+def test_reader_resuming_after_the_end_returns_and_a_vanished_stream_still_ends(client):
+    job, _ = submit(client, "ann")
+    client.cancel("ann", job)
+    terminal_id = list(client.events(job))[-1][0]
+    t0 = time.monotonic()
+    assert list(client.events(job, last_id=terminal_id)) == []
+    assert time.monotonic() - t0 < 3
+    other, _ = submit(client, "bob")
+    client.r.delete(client.keys.stream(other))  # as if it expired while a reader waited
+    events = [e for _, e in client.events(other)]
+    assert [e["type"] for e in events] == ["error"] and "no longer available" in events[0]["message"]
+
+
 def test_blocking_read_outlives_the_socket_timeout(client):
     """redis-py 8 times sockets out after 5 s; a reader must keep waiting past that."""
     job, _ = submit(client, "ann")
