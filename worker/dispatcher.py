@@ -50,8 +50,10 @@ class Dispatcher:
         s = self.settings
         quser = FIFO_QUEUE_USER if s.fifo else user
         ttl = int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s)
+        per_position = self.seconds_per_position()
         (code,) = self.scripts.call(self.scripts.submit, job_id, user, quser, conv, payload, repr(time.time()),
-                                    s.user_queue_cap, s.global_queue_cap, s.stream_maxlen, ttl, turn_json or "")
+                                    s.user_queue_cap, s.global_queue_cap, s.stream_maxlen, ttl, turn_json or "",
+                                    "" if per_position is None else repr(per_position))
         if code == -1:
             raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
                                  "finish, then ask again.")
@@ -102,6 +104,25 @@ class Dispatcher:
             return holder
         self.r.hincrby(self.keys.stats, "affinity_misses", 1)
         return None
+
+    # -- estimates -----------------------------------------------------------------------------------------
+    def record_service_time(self, seconds: float) -> None:
+        """Fold one job's run time into a moving average (a lost update between workers is harmless)."""
+        old = self.r.get(self.keys.service_time)
+        new = seconds if old is None else 0.8 * float(old) + 0.2 * seconds
+        self.r.set(self.keys.service_time, repr(new))
+
+    def seconds_per_position(self) -> float | None:
+        """Expected seconds each queue position adds: mean service time over the live workers' slots."""
+        service = self.r.get(self.keys.service_time)
+        if service is None:
+            return None
+        capacity = sum(w.capacity for w in heartbeat.alive(self.r, self.keys).values())
+        return float(service) / capacity if capacity else None
+
+    def eta_s(self, position: int | None) -> float | None:
+        per_position = self.seconds_per_position()
+        return None if position is None or per_position is None else round(position * per_position, 1)
 
     # -- reading -------------------------------------------------------------------------------------------
     def position(self, job_id: str) -> int | None:

@@ -73,5 +73,10 @@ class Keys:
         return f"{self.prefix}stats"
 
     @property
+    def service_time(self) -> str:
+        """Moving average of one job's run time in seconds (for queue ETAs)."""
+        return f"{self.prefix}service_s"
+
+    @property
     def celery_queue(self) -> str:
         return f"{self.prefix}jobs"

@@ -99,7 +99,7 @@ end
 """
 
 # KEYS: none. ARGV: prefix, job, user, qkey_user, conv, payload, now, user_cap, global_cap, maxlen,
-#   stream_ttl, turn_json ('' = no conversation checks: raw jobs), queued_event_json_prefix
+#   stream_ttl, turn_json ('' = no conversation checks: raw jobs), seconds_per_position (for eta_s; '' = unknown)
 SUBMIT = _COMMON + r"""
 local job, user, quser, conv, payload, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local user_cap, global_cap, maxlen, ttl, turn = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10], ARGV[11], ARGV[12]
@@ -129,7 +129,9 @@ if redis.call('RPUSH', uq(quser), job) == 1 then join_ring(quser) end
 redis.call('INCR', P .. 'queued')
 redis.call('ZADD', P .. 'queued_since', now, job)
 local pos = position(job, quser)
-xadd(job, 'queued', '{"position": ' .. pos .. ', "t": ' .. now .. '}', maxlen)
+local eta = 'null'
+if ARGV[13] ~= '' then eta = string.format('%.1f', pos * tonumber(ARGV[13])) end
+xadd(job, 'queued', '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', maxlen)
 redis.call('EXPIRE', P .. 'stream:' .. job, ttl)
 return {pos}
 """

@@ -80,6 +80,7 @@ class JobRunner:
             if delta:
                 writer.add("token", text=delta)
         result = handle.result(timeout=s.job_deadline_s)
+        rt.dispatcher.record_service_time(time.monotonic() - started)
         rt.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:
             rt.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)

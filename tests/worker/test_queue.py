@@ -33,6 +33,17 @@ def test_submit_records_turn_and_queued_event(client):
     assert client.job_state(job) == "queued"
 
 
+def test_queued_event_carries_an_eta_once_service_times_are_known(client, fake_capacity):
+    first, _ = submit(client, "ann")
+    assert next(iter(client.events(first)))[1]["eta_s"] is None  # no service time measured yet
+    client.dispatcher.record_service_time(2.0)
+    fake_capacity(4)
+    client.dispatch()  # slots are free now, but the eta only depends on position x service / slots
+    job, _ = submit(client, "bob")
+    event = next(iter(client.events(job)))[1]
+    assert event["eta_s"] == round(event["position"] * 2.0 / 4, 1) and event["eta_s"] > 0
+
+
 def test_round_robin_under_a_flood(client):
     heavy = [submit(client, "heavy", f"q{i}")[0] for i in range(50)]
     light = {u: submit(client, u)[0] for u in ("b", "c", "d", "e")}
