@@ -75,13 +75,17 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder)
   local jk = P .. 'job:' .. job
   local state = redis.call('HGET', jk, 'state')
   if state == 'done' or state == 'error' or state == 'cancelled' then return 0 end
-  local f = redis.call('HMGET', jk, 'user', 'conv', 'worker', 'qkey')
+  local f = redis.call('HMGET', jk, 'user', 'conv', 'worker', 'qkey', 'turn')
   if state == 'queued' then unqueue(job, f[4] or f[1] or '', f[1] or '') end
   if (state == 'dispatched' or state == 'started') and f[4] then left_flight(f[4]) end
   if f[2] then
     local ck = P .. 'conv:' .. f[2]
-    if etype == 'done' and answer ~= '' and redis.call('EXISTS', ck) == 1 then
-      redis.call('RPUSH', P .. 'conv:' .. f[2] .. ':turns', answer)
+    local tk = P .. 'conv:' .. f[2] .. ':turns'
+    -- append only right after this job's own question: never twice, never after a truncate removed it
+    local question = f[5] and redis.call('LINDEX', tk, tonumber(f[5]))
+    if etype == 'done' and answer ~= '' and question and redis.call('LLEN', tk) == tonumber(f[5]) + 1
+       and string.find(question, job, 1, true) then
+      redis.call('RPUSH', tk, answer)
       if holder ~= '' then redis.call('SET', P .. 'holder:' .. f[2], holder, 'EX', 86400) end
     end
     if redis.call('HGET', ck, 'pending') == job then redis.call('HDEL', ck, 'pending') end
@@ -116,11 +120,11 @@ end
 local mine = tonumber(redis.call('HGET', P .. 'queued_by_user', user) or '0')
 if mine >= user_cap then return {-1} end
 if tonumber(redis.call('GET', P .. 'queued') or '0') >= global_cap then return {-2} end
+local jk = P .. 'job:' .. job
 if turn ~= '' then
-  redis.call('RPUSH', ck .. ':turns', turn)
+  redis.call('HSET', jk, 'turn', redis.call('RPUSH', ck .. ':turns', turn) - 1)
   redis.call('HSET', ck, 'pending', job)
 end
-local jk = P .. 'job:' .. job
 redis.call('HSET', jk, 'payload', payload, 'user', user, 'qkey', quser, 'conv', conv, 'state', 'queued',
            'enqueued_at', now, 'attempts', 0, 'dispatch_n', 0)
 redis.call('EXPIRE', jk, ttl)

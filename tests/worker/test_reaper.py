@@ -104,3 +104,17 @@ def test_finish_is_exactly_once(client):
     assert not d.finish(job, "error", message="late")
     assert [t["role"] for t in client.history("ann", conv)] == ["user", "assistant"]
     assert event_types(client, job) == ["queued", "started", "done"]
+
+
+def test_answer_is_not_appended_after_its_question_was_truncated_away(client):
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    client.dispatch()
+    claim(client, job, "a@x")
+    client.truncate("ann", conv, 0)  # retry/edit while it runs: the job gets its cancel flag
+    from worker.history import turn_json
+
+    assert client.dispatcher.finish(job, "done", answer_turn=turn_json("assistant", "late", job_id=job),
+                                    only_state="started", only_worker="a@x")
+    assert client.history("ann", conv) == []
