@@ -19,16 +19,24 @@ from run_demo import DEFAULT_MODEL, ROOT, Stack  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-QUESTIONS = ("What shapes do you see?", "What colour is the largest one?")
+# Question forms the demo model was trained on (training/dialogues.py).
+QUESTIONS = ("How many shapes are there?", "Which shape is the largest?", "What colour is the circle?")
 
 
-def ask(page, text: str) -> None:
-    answered = page.locator("#owlet-chat .message-row.bot-row").count()
-    page.locator("#owlet-input textarea").fill(text)
-    page.locator("#owlet-input textarea").press("Enter")
-    page.wait_for_function(
-        f"document.querySelectorAll('#owlet-chat .message-row.bot-row').length > {answered} && "
-        "document.querySelector('#owlet-status').innerText.includes('First token')", timeout=120_000)
+def ask(page, text: str, timeout_s: float = 120) -> None:
+    """Send a question and wait until its answer is in and the input box is open again."""
+    bots = page.locator("#owlet-chat .message-row.bot-row")
+    before = bots.count()
+    box = page.locator("#owlet-input textarea")
+    box.fill(text)
+    box.press("Enter")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answered = bots.count() > before and "First token" in page.locator("#owlet-status").inner_text()
+        if answered and not box.is_disabled():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no answer to {text!r}")
 
 
 def main() -> int:
@@ -50,13 +58,13 @@ def main() -> int:
                 sync_playwright() as p:
             stack.wait_ready(300)
             browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1100, "height": 960})
+            page = browser.new_page(viewport={"width": 1100, "height": 1250})
             page.goto(stack.url)
             page.wait_for_selector("#owlet-input textarea", timeout=60_000)
             page.locator("#owlet-input input[type=file]").set_input_files(str(image))
             time.sleep(1.0)
-            ask(page, QUESTIONS[0])
-            ask(page, QUESTIONS[1])
+            for question in QUESTIONS:
+                ask(page, question)
             time.sleep(0.5)
             page.screenshot(path=str(args.out))
             browser.close()

@@ -28,7 +28,7 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         session = gr.State(new_session())
         with gr.Row(elem_id="owlet-header"):
             gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")
-        chatbot = gr.Chatbot(elem_id="owlet-chat", height=520, editable="user", show_label=False,
+        chatbot = gr.Chatbot(elem_id="owlet-chat", height="66vh", min_height=360, editable="user", show_label=False,
                              buttons=["copy"], feedback_options=None, placeholder="Ask about an image…",
                              autoscroll=True)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",

@@ -49,8 +49,10 @@ def ask(page, text: str) -> tuple[list[str], str]:
             if current and (not seen or seen[-1] != current):
                 seen.append(current)
         status = page.locator("#owlet-status").inner_text()
-        # Components re-render separately: wait for this answer's own stats, not the previous ones.
-        if "First token" in status and status != status_before and page.locator(BOT).count() > bots_before:
+        # Components re-render separately: wait for this answer's own stats, not the previous ones, and
+        # for the input box to be open again (the last update of a turn).
+        if "First token" in status and status != status_before and page.locator(BOT).count() > bots_before \
+                and not page.locator("#owlet-input textarea").is_disabled():
             return seen, status
         assert "⚠️" not in status, status
         time.sleep(0.02)
