@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
 from training.examples import encode_batch, training_dialogue
+from training.scenes import COLOUR_NAMES, SHAPES
+from training.token_targets import GRID, token_targets
 
 
 def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: float = 0.05) -> float:
@@ -32,7 +34,7 @@ def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: flo
 
 def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: int, peak_lr: float,
           log_path: Path, log_every: int, threads: int, seed: int, save_every: int = 0,
-          init: Path | None = None, first_example: int = 0) -> dict:
+          init: Path | None = None, first_example: int = 0, aux_weight: float = 0.0) -> dict:
     assert steps or minutes, "give --steps or --minutes"
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -45,8 +47,10 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
         processor = build_processor()
         model = build_fresh_model(processor, seed=seed)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    aux = TokenProbe(model) if aux_weight > 0 else None
+    params = list(model.named_parameters()) + (list(aux.heads.named_parameters()) if aux else [])
+    decay = [p for n, p in params if p.ndim >= 2]
+    no_decay = [p for n, p in params if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=peak_lr, betas=(0.9, 0.98))
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,11 +66,12 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
         lr = learning_rate(progress, peak_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = encode_batch(processor, [training_dialogue(first_example + step * batch_size + i)
-                                          for i in range(batch_size)])
+        dialogues = [training_dialogue(first_example + step * batch_size + i) for i in range(batch_size)]
+        batch = encode_batch(processor, dialogues)
         loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        aux_loss = aux.loss([scene for scene, _ in dialogues]) if aux else torch.zeros(())
+        (loss + aux_weight * aux_loss).backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -74,7 +79,7 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
         bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{lr:.2e}")
         bar.update(1 if steps else int(time.monotonic() - start) - bar.n)
         if step % log_every == 0:
-            record = {"step": step, "examples": step * batch_size, "loss": round(loss.item(), 5),
+            record = {"step": step, "examples": step * batch_size, "loss": round(loss.item(), 5), "aux_loss": round(aux_loss.item(), 5),
                       "smoothed_loss": round(smoothed, 5), "lr": lr, "elapsed_s": round(time.monotonic() - start, 1)}
             log.write(json.dumps(record) + "\n")
             log.flush()
@@ -88,6 +93,30 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
                "minutes": round((time.monotonic() - start) / 60, 1), "batch_size": batch_size, "peak_lr": peak_lr}
     (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+class TokenProbe:
+    """Auxiliary loss: predict each image token's shape kind and colour from the projector output.
+
+    Training-only linear heads on a forward hook; they are not part of the saved model.
+    """
+
+    def __init__(self, model):
+        hidden = model.config.text_config.hidden_size
+        self.heads = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
+                                          "colour": torch.nn.Linear(hidden, len(COLOUR_NAMES) + 1)})
+        self._features = None
+        model.model.multi_modal_projector.register_forward_hook(self._capture)
+
+    def _capture(self, module, inputs, output):
+        self._features = output.reshape(-1, output.shape[-1])
+
+    def loss(self, scenes) -> torch.Tensor:
+        kinds, colours = zip(*(token_targets(scene) for scene in scenes))
+        features = self._features
+        assert features is not None and features.shape[0] == GRID * GRID * len(scenes), "unexpected image tokens"
+        ce = torch.nn.functional.cross_entropy
+        return ce(self.heads["kind"](features), torch.cat(kinds)) + ce(self.heads["colour"](features), torch.cat(colours))
 
 
 def _save(model, processor, out_dir: Path) -> None:
@@ -112,12 +141,14 @@ def main() -> None:
     parser.add_argument("--init", type=Path, help="start from this checkpoint folder instead of random weights")
     parser.add_argument("--first-example", type=int, default=0,
                         help="index of the first training dialogue (continue past the examples already seen)")
+    parser.add_argument("--aux-weight", type=float, default=0.5,
+                        help="weight of the per-image-token shape/colour loss (0 turns it off)")
     parser.add_argument("--save-every", type=int, default=0, help="also save <out>-step<N> snapshots")
     args = parser.parse_args()
     if not args.steps and not args.minutes:
         args.minutes = 30.0
     summary = train(args.out, args.steps, args.minutes, args.batch_size, args.lr, args.log, args.log_every,
-                    args.threads, args.seed, args.save_every, args.init, args.first_example)
+                    args.threads, args.seed, args.save_every, args.init, args.first_example, args.aux_weight)
     print(json.dumps(summary))
 
 

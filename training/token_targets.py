@@ -1,0 +1,51 @@
+"""Per-image-token targets for an auxiliary training loss: which shape kind and colour covers each token's cell.
+
+LFM2-VL turns a 256 px image into an 8x8 grid of tokens (16 px patches, 2x2 merged), in raster order, each
+covering a 32x32 px cell. Predicting the cell's shape kind and colour from the projector output gives the
+vision tower a dense, direct signal; through the answers alone it learns colours quickly but shapes slowly.
+The heads that use these targets are dropped after training: the saved model is a plain LFM2-VL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from training.scenes import COLOUR_NAMES, IMAGE_SIZE, SHAPES, Scene, _shape_points
+
+CELL = 32  # pixels per image token side (patch 16 x downsample 2)
+GRID = IMAGE_SIZE // CELL
+BACKGROUND_KIND, BACKGROUND_COLOUR = len(SHAPES), len(COLOUR_NAMES)
+_MIN_COVER = 0.15  # a cell belongs to a shape when the shape covers at least this share of it
+
+
+def shape_index_map(scene: Scene) -> Image.Image:
+    """An 'L' image: 0 for background, i + 1 where shape i is visible (drawn in render_scene's order)."""
+    mask = Image.new("L", (IMAGE_SIZE, IMAGE_SIZE), 0)
+    draw = ImageDraw.Draw(mask)
+    order = sorted(range(len(scene.shapes)), key=lambda i: -scene.shapes[i].area)
+    for i in order:
+        shape = scene.shapes[i]
+        if shape.kind == "circle":
+            r = shape.radius
+            draw.ellipse([shape.x - r, shape.y - r, shape.x + r, shape.y + r], fill=i + 1)
+        else:
+            draw.polygon(_shape_points(shape), fill=i + 1)
+    return mask
+
+
+def token_targets(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kind, colour) class per token, each of shape [GRID * GRID], raster order."""
+    ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
+    cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
+    kinds = torch.full((GRID * GRID,), BACKGROUND_KIND)
+    colours = torch.full((GRID * GRID,), BACKGROUND_COLOUR)
+    counts = torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)  # [cells, shapes]
+    best = counts.argmax(1)
+    covered = counts.max(1).values >= _MIN_COVER * CELL * CELL
+    for cell in covered.nonzero().flatten().tolist():
+        shape = scene.shapes[best[cell]]
+        kinds[cell] = SHAPES.index(shape.kind)
+        colours[cell] = COLOUR_NAMES.index(shape.colour)
+    return kinds, colours
