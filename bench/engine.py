@@ -27,7 +27,7 @@ default on CPU, see ``--threads``). On the burst, static and engine run twice, a
 keeps its best run (``--burst-repeats``); the table's ``steps`` (decode forward passes) and
 ``useful`` (share of computed rows a request needed) columns count work and carry no timing noise.
 
-Run: ``python -m bench.engine`` (the "small" ~90M-parameter shape, about 8 minutes on 2 CPU cores),
+Run: ``python -m bench.engine`` (the "small" 87M-parameter shape, 8-10 minutes on 2 shared CPU cores),
 ``--tiny`` (under a minute), ``--shape lfm2-vl-1.6b`` (real LFM2-VL-1.6B text shape, random init;
 meant for a GPU, fp16). The last line is ``RESULT {json}`` with the headline ratios.
 """
@@ -53,7 +53,8 @@ import torch
 # Text / vision / processor shapes. "small" is about 90M parameters; "lfm2-vl-1.6b" follows the
 # real model's text shape (hidden 2048, 16 layers, attention at 2, 5, 8, 10, 12, 14, 8 KV heads
 # of dim 64) and a SigLIP2-so400m-like vision tower. Vocabularies stay at the local tokenizer's
-# size (~500), since no 65k-token tokenizer exists offline; that understates the LM head's cost.
+# size (~500), since no 65k-token tokenizer exists offline; that understates the LM head's cost
+# (the 1.6b shape has 1.48B parameters here: text 1.05B + vision 0.43B; the real vocabulary adds 0.13B).
 SHAPES = {
     "tiny": dict(text={}, vision={}, projector=64, image_tokens=(4, 16), image_sides=(64, 96, 128)),
     "small": dict(
@@ -66,7 +67,7 @@ SHAPES = {
                   num_key_value_heads=8, initializer_range=0.02, max_position_embeddings=8192,
                   layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]),
         vision=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16),
-        projector=2048, image_tokens=(64, 256), image_sides=(256, 384, 512)),
+        projector=2048, image_tokens=(64, 256), image_sides=(256, 384, 512), save_dtype="float16"),
 }
 _CHECKPOINT_VERSION = 1  # bump when the checkpoint recipe changes
 _WORDS = ("what colour is the circle where is the red square how many shapes are there describe the image "
@@ -144,7 +145,8 @@ def bench_checkpoint(shape: str, cache_dir: Path, image_tokens: tuple[int, int] 
         lo, hi = spec["image_tokens"]
         processor = make_lfm2vl_processor(tokenizer, max_image_tokens=hi, min_image_tokens=lo)
         build_lfm2vl_checkpoint(tmp, tokenizer=tokenizer, processor=processor, text_overrides=spec["text"],
-                                vision_overrides=spec["vision"], projector_hidden_size=spec["projector"])
+                                vision_overrides=spec["vision"], projector_hidden_size=spec["projector"],
+                                dtype=spec.get("save_dtype", "float32"))  # 1.5B params: fp16 halves the disk
         _silence_eos(tmp, tokenizer.eos_token_id)
         tmp.rename(final)
     finally:
@@ -157,7 +159,7 @@ def _silence_eos(folder: Path, eos_id: int) -> None:
     others are random, so greedy decoding never stops early and every way does the same work."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="auto")  # keep the saved dtype
     with torch.no_grad():
         model.get_input_embeddings().weight[eos_id].zero_()
         model.get_output_embeddings().weight[eos_id].zero_()
