@@ -62,5 +62,7 @@ class WorkerMetrics:
             if stats.get(key) is not None:
                 self.affinity.labels(worker=self.worker, stat=key).set(stats[key])
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int):
+        """Serve /metrics on ``port`` in a daemon thread; returns the server (call ``shutdown()`` to stop)."""
+        server, _thread = start_http_server(port, registry=self.registry)
+        return server

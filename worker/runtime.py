@@ -50,6 +50,7 @@ class WorkerRuntime:
         self._stop = threading.Event()
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._metrics_server = None
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -59,8 +60,8 @@ class WorkerRuntime:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        if self.settings.metrics_port:
-            self.metrics.serve(self.settings.metrics_port)
+        if self.settings.worker_metrics_port:
+            self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
 
     def stop(self) -> None:
@@ -69,6 +70,8 @@ class WorkerRuntime:
         for t in self._threads:
             t.join(timeout=5)
         heartbeat.withdraw(self.r, self.keys, self.worker)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         self.engine.stop()
 
     # -- jobs ----------------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Covers paths that need precise control: run deadlines, cancel before start, dupl
 """
 from __future__ import annotations
 
+import socket
+import urllib.request
+
 import pytest
 
 from engine import EngineConfig, LLMEngine
@@ -15,10 +18,17 @@ from worker.client import OwletClient
 from worker.runtime import WorkerRuntime
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture
 def runtime_client(settings, request):
     deadline = getattr(request, "param", 60.0)
-    settings = type(settings)(**{**vars(settings), "job_deadline_s": deadline, "heartbeat_interval_s": 0.2})
+    settings = type(settings)(**{**vars(settings), "job_deadline_s": deadline, "heartbeat_interval_s": 0.2,
+                                 "worker_metrics_port": free_port()})
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), device="cpu", max_running=2))
     runtime = WorkerRuntime(settings, create_app(settings), "inproc@test", engine=engine)
     runtime.start()
@@ -76,6 +86,10 @@ def test_duplicate_delivery_runs_once_and_metrics_record_it(runtime_client):
     assert reg.get_sample_value("owlet_worker_ttft_seconds_count", {"worker": "inproc@test"}) == 1
     assert reg.get_sample_value("owlet_worker_jobs_total", {"worker": "inproc@test", "outcome": "done"}) == 1
     assert reg.get_sample_value("owlet_worker_tokens_total", {"worker": "inproc@test"}) == 3
+    url = f"http://127.0.0.1:{runtime.settings.worker_metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = response.read().decode()
+    assert 'owlet_worker_jobs_total{outcome="done",worker="inproc@test"} 1.0' in body
 
 
 def test_bad_dispatch_number_fails_only_a_waiting_job(runtime_client):
