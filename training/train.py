@@ -96,15 +96,18 @@ def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: i
 
 
 class TokenProbe:
-    """Auxiliary loss: predict each image token's shape kind and colour from the projector output.
+    """Auxiliary loss: predict each image token's shape kind, colour, row and column from the projector output.
 
+    Row and column keep the token's place in the image inside its features: the text side cannot read absolute
+    image positions from rotary offsets, whose distance to the image varies with the dialogue's length.
     Training-only linear heads on a forward hook; they are not part of the saved model.
     """
 
     def __init__(self, model):
         hidden = model.config.text_config.hidden_size
         self.heads = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
-                                          "colour": torch.nn.Linear(hidden, len(COLOUR_NAMES) + 1)})
+                                          "colour": torch.nn.Linear(hidden, len(COLOUR_NAMES) + 1),
+                                          "row": torch.nn.Linear(hidden, GRID), "col": torch.nn.Linear(hidden, GRID)})
         self._features = None
         model.model.multi_modal_projector.register_forward_hook(self._capture)
 
@@ -116,7 +119,9 @@ class TokenProbe:
         features = self._features
         assert features is not None and features.shape[0] == GRID * GRID * len(scenes), "unexpected image tokens"
         ce = torch.nn.functional.cross_entropy
-        return ce(self.heads["kind"](features), torch.cat(kinds)) + ce(self.heads["colour"](features), torch.cat(colours))
+        cells = torch.arange(GRID * GRID).repeat(len(scenes))
+        return (ce(self.heads["kind"](features), torch.cat(kinds)) + ce(self.heads["colour"](features), torch.cat(colours))
+                + ce(self.heads["row"](features), cells // GRID) + ce(self.heads["col"](features), cells % GRID))
 
 
 def _save(model, processor, out_dir: Path) -> None:
