@@ -36,6 +36,7 @@ def config_from_args(args: argparse.Namespace, environ=None) -> UIConfig:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes, one line each
     config = config_from_args(parse_args(argv))
     from ui.server import serve  # heavy imports (gradio) only once the arguments are known to be good
 
