@@ -65,11 +65,16 @@ def _read_into(client, job_id: str, loop: asyncio.AbstractEventLoop, queue: asyn
 
 
 def _apply(progress: Progress, event: dict) -> None:
+    """Fold one stream event into the snapshot (pure; see docs/interfaces.md for the event shapes)."""
     kind = event.get("type")
     now = time.monotonic() - progress.started_at
     if kind == "queued":
+        if event.get("restart"):  # its worker died: the job runs again from scratch, so drop the partial answer
+            progress.state, progress.answer, progress.first_token_s, progress.queue_wait_s = "queued", "", None, None
         progress.position, progress.eta_s = event.get("position"), event.get("eta_s")
         progress.status = wording.queued(progress.position, progress.eta_s)
+        if event.get("restart"):
+            progress.status = wording.RESTARTED + " " + progress.status
     elif kind == "started":
         progress.state, progress.status = "running", ""
         progress.queue_wait_s = now

@@ -7,6 +7,7 @@ WORKER_LOST = ("The worker handling this answer stopped responding. Please ask a
                "if it keeps happening, the service may be restarting.")
 STOPPED = "Stopped."
 THINKING = "Thinking…"
+RESTARTED = "The worker answering you was lost; your question was put back in the queue."
 RESTORED = "Welcome back: your last conversation is restored."
 SERVICE_DOWN = "The chat service is not reachable right now (queue unavailable). Please try again shortly."
 EMPTY_MESSAGE = "Type a question, or attach an image and ask about it."
