@@ -24,8 +24,10 @@ to first token) plus the submitter's lag behind the scheduled arrival.
 
 Both generate() and the engine run in this one process with the same torch thread count (1 by
 default on CPU, see ``--threads``). On the burst, static and engine run twice, alternated, and each
-keeps its best run (``--burst-repeats``); the table's ``steps`` (decode forward passes) and
+keeps its best run (``--burst-repeats``); sequential runs once, as it lasts minutes (which averages
+out load swings) and sits far from its target. The table's ``steps`` (decode forward passes) and
 ``useful`` (share of computed rows a request needed) columns count work and carry no timing noise.
+The Poisson rate defaults to 0.7x the engine's burst requests/s, a load the engine keeps up with.
 
 Run: ``python -m bench.engine`` (the "small" 87M-parameter shape, 8-10 minutes on 2 shared CPU cores),
 ``--tiny`` (under a minute), ``--shape lfm2-vl-1.6b`` (real LFM2-VL-1.6B text shape, random init;
@@ -50,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-# Text / vision / processor shapes. "small" is about 90M parameters; "lfm2-vl-1.6b" follows the
+# Text / vision / processor shapes. "small" has 87M parameters; "lfm2-vl-1.6b" follows the
 # real model's text shape (hidden 2048, 16 layers, attention at 2, 5, 8, 10, 12, 14, 8 KV heads
 # of dim 64) and a SigLIP2-so400m-like vision tower. Vocabularies stay at the local tokenizer's
 # size (~500), since no 65k-token tokenizer exists offline; that understates the LM head's cost
