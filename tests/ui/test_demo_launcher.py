@@ -2,6 +2,7 @@
 Ctrl-C leaves no process behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,6 +99,10 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         left = sorted(pid for pid in children if alive(pid))
         assert not left, f"processes left running after Ctrl-C: {left}"
     finally:
-        if demo.poll() is None:
+        if demo.poll() is None:  # a failed assertion: take the whole tree down, not just the launcher
+            stragglers = descendants(demo.pid)
             demo.kill()
             demo.wait()
+            for pid in stragglers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
