@@ -171,8 +171,10 @@ class SessionStore:
     # -- internals --------------------------------------------------------------
     def _put(self, key: str, token_ids: list[int], snap: kv_cache.CacheSnapshot, checkpoints: dict) -> None:
         where = self.device if self.park_mode == "none" else "cpu"
-        kv = {i: (park_kv(k, self.park_mode, self.group_size, where), park_kv(v, self.park_mode, self.group_size, where))
-              for i, (k, v) in snap.kv.items()}
+        # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
+        # values are grouped along each token's head_dim.
+        kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
+                  park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
         entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv))
         for evicted_key, _ in self.entries.put(key, entry, entry.nbytes):
             log.debug("evicted session %s", evicted_key)
