@@ -23,8 +23,8 @@ CONVERSATION_KEY = "owlet-conversation"
 def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
     """Build the Blocks for one app; nothing runs until it is launched."""
     with gr.Blocks(title="Owlet", fill_height=True) as page:
-        browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.browser_secret)
-        last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.browser_secret)
+        browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.secret)
+        last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.secret)
         session = gr.State(new_session())
         with gr.Row(elem_id="owlet-header"):
             gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")

@@ -35,7 +35,7 @@ class UIConfig:
     auth: tuple[tuple[str, str], ...] = ()
     redis_url: str = DEFAULT_REDIS_URL
     key_prefix: str = ""  # "" = the worker side's default; tests set their own namespace
-    browser_secret: str = DEV_BROWSER_SECRET
+    secret: str = DEV_BROWSER_SECRET  # OWLET_UI_SECRET: encrypts the browser id kept in localStorage
     # Gradio: how many events may run at once. Each open answer stream holds one thread, so this caps
     # concurrent streams for the whole page; Gradio's own queue runs events with no per-event limit.
     max_threads: int = 64

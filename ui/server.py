@@ -58,7 +58,7 @@ def build(config, client=None):
 
 def serve(config, block: bool = True, client=None):
     """Launch the page; prints the local URL (and the share link, or why there is none)."""
-    if config.browser_secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
+    if config.secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
         print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own so "
               "browser ids cannot be forged by someone who read this code.", flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)

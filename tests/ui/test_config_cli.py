@@ -10,19 +10,19 @@ from ui.config import DEV_BROWSER_SECRET, UIConfig, parse_auth
 def test_defaults_are_local_and_explicit_about_concurrency():
     config = UIConfig.from_env({})
     assert (config.host, config.port, config.share, config.auth) == ("127.0.0.1", 7860, False, ())
-    assert config.browser_secret == DEV_BROWSER_SECRET
+    assert config.secret == DEV_BROWSER_SECRET
     assert config.max_threads >= 8 and config.queue_max_size >= config.max_threads
 
 
 def test_environment_is_read_and_typed():
     env = {"REDIS_URL": "redis://r:6379/1", "OWLET_KEY_PREFIX": "p:", "OWLET_UI_PORT": "9000",
            "OWLET_UI_SHARE": "true", "OWLET_UI_AUTH": "a:b,c:d", "OWLET_UI_MAX_IMAGE_PIXELS": "1000000",
-           "OWLET_UI_ALLOWED_FORMATS": "png, jpeg", "OWLET_UI_STALL_TIMEOUT_S": "2.5"}
+           "OWLET_UI_ALLOWED_FORMATS": "png, jpeg", "OWLET_UI_STALL_TIMEOUT_S": "2.5", "OWLET_UI_SECRET": "s3"}
     config = UIConfig.from_env(env)
     assert config.redis_url == "redis://r:6379/1" and config.key_prefix == "p:" and config.port == 9000
     assert config.share is True and config.auth == (("a", "b"), ("c", "d"))
     assert config.max_image_pixels == 1_000_000 and config.allowed_formats == ("PNG", "JPEG")
-    assert config.stall_timeout_s == 2.5
+    assert config.stall_timeout_s == 2.5 and config.secret == "s3"
 
 
 def test_flags_override_the_environment():
