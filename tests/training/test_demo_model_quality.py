@@ -1,0 +1,29 @@
+"""The shipped demo checkpoint: loads offline like any checkpoint, fits the size budget, and answers well.
+
+The quality gate is the issue's fast check: >= 90 % exact match on 100 fresh held-out scenes
+(4 turns each, the image on the first turn only). The full 500-scene figure is in the model card.
+"""
+
+import torch
+
+from training.eval import evaluate, load
+
+MAX_CHECKPOINT_BYTES = 25 * 1024 * 1024
+
+
+def test_checkpoint_is_complete_and_small(demo_model_dir):
+    names = {p.name for p in demo_model_dir.iterdir()}
+    for required in ("config.json", "model.safetensors", "tokenizer.json", "processor_config.json", "README.md"):
+        assert required in names, f"{required} missing from {demo_model_dir}"
+    total = sum(p.stat().st_size for p in demo_model_dir.rglob("*") if p.is_file())
+    assert total <= MAX_CHECKPOINT_BYTES, f"checkpoint is {total / 2**20:.1f} MiB, over the 25 MiB budget"
+
+
+def test_accuracy_on_100_held_out_scenes(demo_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(2)
+    model, processor = load(demo_model_dir)
+    assert type(model).__name__ == "Lfm2VlForConditionalGeneration"
+    report = evaluate(model, processor, scenes=100, batch_size=100)
+    assert report["questions"] == 400
+    assert report["accuracy"] >= 0.90, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
