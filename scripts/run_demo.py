@@ -32,22 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the project's packages live at the root
+from worker.redis_probe import redis_answers  # noqa: E402
+
 
 def log(message: str) -> None:
     print(f"owlet-demo: {message}", flush=True)
-
-
-def redis_answers(url: str, timeout_s: float = 0.5) -> bool:
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError, ValueError):
-        return False
 
 
 def _die_with_parent() -> None:

@@ -20,21 +20,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
+
+from worker.redis_probe import redis_answers  # re-exported: tests import it from here
 
 DEFAULT_LOCAL_URL = "redis://127.0.0.1:6379/0"
-
-
-def redis_answers(url: str, timeout_s: float = 0.5) -> bool:
-    """True when a PING to ``url`` succeeds within ``timeout_s``."""
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError, ValueError):
-        return False
 
 
 @contextlib.contextmanager
