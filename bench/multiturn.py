@@ -82,7 +82,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--budget-mb", type=float, default=64.0, help="fixed budget for the sessions-held table")
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/bench"))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (0: torch's choice). 1 by default, as in bench.engine: on a shared "
+                         "2-core machine two intra-op threads spin against other processes")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     shape = "tiny" if args.tiny else "small"
     # ~256 image tokens: a 512 px square at patch 16 and 2x downsampling; the tiny shape caps at 16 tokens.
