@@ -62,10 +62,7 @@ def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
         return summarise(rows)
     finally:
         worker.stop()
-        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
-        if keys:
-            client.r.delete(*keys)
-        client.close()
+        client.close(purge=True)
 
 
 def summarise(rows: list[dict]) -> dict:

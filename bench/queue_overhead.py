@@ -95,10 +95,7 @@ def main() -> None:
         finally:
             engine.stop()
             worker.stop()
-            keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
-            if keys:
-                client.r.delete(*keys)
-            client.close()
+            client.close(purge=True)
     ms = 1000.0
     rows = [("time to first token, in-process engine", direct), ("time to first token, via queue", queued),
             ("added by the queue path (per job, paired)", added),

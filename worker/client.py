@@ -139,7 +139,13 @@ class OwletClient:
         """Run one dispatch pass now (normally triggered by submits and by workers)."""
         return self.dispatcher.dispatch()
 
-    def close(self) -> None:
+    def close(self, purge: bool = False) -> None:
+        """Close the connection; ``purge`` first deletes every key under this client's prefix (tests and
+        benchmarks run in a namespace of their own and clean it up this way)."""
+        if purge:
+            keys = list(self.r.scan_iter(match=self.keys.prefix + "*", count=1000))
+            if keys:
+                self.r.delete(*keys)
         self.r.close()
 
 def _check_user(user_id) -> None:

@@ -33,10 +33,7 @@ def page_without_workers():
             yield f"http://127.0.0.1:{config.port}/", client
         finally:
             page.close()
-            keys = list(client.r.scan_iter(match=config.key_prefix + "*", count=1000))
-            if keys:
-                client.r.delete(*keys)
-            client.close()
+            client.close(purge=True)
 
 
 def test_healthz_is_503_without_a_worker_and_metrics_still_render(page_without_workers):

@@ -37,10 +37,7 @@ def runtime_client(settings, request):
         yield runtime, client
     finally:
         runtime.stop()
-        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
-        if keys:
-            client.r.delete(*keys)
-        client.close()
+        client.close(purge=True)
 
 
 def dispatched(client, job_id) -> int:

@@ -57,7 +57,4 @@ def test_affinity_then_kill_9_mid_generation_redispatches_to_the_other_worker(re
     finally:
         for w in workers.values():
             w.stop()
-        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
-        if keys:
-            client.r.delete(*keys)
-        client.close()
+        client.close(purge=True)

@@ -30,10 +30,7 @@ def live(redis_url, tmp_path_factory):
         yield client, proc
     finally:
         proc.stop()
-        keys = list(client.r.scan_iter(match=settings.key_prefix + "*", count=1000))
-        if keys:
-            client.r.delete(*keys)
-        client.close()
+        client.close(purge=True)
 
 
 def test_job_streams_tokens_and_appends_answer_once(live):
