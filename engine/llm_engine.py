@@ -141,7 +141,17 @@ class LLMEngine:
                 self._wakeup.wait(timeout=0.5)
                 self._wakeup.clear()
                 continue
-            self.step()
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 — a broken invariant: fail what is in flight, keep serving
+                log.exception("engine step failed outside any one request; failing every request in flight")
+                self._counters["step_errors"] += 1
+                self._fail_in_flight("the server hit an internal error; please ask again")
+
+    def _fail_in_flight(self, error: str) -> None:
+        for req in self.scheduler.pending() + list(self.batch.requests):
+            self._finish(req, FinishReason.ERROR, error=error)
+        self.batch.filter([])
 
     def step(self) -> None:
         """schedule → prefill → decode → postprocess. Failures fail only the requests involved."""

@@ -128,3 +128,24 @@ def test_waiting_queue_cap(make_engine):
     eng.add_request(chat("b"), greedy(2))
     with pytest.raises(ValueError, match="capacity"):
         eng.add_request(chat("c"), greedy(2))
+
+
+def test_unexpected_step_error_fails_in_flight_requests_and_the_loop_survives(make_engine, monkeypatch):
+    """An error outside the per-request guards (here: sampling) must not kill the loop or hang any stream."""
+    import engine.llm_engine as llm_engine
+
+    eng = make_engine("lfm2vl").start()
+    real = llm_engine.sample_next_tokens
+    calls = {"n": 0}
+
+    def flaky(logits, params, generators):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected sampler failure")
+        return real(logits, params, generators)
+    monkeypatch.setattr(llm_engine, "sample_next_tokens", flaky)
+    victim = eng.add_request(chat("victim"), greedy(20, ignore_eos=True))
+    r = victim.result(timeout=30)
+    assert r.finish_reason is FinishReason.ERROR and "internal error" in r.error
+    later = eng.add_request(chat("later"), greedy(3))
+    assert later.result(timeout=30).finish_reason is FinishReason.LENGTH
