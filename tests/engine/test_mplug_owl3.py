@@ -174,3 +174,14 @@ def test_parked_sessions_hold_image_kv_in_their_bytes(make_engine, mode):
 
 def _prefix_bytes(eng):
     return sum(eng.sessions.entries.get(k).nbytes for k in eng.sessions.entries.keys() if k.startswith("prefix:"))
+
+
+def test_chunked_prefill_matches_reference(make_engine):
+    """16-token chunks: an image's token and the tokens that see it land in different chunks."""
+    eng = make_engine(max_prefill_tokens=16)
+    requests = [[user("Please look at this picture and then", image(31), "tell me what colour the circle is.")],
+                [user(image(32), "Where is the triangle? It is on the left, near the top.", image(33), "And here?")]]
+    handles = [eng.add_request(m, greedy(6)) for m in requests]
+    run_until_done(eng)
+    for m, h in zip(requests, handles):
+        assert h.result(0).token_ids == reference(eng, m, 6)
