@@ -5,7 +5,7 @@ What differs from the Hugging Face path: images are not slots in the token seque
 and per hyper layer, the image's cross-attention keys/values (``RowImages``), computed once at its first prefill
 chunk, or adopted from the conversation's session entry (then the image is neither encoded nor projected again).
 The self-attention cache is an ordinary ``DynamicCache``, so DecodeBatch pads, merges and filters it like any
-other; the per-row image K/V are merged into padded batch tensors whenever the batch's rows change.
+other; the per-row image K/V follow the batch's rows: filtered when rows leave, appended when rows join.
 """
 from __future__ import annotations
 
@@ -160,16 +160,51 @@ class OwlRunner:
 
     @torch.inference_mode()
     def decode(self, batch):
-        """One step for every row; returns (logits [B, vocab], cache). The batch's image K/V are re-merged only
-        when its rows changed (a request joined or left)."""
+        """One step for every row; returns (logits [B, vocab], cache)."""
         reqs = batch.requests
-        if self._merged is None or len(self._merged[0]) != len(reqs) or any(
-                a is not b for a, b in zip(self._merged[0], reqs)):
-            rows = [self._rows[r] for r in reqs]
-            counts = torch.tensor([[len(r.images)] for r in rows], device=self.device)
-            self._merged = (list(reqs), self._batch_images(rows), counts)
-        _, images, counts = self._merged
+        images, counts = self._batch_image_state(reqs)
         mask = torch.cat([batch.mask, batch.mask.new_ones(len(reqs), 1)], dim=1)
         logits = self.model.language_model(batch.last_tokens[:, None], batch.seq_lens[:, None], mask, batch.cache,
                                            images, counts)
         return logits[:, -1], batch.cache
+
+    def _batch_image_state(self, reqs: list) -> tuple[dict[int, ImageKV], torch.Tensor]:
+        """The decode batch's merged image K/V, kept in step with DecodeBatch: rows that left are filtered out
+        (and padding no remaining row needs is cut), rows that joined are appended; unchanged rows cost nothing."""
+        old = self._merged[0] if self._merged is not None else []
+        if len(old) == len(reqs) and all(a is b for a, b in zip(old, reqs)):
+            return self._merged[1], self._merged[2]
+        where = {id(r): i for i, r in enumerate(old)}
+        kept = [where[id(r)] for r in reqs if id(r) in where]
+        if kept and kept == sorted(kept) and all(reqs[n] is old[i] for n, i in enumerate(kept)):
+            idx = torch.tensor(kept, device=self.device)
+            merged = {layer: _select_rows(kv, idx) for layer, kv in self._merged[1].items()}
+            joined = reqs[len(kept):]
+            if joined:
+                extra = self._batch_images([self._rows[r] for r in joined])
+                merged = {layer: _concat_rows(merged[layer], extra[layer]) for layer in merged}
+        else:
+            merged = self._batch_images([self._rows[r] for r in reqs])
+        counts = torch.tensor([[len(self._rows[r].images)] for r in reqs], device=self.device)
+        self._merged = (list(reqs), merged, counts)
+        return merged, counts
+
+
+def _select_rows(kv: ImageKV, idx: torch.Tensor) -> ImageKV:
+    slot = kv.slot_image[idx]
+    used = int((slot != ImageKV.PAD_INDEX).sum(1).max()) if slot.numel() else 0  # rows are left-aligned
+    return ImageKV(kv.keys[idx][:, :, :used], kv.values[idx][:, :, :used], slot[:, :used])
+
+
+def _concat_rows(a: ImageKV, b: ImageKV) -> ImageKV:
+    n = max(a.keys.shape[2], b.keys.shape[2])
+
+    def pad(t, fill):
+        extra = n - t.shape[2] if t.dim() == 4 else n - t.shape[1]
+        if extra == 0:
+            return t
+        shape = list(t.shape)
+        shape[2 if t.dim() == 4 else 1] = extra
+        return torch.cat([t, t.new_full(shape, fill)], dim=2 if t.dim() == 4 else 1)
+    return ImageKV(torch.cat([pad(a.keys, 0), pad(b.keys, 0)]), torch.cat([pad(a.values, 0), pad(b.values, 0)]),
+                   torch.cat([pad(a.slot_image, ImageKV.PAD_INDEX), pad(b.slot_image, ImageKV.PAD_INDEX)]))

@@ -185,3 +185,32 @@ def test_chunked_prefill_matches_reference(make_engine):
     run_until_done(eng)
     for m, h in zip(requests, handles):
         assert h.result(0).token_ids == reference(eng, m, 6)
+
+
+def test_batch_image_kv_follow_filter_and_append(runner):
+    """The merged image K/V kept across decode steps equal a fresh merge after rows leave and join."""
+    from engine.mplug_owl3.runner import PlacedImage, RowImages
+
+    class Row:  # stands in for a Request: the runner only needs a weak-referenceable key
+        pass
+
+    g = torch.Generator().manual_seed(0)
+    kvh, d = runner.cfg.num_key_value_heads, runner.cfg.head_dim
+
+    def placed(n_tokens):
+        return PlacedImage("x", 0, {layer: (torch.randn(kvh, n_tokens, d, generator=g),
+                                            torch.randn(kvh, n_tokens, d, generator=g)) for layer in runner.hyper_layers})
+    rows = [Row() for _ in range(5)]
+    for r, n_images in zip(rows, (1, 3, 0, 2, 1)):
+        runner._rows[r] = RowImages([placed(16) for _ in range(n_images)])
+    runner._merged = None
+    for batch in ([rows[0], rows[1], rows[2]], [rows[0], rows[2]], [rows[0], rows[2], rows[3], rows[4]], [rows[3]]):
+        merged, counts = runner._batch_image_state(batch)
+        fresh = runner._batch_images([runner._rows[r] for r in batch])
+        assert counts.flatten().tolist() == [len(runner._rows[r].images) for r in batch]
+        for layer in runner.hyper_layers:
+            a, b = merged[layer], fresh[layer]
+            assert torch.equal(a.slot_image, b.slot_image)
+            real = (a.slot_image != a.PAD_INDEX)[:, None, :, None]
+            assert torch.equal(a.keys * real, b.keys * real) and torch.equal(a.values * real, b.values * real)
+    runner._merged = None
