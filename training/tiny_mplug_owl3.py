@@ -29,7 +29,7 @@ TINY_CONFIG = dict(
     vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                        num_attention_heads=2, image_size=56, patch_size=14, layer_norm_eps=1e-6),
 )
-_TINY_VERSION = 1
+_TINY_VERSION = 2
 
 
 def train_owl_tokenizer(vocab_size: int = 512):

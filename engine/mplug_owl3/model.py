@@ -188,20 +188,26 @@ class LanguageModel(nn.Module):
 
 # -- vision -----------------------------------------------------------------------------------------------------
 class SiglipTower(nn.Module):
-    """SigLIP embeddings + encoder. mPLUG-Owl3 reads the second-to-last layer's output, so the last layer and the
-    post-layernorm/head in the checkpoint are loaded-and-ignored (see weights.IGNORED_PREFIXES)."""
+    """SigLIP embeddings + encoder. mPLUG-Owl3 reads the second-to-last layer's output, so the tower is built
+    without the last layer; that layer and the post-layernorm/head in the checkpoint are skipped on load."""
 
     def __init__(self, cfg: OwlConfig):
         super().__init__()
         from transformers.models.siglip.modeling_siglip import SiglipEncoder, SiglipVisionEmbeddings
 
         sig = cfg.vision.to_siglip()
+        sig.num_hidden_layers -= 1
         self.embeddings = SiglipVisionEmbeddings(sig)
         self.encoder = SiglipEncoder(sig)
 
+    def reset_buffers(self) -> None:
+        """Recreate the non-persistent patch-position ids (needed after building on the meta device)."""
+        emb = self.embeddings
+        emb.position_ids = torch.arange(emb.num_positions, device=emb.position_embedding.weight.device)[None]
+
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.embeddings(pixel_values)
-        for layer in self.encoder.layers[:-1]:
+        for layer in self.encoder.layers:
             x = layer(x, None)
         return x
 

@@ -20,10 +20,10 @@ from ..byte_lru import ByteLRU
 from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype
 from .config import OwlConfig
-from .model import ImageKV, OwlModel
+from .model import ImageKV
 from .processor import OwlProcessor
 from .session import OwlSessionStore
-from .weights import load_weights
+from .weights import load_model
 
 log = logging.getLogger("owlet.engine")
 
@@ -66,9 +66,7 @@ class OwlRunner:
         tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True, trust_remote_code=False)
         self.processor = OwlProcessor(tokenizer, self.cfg.vision.image_size)
         self.image_token_id = self.processor.image_token_id
-        model = OwlModel(self.cfg)
-        load_weights(model, config.model, self.dtype)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.model = load_model(self.cfg, config.model, self.dtype).to(self.device).eval()
         self.text_config = self.cfg.to_qwen2()  # shapes for DynamicCache and the session store's accounting
         self.max_model_len = config.max_model_len or self.cfg.max_position_embeddings
         eos = self.cfg.eos_token_id

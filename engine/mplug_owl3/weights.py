@@ -31,17 +31,28 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
 
 
 def _ignored(name: str, model: OwlModel) -> bool:
-    last = f"vision_model.encoder.layers.{model.cfg.vision.num_hidden_layers - 1}."
+    last = f"vision_model.encoder.layers.{model.cfg.vision.num_hidden_layers - 1}."  # not built (see SiglipTower)
     if name.startswith(_UNUSED_VISION) or name.startswith(last):
         return True
     return name == "language_model.lm_head.weight" and model.cfg.tie_word_embeddings
+
+
+def load_model(cfg, folder: str | Path, dtype: torch.dtype) -> OwlModel:
+    """Build the model on the meta device (no random init, no fp32 copy of a 2B model) and load ``folder``."""
+    with torch.device("meta"):
+        model = OwlModel(cfg)
+    load_weights(model, folder, dtype)
+    model.vision_model.reset_buffers()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    assert not left, f"weights left unloaded: {left}"
+    return model
 
 
 def load_weights(model: OwlModel, folder: str | Path, dtype: torch.dtype) -> None:
     """Fill ``model`` (built on the meta device or CPU) from ``folder``; raises ValueError naming bad keys."""
     from safetensors import safe_open
 
-    wanted = {k for k in model.state_dict() if not _ignored(k, model)}
+    wanted = set(model.state_dict())
     if model.cfg.tie_word_embeddings:
         wanted.discard("language_model.lm_head.weight")
     loaded: dict[str, torch.Tensor] = {}
@@ -69,8 +80,16 @@ def load_weights(model: OwlModel, folder: str | Path, dtype: torch.dtype) -> Non
 
 
 def published_state_dict(model: OwlModel) -> dict[str, torch.Tensor]:
-    """The weights as the published checkpoint stores them (tied lm_head left out), for the tiny builder."""
+    """The weights as the published checkpoint stores them, for the tiny builder: tied lm_head left out, and the
+    full SigLIP tower (its last layer and post-layernorm, which serving skips) filled with random values."""
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     if model.cfg.tie_word_embeddings:
         sd.pop("language_model.lm_head.weight", None)
+    last = model.cfg.vision.num_hidden_layers - 1
+    first = "vision_model.encoder.layers.0."
+    for k, v in list(sd.items()):
+        if k.startswith(first):
+            sd[f"vision_model.encoder.layers.{last}." + k[len(first):]] = torch.randn_like(v) * 0.02
+    width = model.cfg.vision.hidden_size
+    sd["vision_model.post_layernorm.weight"], sd["vision_model.post_layernorm.bias"] = torch.ones(width), torch.zeros(width)
     return sd
