@@ -30,8 +30,9 @@ log = logging.getLogger("owlet.engine")
 
 @dataclass
 class PlacedImage:
-    """One image of a request: its content hash, its ``<|image|>`` token's position, and per hyper layer its
-    cross-attention keys/values [kv_heads, tokens_per_image, head_dim] (keys already MI-Rope rotated)."""
+    """One crop of an image of a request (for the model each crop is an image): ``<picture sha256>/<crop>``, its
+    ``<|image|>`` token's position, and per hyper layer its cross-attention keys/values
+    [kv_heads, tokens_per_crop, head_dim] (keys already MI-Rope rotated)."""
     sha256: str
     start: int
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]]
@@ -91,29 +92,36 @@ class OwlRunner:
         return self._rows.get(request)
 
     def _encode(self, image) -> torch.Tensor:
+        """Projected features [crops, tokens_per_crop, hidden] of one PromptImage (all its crops)."""
         feats = self.image_features.get(image.sha256)
         if feats is None:
             pixels = image.pixel_inputs["pixel_values"].to(self.device, self.dtype)
-            feats = self.model.encode_images(pixels)[0]
+            feats = self.model.encode_images(pixels)
             self.counters["images_encoded"] += 1
             self.image_features.put(image.sha256, feats, feats.nbytes)
         return feats
 
     def _prepare_row(self, request) -> RowImages:
+        """Every crop of every image, placed at its ``<|image|>`` token, with its K/V per hyper layer: adopted from
+        the session entry when the same picture sits at the same place, else encoded and projected."""
         prompt = request.prompt
         adopted = self._adopted.pop(request, {})
-        starts = image_starts(prompt.token_ids, self.image_token_id, len(prompt.images))
+        starts = iter(image_starts(prompt.token_ids, self.image_token_id,
+                                   sum(im.num_image_tokens for im in prompt.images)))
         row = RowImages()
-        for image, start in zip(prompt.images, starts):
-            kv = adopted.get((image.sha256, start))
-            if kv is not None:
+        for image in prompt.images:
+            placed = [(f"{image.sha256}/{k}", next(starts)) for k in range(image.num_image_tokens)]
+            if all(key in adopted for key in placed):
                 self.counters["image_kv_reused"] += 1
-            else:
-                feats = self._encode(image)[None]
-                pos = torch.tensor([start + 1], device=self.device)  # MI-Rope: right after the image token
-                kv = {i: self.model.image_kv(i, feats, pos) for i in self.hyper_layers}
-                self.counters["image_kv_computed"] += 1
-            row.images.append(PlacedImage(image.sha256, start, kv))
+                row.images += [PlacedImage(sha, start, adopted[(sha, start)]) for sha, start in placed]
+                continue
+            feats = self._encode(image)
+            assert feats.shape[0] == len(placed), f"{feats.shape[0]} crops for {len(placed)} image tokens"
+            self.counters["image_kv_computed"] += 1
+            for k, (sha, start) in enumerate(placed):
+                pos = torch.tensor([start + 1], device=self.device)  # MI-Rope: right after the crop's token
+                kv = {i: self.model.image_kv(i, feats[k:k + 1], pos) for i in self.hyper_layers}
+                row.images.append(PlacedImage(sha, start, kv))
         return row
 
     def _batch_images(self, rows: list[RowImages]) -> dict[int, ImageKV]:

@@ -50,7 +50,7 @@ def reference(engine, messages, n):
     r = engine.runner
     prompt = engine.prompts.build(messages)
     pixels = torch.cat([im.pixel_inputs["pixel_values"] for im in prompt.images]) if prompt.images else None
-    starts = image_starts(prompt.token_ids, r.image_token_id, len(prompt.images))
+    starts = image_starts(prompt.token_ids, r.image_token_id, sum(im.num_image_tokens for im in prompt.images))
     return greedy_generate(r.model, prompt.token_ids, pixels, starts, n, r.eos_ids)
 
 
@@ -58,6 +58,21 @@ def test_engine_picks_the_owl_runner_from_the_folder(folder):
     assert is_mplug_owl3(folder)
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
     assert isinstance(eng.runner, OwlRunner) and eng.runner.hyper_layers == [0, 2]
+
+
+def test_images_are_cut_into_crops_plus_a_global_view(runner):
+    from engine.mplug_owl3.processor import choose_grid, cut_prompt
+
+    assert choose_grid(400, 400, 378) == (2, 2)
+    assert choose_grid(1200, 300, 378) == (1, 4) and choose_grid(300, 1200, 378) == (4, 1)
+    assert choose_grid(900, 600, 378) == (2, 3)  # rows, columns
+    assert cut_prompt(1, 2) == ("Cut to 1 rows 2 columns with a global view\nsubimg(0,0)<|image|> "
+                                "subimg(0,1)<|image|>\nglobal_view<|image|>")
+    out = runner.processor(images=[image(1, (120, 40))], text="<|image|>")
+    ids = out["input_ids"][0].tolist()
+    size = runner.cfg.vision.image_size
+    assert out["pixel_values"].shape == (4, 3, size, size)  # a 1 x 3 grid and the global view
+    assert ids.count(runner.image_token_id) == 4
 
 
 def test_missing_and_unknown_weights_are_named(folder, tmp_path):
@@ -165,7 +180,8 @@ def test_parked_sessions_hold_image_kv_in_their_bytes(make_engine, mode):
         _, results = converse(eng, "p")
         assert all(r.error is None for r in results)
         entry = eng.sessions.entries.get("p")
-        assert len(entry.images) == 2  # both images' K/V, every hyper layer
+        # every crop of both images (a 2 x 2 grid plus the global view each), every hyper layer
+        assert len({im.sha256.split("/")[0] for im in entry.images}) == 2 and len(entry.images) == 10
         image_bytes = sum(im.nbytes for im in entry.images)
         assert image_bytes > 0 and entry.nbytes == eng.stats()["session_bytes"] - _prefix_bytes(eng)
         sizes[m] = image_bytes
