@@ -79,7 +79,7 @@ class OwlRunner:
         self.counters = dict(images_encoded=0, image_kv_computed=0, image_kv_reused=0)
         self._rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> RowImages
         self._adopted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> {(sha, start): kv}
-        self._merged: tuple[list, dict[int, ImageKV], torch.Tensor] | None = None
+        self._merged: tuple[list[weakref.ref], dict[int, ImageKV], torch.Tensor] | None = None
         log.info("loaded mPLUG-Owl3 %s on %s in %s: %.1f MB of weights, hyper layers %s", config.model,
                  self.device, self.dtype, self.weight_bytes / 2**20, self.hyper_layers)
 
@@ -177,11 +177,11 @@ class OwlRunner:
     def _batch_image_state(self, reqs: list) -> tuple[dict[int, ImageKV], torch.Tensor]:
         """The decode batch's merged image K/V, kept in step with DecodeBatch: rows that left are filtered out
         (and padding no remaining row needs is cut), rows that joined are appended; unchanged rows cost nothing."""
-        old = self._merged[0] if self._merged is not None else []
+        # Weak references: a finished request (and its image K/V) is freed even if no decode step follows.
+        old = [ref() for ref in self._merged[0]] if self._merged is not None else []
         if len(old) == len(reqs) and all(a is b for a, b in zip(old, reqs)):
             return self._merged[1], self._merged[2]
-        where = {id(r): i for i, r in enumerate(old)}
-        kept = [where[id(r)] for r in reqs if id(r) in where]
+        kept = [next(i for i, o in enumerate(old) if o is r) for r in reqs if any(o is r for o in old)]
         if kept and kept == sorted(kept) and all(reqs[n] is old[i] for n, i in enumerate(kept)):
             idx = torch.tensor(kept, device=self.device)
             merged = {layer: _select_rows(kv, idx) for layer, kv in self._merged[1].items()}
@@ -192,7 +192,7 @@ class OwlRunner:
         else:
             merged = self._batch_images([self._rows[r] for r in reqs])
         counts = torch.tensor([[len(self._rows[r].images)] for r in reqs], device=self.device)
-        self._merged = (list(reqs), merged, counts)
+        self._merged = ([weakref.ref(r) for r in reqs], merged, counts)
         return merged, counts
 
 

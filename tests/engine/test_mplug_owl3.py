@@ -1,5 +1,6 @@
 """mPLUG-Owl3 (hyper attention) served by the engine: batched = unbatched reference, session reuse = recompute,
 and a follow-up turn reuses the image's K/V instead of encoding and projecting it again. fp32, tiny checkpoint."""
+import gc
 import json
 import shutil
 
@@ -123,6 +124,8 @@ def test_staggered_batch_with_different_images_matches_reference(make_engine):
         r = h.result(0)
         assert r.error is None
         assert r.token_ids == reference(eng, messages, n)
+    gc.collect()
+    assert len(eng.runner._rows) == 0, "finished requests' image K/V must be freed"
 
 
 TURNS = [(image(11, (96, 80)), "What colour is the circle?"), (None, "And where is it?"),
