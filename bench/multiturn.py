@@ -10,6 +10,13 @@ It ends with ``RESULT {json}`` holding followup_ttft_ratio, int8_bytes_ratio and
 
     .venv/bin/python -m bench.multiturn            # small model, 4 conversations x 3 turns
     .venv/bin/python -m bench.multiturn --tiny     # seconds, for a smoke run
+    .venv/bin/python -m bench.multiturn --family mplug-owl3 [--owl-shape scaled|2b|tiny]
+
+With ``--family mplug-owl3`` the model is a random-init mPLUG-Owl3 (hyper attention; each image is one
+``<|image|>`` token plus 729 image K/V per hyper layer at 378 px): the session entry then also holds the image's
+cross-attention K/V, so a follow-up neither re-encodes nor re-projects the image. ``scaled`` keeps the 2B model's
+head_dim, KV heads, hyper-layer spacing and 729 image tokens with fewer, narrower layers; ``2b`` is the full
+mPLUG-Owl3-2B shape (about 8 GB in fp32: too slow for a shared CPU).
 """
 from __future__ import annotations
 
@@ -57,6 +64,42 @@ def run_conversations(engine: LLMEngine, conversations: int, turns: int, side: i
     return ttft, cached, r.stats.prompt_tokens
 
 
+# mPLUG-Owl3 shapes (config.json overrides of training/tiny_mplug_owl3.TINY_CONFIG).
+_OWL_VISION_378 = dict(image_size=378, patch_size=14, layer_norm_eps=1e-6, model_type="siglip_vision_model")
+OWL_SHAPES = {
+    "tiny": {},
+    "scaled": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=6,
+                   num_key_value_heads=2, hyper_layers=[1, 5, 9],
+                   vision_config=dict(_OWL_VISION_378, hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
+                                      num_attention_heads=6)),
+    "2b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+               num_key_value_heads=2, hyper_layers=[1, 9, 17, 25],
+               vision_config=dict(_OWL_VISION_378, hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                  num_attention_heads=16)),
+}
+
+
+def owl_checkpoint(shape: str, cache_dir: Path) -> Path:
+    """A random-init mPLUG-Owl3 checkpoint of ``shape`` in the published layout, built once and cached."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    from training.tiny_mplug_owl3 import build_tiny_mplug_owl3
+
+    key = hashlib.sha256(json.dumps([shape, OWL_SHAPES[shape]]).encode()).hexdigest()[:10]
+    final = cache_dir / f"bench-mplug-owl3-{shape}-{key}"
+    if not (final / "config.json").exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".bench-owl-", dir=cache_dir))
+        try:
+            build_tiny_mplug_owl3(tmp, config_overrides=OWL_SHAPES[shape], init_std=0.02)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def parked_bytes(runner: ModelRunner, base: dict, side: int) -> dict[str, int]:
     """Bytes of one finished first turn held as a session entry, per parking mode."""
     out = {}
@@ -71,12 +114,15 @@ def parked_bytes(runner: ModelRunner, base: dict, side: int) -> dict[str, int]:
         entry = engine.sessions.entries.get("measure")
         out[mode] = entry.nbytes
         out[mode + "_kv"] = sum(k.nbytes + v.nbytes for k, v in entry.kv.values())
+        out[mode + "_image_kv"] = sum(im.nbytes for im in getattr(entry, "images", []))  # mPLUG-Owl3 only
     return out
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny model, for a smoke run")
+    ap.add_argument("--family", choices=("lfm2-vl", "mplug-owl3"), default="lfm2-vl")
+    ap.add_argument("--owl-shape", choices=tuple(OWL_SHAPES), default="scaled")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=16)
@@ -89,14 +135,24 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    shape = "tiny" if args.tiny else "small"
-    # ~256 image tokens: a 512 px square at patch 16 and 2x downsampling; the tiny shape caps at 16 tokens.
-    side = 128 if args.tiny else 512
-    ckpt = bench_checkpoint(shape, args.cache_dir, image_tokens=(64, 256) if not args.tiny else None)
-    base = dict(model=str(ckpt), dtype="auto", max_running=8)
-    runner = ModelRunner(EngineConfig(**base))
+    if args.family == "mplug-owl3":
+        from engine.mplug_owl3 import load_runner
+
+        shape = "tiny" if args.tiny else args.owl_shape
+        side = 512  # resized to the model's 378 (or tiny 56) px square: 729 (16) image K/V per hyper layer
+        base = dict(model=str(owl_checkpoint(shape, args.cache_dir)), dtype="auto", max_running=8)
+        runner = load_runner(EngineConfig(**base))
+        name = f"{shape} mPLUG-Owl3 (hyper layers {runner.hyper_layers})"
+    else:
+        shape = "tiny" if args.tiny else "small"
+        # ~256 image tokens: a 512 px square at patch 16 and 2x downsampling; the tiny shape caps at 16 tokens.
+        side = 128 if args.tiny else 512
+        ckpt = bench_checkpoint(shape, args.cache_dir, image_tokens=(64, 256) if not args.tiny else None)
+        base = dict(model=str(ckpt), dtype="auto", max_running=8)
+        runner = ModelRunner(EngineConfig(**base))
+        name = f"{shape} LFM2-VL"
     print(machine_line(str(runner.device), runner.dtype))
-    print(f"model: {shape} LFM2-VL, {sum(p.numel() for p in runner.model.parameters()) / 1e6:.0f}M parameters")
+    print(f"model: {name}, {sum(p.numel() for p in runner.model.parameters()) / 1e6:.0f}M parameters")
 
     warm = LLMEngine(EngineConfig(**base), runner=runner)  # first calls pay one-off allocator/kernel set-up
     run_conversations(warm, 1, 2, side, 4)
@@ -128,6 +184,9 @@ def main(argv=None) -> dict:
     for mode in ("none", "int8", "int4"):
         print(f"{mode:>6} {sizes[mode + '_kv']:>10} {sizes[mode]:>10} {sizes[mode + '_kv'] / sizes['none_kv']:>9.2f} "
               f"{budget // sizes[mode]:>18}")
+    if sizes["none_image_kv"]:
+        print(f"image cross-attention K/V in each entry: {sizes['none_image_kv']} B (none), "
+              f"{sizes['int8_image_kv']} B (int8), {sizes['int4_image_kv']} B (int4)")
 
     hits = stats["session_hits"] + stats["session_partial_hits"]
     lookups = args.conversations * (args.turns - 1)  # follow-ups; first turns have nothing to hit
@@ -135,7 +194,7 @@ def main(argv=None) -> dict:
     print(f"\nsession cache: {hits}/{lookups} follow-ups hit ({stats['session_partial_hits']} partial), "
           f"{stats['reused_tokens']} prompt tokens reused; image feature cache: {ic['hits']} hits, "
           f"{ic['misses']} misses; template prefix hits: {stats['prefix_hits']}")
-    result = dict(followup_ttft_ratio=round(followup_ratio, 3), int8_bytes_ratio=round(int8_ratio, 3),
+    result = dict(family=args.family, shape=shape, followup_ttft_ratio=round(followup_ratio, 3), int8_bytes_ratio=round(int8_ratio, 3),
                   int4_bytes_ratio=round(int4_ratio, 3), model_dtype=str(runner.dtype).replace("torch.", ""),
                   session_hit_rate=round(hits / max(lookups, 1), 3),
                   targets_met=followup_ratio <= 0.25 and int8_ratio <= 0.53 and int4_ratio <= 0.30)

@@ -18,7 +18,7 @@ from collections import deque
 
 import torch
 
-from . import kv_cache
+from . import kv_cache, mplug_owl3
 from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
@@ -38,14 +38,16 @@ log = logging.getLogger("owlet.engine")
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
         self.config = config
-        self.runner = runner or ModelRunner(config)
+        # mPLUG-Owl3 has its own runner (hyper attention); the families registry will own this choice.
+        self.runner = runner or (mplug_owl3.load_runner(config) if mplug_owl3.is_mplug_owl3(config.model)
+                                 else ModelRunner(config))
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
         self.batch = DecodeBatch(self.runner.device)
-        self.sessions = SessionStore.for_runner(config, self.runner)
+        self.sessions = getattr(self.runner, "session_store_class", SessionStore).for_runner(config, self.runner)
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
         self._live: dict[str, Request] = {}

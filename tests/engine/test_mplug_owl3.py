@@ -1,0 +1,235 @@
+"""mPLUG-Owl3 (hyper attention) served by the engine: batched = unbatched reference, session reuse = recompute,
+and a follow-up turn reuses the image's K/V instead of encoding and projecting it again. fp32, tiny checkpoint."""
+import gc
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import EngineConfig, LLMEngine, greedy
+from engine.mplug_owl3 import is_mplug_owl3
+from engine.mplug_owl3.reference import greedy_generate
+from engine.mplug_owl3.runner import OwlRunner, image_starts
+from training.tiny_mplug_owl3 import ensure_tiny_mplug_owl3
+
+from .helpers import image, run_until_done
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return ensure_tiny_mplug_owl3()
+
+
+@pytest.fixture(scope="module")
+def runner(folder):
+    return OwlRunner(EngineConfig(model=str(folder), dtype="float32"))
+
+
+@pytest.fixture
+def make_engine(runner, folder):
+    engines = []
+
+    def make(**overrides):
+        runner.image_features.__init__(runner.image_features.budget)  # cold image cache per engine
+        eng = LLMEngine(EngineConfig(model=str(folder), dtype="float32", **overrides), runner=runner)
+        engines.append(eng)
+        return eng
+    yield make
+    for eng in engines:
+        eng.stop()
+
+
+def user(*items):
+    return {"role": "user", "content": [{"type": "image", "image": i} if not isinstance(i, str) else
+                                        {"type": "text", "text": i} for i in items]}
+
+
+def reference(engine, messages, n):
+    """Greedy tokens from the plain unbatched, uncached forward (engine/mplug_owl3/reference.py)."""
+    r = engine.runner
+    prompt = engine.prompts.build(messages)
+    pixels = torch.cat([im.pixel_inputs["pixel_values"] for im in prompt.images]) if prompt.images else None
+    starts = image_starts(prompt.token_ids, r.image_token_id, sum(im.num_image_tokens for im in prompt.images))
+    return greedy_generate(r.model, prompt.token_ids, pixels, starts, n, r.eos_ids)
+
+
+def test_engine_picks_the_owl_runner_from_the_folder(folder):
+    assert is_mplug_owl3(folder)
+    eng = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    assert isinstance(eng.runner, OwlRunner) and eng.runner.hyper_layers == [0, 2]
+
+
+def test_images_are_cut_into_crops_plus_a_global_view(runner):
+    from engine.mplug_owl3.processor import choose_grid, cut_prompt
+
+    assert choose_grid(400, 400, 378) == (2, 2)
+    assert choose_grid(1200, 300, 378) == (1, 4) and choose_grid(300, 1200, 378) == (4, 1)
+    assert choose_grid(900, 600, 378) == (2, 3)  # rows, columns
+    assert cut_prompt(1, 2) == ("Cut to 1 rows 2 columns with a global view\nsubimg(0,0)<|image|> "
+                                "subimg(0,1)<|image|>\nglobal_view<|image|>")
+    out = runner.processor(images=[image(1, (120, 40))], text="<|image|>")
+    ids = out["input_ids"][0].tolist()
+    size = runner.cfg.vision.image_size
+    assert out["pixel_values"].shape == (4, 3, size, size)  # a 1 x 3 grid and the global view
+    assert ids.count(runner.image_token_id) == 4
+
+
+def test_missing_and_unknown_weights_are_named(folder, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    weights = load_file(str(bad / "model.safetensors"))
+    weights.pop("language_model.model.layers.2.self_attn.v_kv_proj.weight")
+    weights["language_model.model.layers.0.self_attn.surprise"] = torch.zeros(2)
+    save_file(weights, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"unknown keys.*surprise.*missing keys.*layers\.2\.self_attn\.v_kv_proj"):
+        OwlRunner(EngineConfig(model=str(bad), dtype="float32"))
+    cfg = json.loads((bad / "config.json").read_text())
+    del cfg["hyper_layers"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hyper_layers"):
+        OwlRunner(EngineConfig(model=str(bad), dtype="float32"))
+
+
+def test_the_image_changes_the_answer(make_engine):
+    """Guards the exactness tests below against a model that ignores its images."""
+    eng = make_engine()
+    hs = [eng.add_request([user(image(s), "What is in the picture?")], greedy(8)) for s in (1, 2)]
+    run_until_done(eng)
+    a, b = (h.result(0).token_ids for h in hs)
+    assert a != b
+
+
+def test_staggered_batch_with_different_images_matches_reference(make_engine):
+    eng = make_engine(max_running=8)
+    requests = [
+        ([user(image(1), "What colour is the circle?")], 9),
+        ([user("Describe the image.", image(2))], 5),  # image after the text: earlier tokens see no image
+        ([user("hello there, no picture today")], 7),
+        ([user(image(3), image(4), "Compare the two pictures, please.")], 8),
+        ([user(image(5), "How many?")], 4),
+        ([user("A longer question about nothing in particular, with no image at all?")], 10),
+        ([user(image(6), "Where is the triangle? It is on the left, near the top.")], 6),
+    ]
+    handles = []
+    for i, (messages, n) in enumerate(requests):
+        handles.append(eng.add_request(messages, greedy(n)))
+        if i % 2:  # stagger: later requests join a batch that is already decoding
+            eng.step()
+            eng.step()
+    run_until_done(eng)
+    assert eng.stats()["mean_batch_occupancy"] > 2
+    for (messages, n), h in zip(requests, handles):
+        r = h.result(0)
+        assert r.error is None
+        assert r.token_ids == reference(eng, messages, n)
+    gc.collect()
+    assert len(eng.runner._rows) == 0, "finished requests' image K/V must be freed"
+
+
+TURNS = [(image(11, (96, 80)), "What colour is the circle?"), (None, "And where is it?"),
+         (image(12), "Compare it with this one.")]
+
+
+def converse(engine, session_id, n=8):
+    messages, results, prompts = [], [], []
+    for img, text in TURNS:
+        messages.append(user(*([img] if img is not None else []), text))
+        prompts.append(list(messages))
+        h = engine.add_request(messages, greedy(n), session_id=session_id)
+        run_until_done(engine)
+        results.append(h.result(0))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": results[-1].text}]})
+    return prompts, results
+
+
+def test_session_follow_ups_match_recompute_and_reference(make_engine):
+    cached = make_engine()
+    prompts, with_cache = converse(cached, "c1")
+    _, recomputed = converse(make_engine(session_cache=False), "c1")
+    assert [r.token_ids for r in with_cache] == [r.token_ids for r in recomputed]
+    for p, r in zip(prompts, with_cache):
+        assert r.token_ids == reference(cached, p, 8)
+    assert all(r.stats.cache_source == "session" and r.stats.cached_tokens > 20 for r in with_cache[1:])
+
+
+def test_follow_up_neither_encodes_nor_projects_the_image_again(make_engine, runner):
+    def follow_up(engine):
+        messages = [user(image(21), "What colour is the circle?")]
+        h = engine.add_request(messages, greedy(6), session_id="s")
+        run_until_done(engine)
+        messages += [{"role": "assistant", "content": [{"type": "text", "text": h.result(0).text}]},
+                     user("And where is it?")]
+        runner.image_features.__init__(runner.image_features.budget)  # not the feature cache: the session
+        before = dict(runner.counters)
+        h = engine.add_request(messages, greedy(6), session_id="s")
+        run_until_done(engine)
+        return {k: runner.counters[k] - before[k] for k in before}, h.result(0)
+
+    reused, r = follow_up(make_engine())
+    assert reused == dict(images_encoded=0, image_kv_computed=0, image_kv_reused=1)
+    assert r.stats.cache_source == "session"
+    # the counters do count: without the session cache the same follow-up encodes and projects the image
+    recomputed, _ = follow_up(make_engine(session_cache=False))
+    assert recomputed == dict(images_encoded=1, image_kv_computed=1, image_kv_reused=0)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_parked_sessions_hold_image_kv_in_their_bytes(make_engine, mode):
+    engines = {m: make_engine(park_mode=m) for m in ("none", mode)}
+    sizes = {}
+    for m, eng in engines.items():
+        _, results = converse(eng, "p")
+        assert all(r.error is None for r in results)
+        entry = eng.sessions.entries.get("p")
+        # every crop of both images (a 2 x 2 grid plus the global view each), every hyper layer
+        assert len({im.sha256.split("/")[0] for im in entry.images}) == 2 and len(entry.images) == 10
+        image_bytes = sum(im.nbytes for im in entry.images)
+        assert image_bytes > 0 and entry.nbytes == eng.stats()["session_bytes"] - _prefix_bytes(eng)
+        sizes[m] = image_bytes
+    assert sizes[mode] < 0.6 * sizes["none"]
+
+
+def _prefix_bytes(eng):
+    return sum(eng.sessions.entries.get(k).nbytes for k in eng.sessions.entries.keys() if k.startswith("prefix:"))
+
+
+def test_chunked_prefill_matches_reference(make_engine):
+    """16-token chunks: an image's token and the tokens that see it land in different chunks."""
+    eng = make_engine(max_prefill_tokens=16)
+    requests = [[user("Please look at this picture and then", image(31), "tell me what colour the circle is.")],
+                [user(image(32), "Where is the triangle? It is on the left, near the top.", image(33), "And here?")]]
+    handles = [eng.add_request(m, greedy(6)) for m in requests]
+    run_until_done(eng)
+    for m, h in zip(requests, handles):
+        assert h.result(0).token_ids == reference(eng, m, 6)
+
+
+def test_batch_image_kv_follow_filter_and_append(runner):
+    """The merged image K/V kept across decode steps equal a fresh merge after rows leave and join."""
+    from engine.mplug_owl3.runner import PlacedImage, RowImages
+
+    class Row:  # stands in for a Request: the runner only needs a weak-referenceable key
+        pass
+
+    g = torch.Generator().manual_seed(0)
+    kvh, d = runner.cfg.num_key_value_heads, runner.cfg.head_dim
+
+    def placed(n_tokens):
+        return PlacedImage("x", 0, {layer: (torch.randn(kvh, n_tokens, d, generator=g),
+                                            torch.randn(kvh, n_tokens, d, generator=g)) for layer in runner.hyper_layers})
+    rows = [Row() for _ in range(5)]
+    for r, n_images in zip(rows, (1, 3, 0, 2, 1)):
+        runner._rows[r] = RowImages([placed(16) for _ in range(n_images)])
+    runner._merged = None
+    for batch in ([rows[0], rows[1], rows[2]], [rows[0], rows[2]], [rows[0], rows[2], rows[3], rows[4]], [rows[3]]):
+        merged, counts = runner._batch_image_state(batch)
+        fresh = runner._batch_images([runner._rows[r] for r in batch])
+        assert counts.flatten().tolist() == [len(runner._rows[r].images) for r in batch]
+        for layer in runner.hyper_layers:
+            a, b = merged[layer], fresh[layer]
+            assert torch.equal(a.slot_image, b.slot_image)
+            real = (a.slot_image != a.PAD_INDEX)[:, None, :, None]
+            assert torch.equal(a.keys * real, b.keys * real) and torch.equal(a.values * real, b.values * real)
+    runner._merged = None
