@@ -88,9 +88,25 @@ class SessionStore:
 
     # -- engine hooks -----------------------------------------------------------
     def restore(self, req) -> None:
-        """Before a request's first prefill: load the longest verified cached prefix into ``req.cache``."""
+        """At admission (the scheduler calls this before it budgets prefill tokens): load the longest verified
+        cached prefix into ``req.cache`` and count it in ``req.num_computed``.
+
+        Never raises: a cache that cannot be restored (e.g. out of device memory) is a miss, and the prompt is
+        recomputed, which gives the same tokens.
+        """
         if not self.enabled:
             return
+        try:
+            self._restore(req)
+            return
+        except torch.OutOfMemoryError:
+            log.warning("out of memory restoring a cached prefix for %s; freed %d session bytes, recomputing",
+                        req.request_id, self.evict_all())
+        except Exception:  # noqa: BLE001 — a broken cache entry must not fail the request
+            log.exception("could not restore a cached prefix for %s; recomputing it", req.request_id)
+        req.cache, req.num_computed, req.cached_tokens, req.cache_source = None, 0, 0, None
+
+    def _restore(self, req) -> None:
         entry, source = None, "session"
         if req.session_id is not None:
             entry = self.entries.get(req.session_id)
@@ -102,39 +118,40 @@ class SessionStore:
             reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
             if reuse == 0:
                 return
-            self.counters["prefix_hits"] += 1
-        elif reuse < len(entry.token_ids):
-            self.counters["session_partial_hits"] += 1
+            outcome = "prefix_hits"
         else:
-            self.counters["session_hits"] += 1
+            outcome = "session_partial_hits" if reuse < len(entry.token_ids) else "session_hits"
         req.cache = self._materialise(entry, reuse)
         req.num_computed = req.cached_tokens = reuse
         req.cache_source = source
+        self.counters[outcome] += 1
         self.counters["reused_tokens"] += reuse
 
-    def first_chunk_limit(self, req) -> int | None:
-        """If the shared template head is not cached yet, stop the first chunk there so it can be saved."""
-        if not self.enabled or req.num_computed or not req.prompt.head_ids:
-            return None
-        key = self._prefix_key(req.prompt.head_ids)
-        return None if key in self.entries else len(req.prompt.head_ids)
+    def needs_head(self, head_ids) -> bool:
+        """True while the shared template head is not cached: the scheduler then ends a first chunk there."""
+        return self.enabled and bool(head_ids) and self._prefix_key(head_ids) not in self.entries
 
-    def after_chunk(self, req) -> None:
-        """Save the template head once it has been prefilled (see ``first_chunk_limit``)."""
+    def checkpoint(self, req) -> None:
+        """After each prefill chunk: save what can only be taken at this exact length.
+
+        - the template head, when this chunk ended there and it is not cached yet (the scheduler stops a first
+          chunk at the head for this);
+        - the conv states at the end of the prompt, kept on the request for ``save_turn``: on hybrid models they
+          are the only way back to this point.
+        """
+        if not self.enabled:
+            return
         head = req.prompt.head_ids
-        if self.enabled and head and req.num_computed == len(head) and not req.cached_tokens:
+        if head and req.num_computed == len(head) and not req.cached_tokens:
             key = self._prefix_key(head)
             if key not in self.entries:
                 snap = kv_cache.snapshot_row(req.cache, 0, len(head))
                 self._put(key, list(head), snap, {len(head): snap.conv} if snap.conv else {})
-
-    def checkpoint_prompt(self, req) -> None:
-        """At the end of a prompt's prefill, keep the conv states: they are the only way back to this point."""
-        if self.enabled and req.session_id is not None:
+        if req.remaining_prefill == 0 and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
             req.prompt_conv = snap.conv or None
 
-    def park(self, req, batch) -> None:
+    def save_turn(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""
         if not self.enabled or req.session_id is None:
             return
@@ -142,18 +159,14 @@ class SessionStore:
         if req.cache is not None:  # finished on its first token, never joined the batch
             snap = kv_cache.snapshot_row(req.cache, 0, length)
         else:
-            row = batch.requests.index(req)
-            assert int(batch.seq_lens[row]) == length, "batch row length disagrees with the request's tokens"
-            snap = kv_cache.snapshot_row(batch.cache, row, length)
+            snap = batch.snapshot(req)
+        assert snap.length == length, f"cached length {snap.length} disagrees with the request's {length} tokens"
         checkpoints = {}
         if snap.conv:
             checkpoints[length] = snap.conv
-            if getattr(req, "prompt_conv", None) is not None:
+            if req.prompt_conv is not None:
                 checkpoints[req.prompt_len] = req.prompt_conv
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints)
-
-    def drop(self, session_id: str) -> None:
-        self.entries.pop(session_id)
 
     def evict_all(self) -> int:
         """Free every entry (out-of-memory recovery). Returns bytes freed."""
