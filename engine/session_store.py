@@ -12,7 +12,8 @@ token by token against the entry, and only the part after the verified prefix is
   other divergence recomputes from scratch. A wrong prefix is never reused: every reused token was compared.
 
 Entries live in a byte-budgeted LRU. Accounting is the real bytes of the stored tensors. Idle entries may be
-parked off the device as int8 or int4 K/V (conv states stay full precision) and are restored on resume.
+parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
+are restored on resume. Device bytes and host bytes are accounted separately, each under its own budget.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
 which is cached once as a prefix entry.
 """
@@ -41,10 +42,23 @@ class SessionEntry:
     conv_checkpoints: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # length -> layer -> state
     hybrid: bool = False  # has conv layers: only checkpointed lengths can be restored
 
+    def tensors(self):
+        """Every stored tensor: K/V (possibly quantised) and conv checkpoints."""
+        for k, v in self.kv.values():
+            yield from (k, v)
+        for checkpoint in self.conv_checkpoints.values():
+            yield from checkpoint.values()
+
     @property
     def nbytes(self) -> int:
-        n = sum(k.nbytes + v.nbytes for k, v in self.kv.values())
-        return n + sum(s.nbytes for ck in self.conv_checkpoints.values() for s in ck.values())
+        return sum(t.nbytes for t in self.tensors())
+
+    def nbytes_by_pool(self, device: torch.device) -> dict[str, int]:
+        """Real bytes on the compute ``device`` ("device") and parked elsewhere, i.e. in host memory ("host")."""
+        pools = {"device": 0, "host": 0}
+        for t in self.tensors():
+            pools["device" if t.device.type == device.type else "host"] += t.nbytes
+        return pools
 
     def usable_prefix(self, prompt_ids: list[int]) -> int:
         """Tokens of ``prompt_ids`` this entry can serve: verified equal, restorable, and leaving >= 1 to run."""
@@ -59,8 +73,10 @@ class SessionEntry:
 
 class SessionStore:
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
-                 park_mode: str = "none", group_size: int = 32, enabled: bool = True):
-        self.entries = ByteLRU(budget_bytes)
+                 park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0):
+        # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
+        # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
+        self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
         self.text_config = text_config
         self.device = device
         self.model_dtype = model_dtype
@@ -73,10 +89,12 @@ class SessionStore:
     @classmethod
     def for_runner(cls, config: EngineConfig, runner) -> "SessionStore":
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
-                   config.park_mode, config.park_group_size, config.session_cache)
+                   config.park_mode, config.park_group_size, config.session_cache,
+                   host_budget_bytes=int(config.session_host_budget_mb * 2**20))
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
+        """The device pool's budget: explicit, 256 MB on CPU, or a share of free accelerator memory."""
         if config.session_budget_mb is not None:
             return int(config.session_budget_mb * 2**20)
         if runner.device.type != "cuda":
@@ -178,18 +196,21 @@ class SessionStore:
     def stats(self) -> dict:
         e = self.entries
         return dict(sessions=[k for k in e.keys() if not k.startswith("prefix:")], session_bytes=e.bytes_held,
-                    session_budget_bytes=e.budget, session_evictions=e.evictions, park_mode=self.park_mode,
-                    **self.counters)
+                    session_device_bytes=e.held["device"], session_host_bytes=e.held["host"],
+                    session_budget_bytes=e.budgets["device"], session_host_budget_bytes=e.budgets["host"],
+                    session_evictions=e.evictions, park_mode=self.park_mode, **self.counters)
 
     # -- internals --------------------------------------------------------------
     def _put(self, key: str, token_ids: list[int], snap: kv_cache.CacheSnapshot, checkpoints: dict) -> None:
-        where = self.device if self.park_mode == "none" else "cpu"
+        # Parked (int8/int4) entries live in host memory, conv checkpoints included (kept in full precision).
+        where = self.device if self.park_mode == "none" else torch.device("cpu")
         # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
         # values are grouped along each token's head_dim.
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
                   park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
+        checkpoints = {n: {i: s.to(where) for i, s in states.items()} for n, states in checkpoints.items()}
         entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv))
-        for evicted_key, _ in self.entries.put(key, entry, entry.nbytes):
+        for evicted_key, _ in self.entries.put(key, entry, entry.nbytes_by_pool(self.device)):
             log.debug("evicted session %s", evicted_key)
 
     def _materialise(self, entry: SessionEntry, length: int):
