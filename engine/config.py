@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from . import limits
+
 PARK_MODES = ("none", "int8", "int4")
 
 
@@ -17,7 +19,7 @@ class EngineConfig:
     max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_waiting: int = 256  # requests queued inside the engine before add_request refuses
-    max_image_pixels: int = 1024 * 1024  # larger images are downscaled before preprocessing
+    max_image_pixels: int = limits.MODEL_MAX_PIXELS  # larger images are downscaled before preprocessing
     max_images_per_request: int = 8
     default_deadline_s: float | None = 300.0  # wall-clock cap per request unless the request sets one
     # Session cache (multi-turn KV reuse) and image feature cache.

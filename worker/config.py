@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from engine import limits
+
 
 def _env(name: str, default, cast):
     raw = os.environ.get(name)
@@ -20,8 +22,8 @@ class Settings:
     queue_timeout_s: float = 300.0  # a job that cannot start within this ends with an error
     job_deadline_s: float = 300.0  # wall-clock budget for generation once started
     image_ttl_s: int = 24 * 3600
-    image_max_bytes: int = 10 * 1024 * 1024
-    image_max_side: int = 1024  # larger images are downscaled before they reach the engine
+    image_max_bytes: int = limits.UPLOAD_MAX_BYTES
+    image_max_side: int = limits.MAX_SIDE  # larger images are downscaled before they reach the engine
     history_ttl_s: int = 7 * 24 * 3600
     history_max_turns: int = 64
     history_max_chars: int = 32_000
