@@ -37,7 +37,6 @@ class Settings:
     read_block_ms: int = 1000  # stream reads block below redis-py's 5 s socket timeout
     worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
     worker_metrics_port: int = 0  # worker Prometheus HTTP port (OWLET_WORKER_METRICS_PORT); 0 = off
-    engine_factory: str = ""  # "module:callable" returning a started-able engine; "" = engine.LLMEngine
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
@@ -102,7 +103,7 @@ class JobRunner:
 
     def _finish_result(self, job: Job, result) -> None:
         reason = result.finish_reason
-        stats = result.stats.__dict__ if hasattr(result.stats, "__dict__") else dict(result.stats)
+        stats = asdict(result.stats)
         if reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
             answer = turn_json("assistant", result.text, job_id=job.job_id)
             self._end(job.job_id, "done", answer_turn=answer, holder=self.rt.worker, text=result.text,
