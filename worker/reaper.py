@@ -11,7 +11,7 @@ import time
 from worker import heartbeat
 from worker.dispatcher import Dispatcher
 
-WORKER_LOST = ("The worker running your question stopped unexpectedly and a retry failed too. "
+LOST_AFTER_RETRY = ("The worker running your question stopped unexpectedly and a retry failed too. "
                "Please ask again.")
 QUEUE_TIMEOUT = "The service is busy and could not start your question in time. Please try again in a moment."
 RUN_TIMEOUT = "Your answer took too long and was stopped. Try a shorter question or fewer tokens."
@@ -39,7 +39,7 @@ def sweep(d: Dispatcher, now: float | None = None) -> dict[str, int]:
 
 def _requeue(d: Dispatcher, job_id: str, now: float, counts: dict) -> None:
     s = d.settings
-    err = json.dumps({"message": WORKER_LOST, "t": now})
+    err = json.dumps({"message": LOST_AFTER_RETRY, "t": now})
     code = d.scripts.call(d.scripts.requeue, job_id, s.max_attempts, repr(now), s.stream_maxlen, s.stream_ttl_s, err)
     if code == 1:
         counts["requeued"] += 1

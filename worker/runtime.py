@@ -106,7 +106,6 @@ class WorkerRuntime:
                 self._beat()
                 reaper.sweep_if_due(self.dispatcher, self.settings.heartbeat_interval_s / 2)
                 self.dispatcher.dispatch()
-                self.metrics.observe_affinity(self.dispatcher.affinity_stats())
             except Exception:  # a Redis hiccup must not stop the heartbeat for good
                 log.exception("heartbeat tick failed")
             self._wake_dispatch.wait(self.settings.heartbeat_interval_s)
