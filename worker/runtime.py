@@ -47,6 +47,8 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
+        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.dispatcher,
+                                convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -72,7 +74,7 @@ class WorkerRuntime:
 
     # -- jobs ----------------------------------------------------------------------------------------------
     def run_job(self, job_id, dispatch_n) -> None:
-        JobRunner(self).run(job_id, dispatch_n)
+        self.runner.run(job_id, dispatch_n)
 
     def submit_to_engine(self, job_id: str, messages, sampling, conv: str):
         with self._lock:
