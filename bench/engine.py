@@ -321,14 +321,6 @@ def start_engine(ckpt: Path, dtype: torch.dtype, args):
 # ----------------------------------------------------------------------------- report
 
 
-def resolve_dtype(device: str) -> torch.dtype:
-    """The auto dtype: fp16 on CUDA; on CPU bf16 where the CPU has bf16 units, else fp32."""
-    if device.startswith("cuda"):
-        return torch.float16
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
-
-
 def machine_line(device: str, dtype: torch.dtype) -> str:
     if device.startswith("cuda"):
         where = torch.cuda.get_device_name(device)
@@ -400,10 +392,12 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from engine.model_runner import resolve_dtype  # the engine's own "auto" rule, so both sides run one dtype
+
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     shape = "tiny" if args.tiny else args.shape
     min_new, max_new = (4, 16) if args.tiny else (8, 128)
-    dtype = resolve_dtype(args.device)
+    dtype = resolve_dtype("auto", torch.device(args.device))
     cache_dir = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models"
     ckpt = bench_checkpoint(shape, cache_dir)
     model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=dtype).to(args.device).eval()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from . import limits
+
 PARK_MODES = ("none", "int8", "int4")
 
 
@@ -17,7 +19,7 @@ class EngineConfig:
     max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_waiting: int = 256  # requests queued inside the engine before add_request refuses
-    max_image_pixels: int = 1024 * 1024  # larger images are downscaled before preprocessing
+    max_image_pixels: int = limits.MODEL_MAX_PIXELS  # larger images are downscaled before preprocessing
     max_images_per_request: int = 8
     default_deadline_s: float | None = 300.0  # wall-clock cap per request unless the request sets one
     # Session cache (multi-turn KV reuse) and image feature cache.
@@ -25,6 +27,7 @@ class EngineConfig:
     session_budget_mb: float | None = None  # None: 256 MB on CPU; a fraction of free memory on CUDA
     session_budget_fraction: float = 0.5  # CUDA only: share of free memory after load and batch reserve
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
+    session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
     seed: int = 0
@@ -39,6 +42,8 @@ class EngineConfig:
             raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.session_host_budget_mb < 0:
+            raise ValueError("session_host_budget_mb must be >= 0")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

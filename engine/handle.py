@@ -43,17 +43,6 @@ class RequestHandle:
                 return
             yield item
 
-    def next_delta(self, timeout: float) -> str | None:
-        """One delta, or None if none arrived within ``timeout`` or the request ended (check ``finished``)."""
-        try:
-            item = self._deltas.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _END:
-            self._deltas.put(_END)  # keep the end marker for other readers
-            return None
-        return item
-
     def result(self, timeout: float | None = None) -> FinalResult:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.request_id} still running after {timeout}s")

@@ -2,7 +2,7 @@
 
 Attention layers hold keys/values of shape [B, kv_heads, T, head_dim] (after rope). LFM2 conv layers hold one
 conv state of shape [B, hidden, L] with no time axis. Batching left-pads the time axis, so a row's real tokens
-are its last ``seq_len`` positions.
+are the last positions of its time axis.
 
 Everything that knows the cache's internals lives here; the batch and the session store call these functions.
 """
@@ -30,13 +30,6 @@ class CacheSnapshot:
     def nbytes(self) -> int:
         n = sum(k.nbytes + v.nbytes for k, v in self.kv.values())
         return n + sum(c.nbytes for c in self.conv.values())
-
-
-def seq_len(cache) -> int:
-    for layer in cache.layers:
-        if not _is_conv(layer) and layer.keys is not None and layer.keys.numel():
-            return layer.keys.shape[-2]
-    return 0
 
 
 def snapshot_row(cache, row: int, length: int) -> CacheSnapshot:
@@ -109,16 +102,6 @@ def trim_left(cache, n: int) -> None:
         if not _is_conv(layer):
             layer.keys = layer.keys[:, :, n:]
             layer.values = layer.values[:, :, n:]
-
-
-def nbytes(cache) -> int:
-    total = 0
-    for layer in cache.layers:
-        if _is_conv(layer):
-            total += sum(s.nbytes for s in layer.conv_states.values() if s is not None)
-        elif layer.keys is not None:
-            total += layer.keys.nbytes + layer.values.nbytes
-    return total
 
 
 @dataclass

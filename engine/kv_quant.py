@@ -32,7 +32,6 @@ from typing import Literal, Union
 import torch
 
 KVQuantMode = Literal["none", "int8", "int4"]
-KV_QUANT_MODES: tuple[str, ...] = ("none", "int8", "int4")
 DEFAULT_GROUP_SIZE = 64
 
 _INT8_MAX = 127

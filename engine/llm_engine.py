@@ -44,10 +44,10 @@ class LLMEngine:
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
-        self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
         self.batch = DecodeBatch(self.runner.device)
         self.sessions = getattr(self.runner, "session_store_class", SessionStore).for_runner(config, self.runner)
+        self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens, prefix_cache=self.sessions)
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
         self._live: dict[str, Request] = {}
@@ -182,18 +182,13 @@ class LLMEngine:
 
     def _prefill(self, req: Request, n_tokens: int) -> None:
         try:
-            if req.prefill_start is None:
-                req.prefill_start = time.monotonic()
-                self.sessions.restore(req)
-                n_tokens = min(n_tokens, req.remaining_prefill, self.sessions.first_chunk_limit(req) or n_tokens)
             logits = self.runner.prefill(req, n_tokens)
-            self.sessions.after_chunk(req)
+            self.sessions.checkpoint(req)
             self._counters["prefill_tokens"] += n_tokens
             if req.remaining_prefill > 0:
                 return  # more chunks next step
             self.scheduler.prefill_done(req)
             req.embeds = None
-            self.sessions.checkpoint_prompt(req)
             token = sample_next_tokens(logits[None], [req.params], [req.generator])[0]
             req.status = Status.RUNNING
             if not self._accept_token(req, token):
@@ -207,7 +202,7 @@ class LLMEngine:
             self._finish(req, FinishReason.ERROR, error=f"the model failed on this request ({type(exc).__name__})")
 
     def _prefill_out_of_memory(self, req: Request) -> None:
-        """Free idle sessions and start this prompt again next step; a second failure fails the request."""
+        """Free idle sessions and admit this prompt again next; a second failure fails the request."""
         self._counters["oom_events"] += 1
         freed = self.sessions.evict_all()
         if req.oom_retries >= 1:
@@ -216,8 +211,9 @@ class LLMEngine:
             return
         log.warning("out of memory in prefill of %s; freed %d session bytes, retrying", req.request_id, freed)
         req.oom_retries += 1
-        req.cache = req.embeds = req.prefill_start = None
+        req.cache = req.embeds = req.prefill_start = req.cache_source = None
         req.num_computed = req.cached_tokens = 0
+        self.scheduler.retry(req)
 
     def _decode(self) -> None:
         undo = kv_cache.undo_point(self.batch.cache)
@@ -275,7 +271,7 @@ class LLMEngine:
         if req.status is Status.FINISHED:
             return
         if req.status is Status.RUNNING and reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
-            self.sessions.park(req, self.batch)
+            self.sessions.save_turn(req, self.batch)
         if req.status in (Status.WAITING, Status.PREFILLING):
             self.scheduler.remove(req)
         req.status = Status.FINISHED

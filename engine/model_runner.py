@@ -1,7 +1,8 @@
 """ModelRunner: the only code that runs the Hugging Face model. Loads a local checkpoint, encodes images,
 prefills one request (in chunks) and runs one batched decode step.
 
-It knows tensors, not scheduling: which request to prefill and when to decode is the scheduler's business.
+It knows tensors, not scheduling: the scheduler picks which prompt tokens to prefill, and ``LLMEngine.step``
+decides when to decode.
 """
 from __future__ import annotations
 
@@ -128,7 +129,9 @@ class ModelRunner:
         return out.logits[0, -1]
 
     @torch.inference_mode()
-    def decode(self, batch) -> torch.Tensor:
-        """One decode step for every row of ``batch``; returns logits [B, vocab] and advances nothing."""
+    def decode(self, batch) -> tuple[torch.Tensor, object]:
+        """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
+
+        It advances nothing itself: the engine samples, then ``DecodeBatch.advance`` records the step."""
         out = self.model(**batch.step_inputs(), logits_to_keep=1)
         return out.logits[:, -1], out.cache

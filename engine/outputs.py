@@ -4,7 +4,7 @@ These are plain data so that the worker can serialise them onto a Redis Stream a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -37,8 +37,3 @@ class FinalResult:
     finish_reason: FinishReason
     stats: RequestStats = field(default_factory=RequestStats)
     error: str | None = None  # set when finish_reason is ERROR (or DEADLINE), for the user
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["finish_reason"] = self.finish_reason.value
-        return d

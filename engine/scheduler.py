@@ -2,23 +2,31 @@
 
 Policy, in one place:
 - FIFO admission from the waiting queue while running + prefilling < max_running;
+- at admission a request's cached prefix is restored first (the conversation's session entry, or the shared
+  template head), so the budget below is charged only for the tokens that really remain to prefill: a session
+  hit with 30 new tokens costs 30, not a whole chunk;
 - at most ``max_prefill_tokens`` prompt tokens per step, summed over requests. A longer prompt is prefilled in
   chunks over several steps, and the decode batch runs one step between chunks, so a long prompt (a big image)
   delays running streams by at most one chunk's compute per token;
+- a first chunk stops at the end of the template head when that head is not cached yet, so the session store
+  can save it for every later conversation;
 - a partly prefilled request continues before new ones start, so chunked prompts finish in arrival order.
-It imports no model code.
+It imports no model code: the prefix cache is any object with ``restore(request)`` and ``needs_head(head_ids)``
+(the engine passes its ``SessionStore``).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from .request import Request, Status
 
 
 class Scheduler:
-    def __init__(self, max_running: int, max_prefill_tokens: int):
+    def __init__(self, max_running: int, max_prefill_tokens: int, prefix_cache=None):
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
 
@@ -32,27 +40,47 @@ class Scheduler:
                 return True
         return False
 
+    def retry(self, request: Request) -> None:
+        """Put a request whose prefill was abandoned (out of memory) back at the head of the waiting queue."""
+        self.remove(request)
+        request.status = Status.WAITING
+        self.waiting.appendleft(request)
+
     def pending(self) -> list[Request]:
         return list(self.prefilling) + list(self.waiting)
 
     def schedule(self, num_running: int) -> list[tuple[Request, int]]:
-        """Return (request, prompt tokens to run now) pairs. Requests are moved to PREFILLING here."""
+        """Return (request, prompt tokens to run now) pairs. Requests are admitted (moved to PREFILLING) here."""
         budget = self.max_prefill_tokens
         plan: list[tuple[Request, int]] = []
         for req in list(self.prefilling):
             if budget <= 0:
                 break
-            n = min(req.remaining_prefill, budget)
+            n = self._chunk(req, budget)
             plan.append((req, n))
             budget -= n
         while self.waiting and budget > 0 and num_running + len(self.prefilling) < self.max_running:
             req = self.waiting.popleft()
-            req.status = Status.PREFILLING
-            self.prefilling.append(req)
-            n = min(req.remaining_prefill, budget)
+            self._admit(req)
+            n = self._chunk(req, budget)
             plan.append((req, n))
             budget -= n
         return plan
 
     def prefill_done(self, request: Request) -> None:
         self.prefilling.remove(request)
+
+    def _admit(self, req: Request) -> None:
+        req.status = Status.PREFILLING
+        req.prefill_start = time.monotonic()
+        self.prefilling.append(req)
+        if self.prefix_cache is not None:
+            self.prefix_cache.restore(req)  # sets req.num_computed to the reused prefix; never raises
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = min(req.remaining_prefill, budget)
+        head = len(req.prompt.head_ids or ())
+        if (req.num_computed == 0 and head and self.prefix_cache is not None
+                and self.prefix_cache.needs_head(req.prompt.head_ids)):
+            n = min(n, head)
+        return n

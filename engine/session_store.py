@@ -12,7 +12,8 @@ token by token against the entry, and only the part after the verified prefix is
   other divergence recomputes from scratch. A wrong prefix is never reused: every reused token was compared.
 
 Entries live in a byte-budgeted LRU. Accounting is the real bytes of the stored tensors. Idle entries may be
-parked off the device as int8 or int4 K/V (conv states stay full precision) and are restored on resume.
+parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
+are restored on resume. Device bytes and host bytes are accounted separately, each under its own budget.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
 which is cached once as a prefix entry.
 """
@@ -41,10 +42,23 @@ class SessionEntry:
     conv_checkpoints: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # length -> layer -> state
     hybrid: bool = False  # has conv layers: only checkpointed lengths can be restored
 
+    def tensors(self):
+        """Every stored tensor: K/V (possibly quantised) and conv checkpoints."""
+        for k, v in self.kv.values():
+            yield from (k, v)
+        for checkpoint in self.conv_checkpoints.values():
+            yield from checkpoint.values()
+
     @property
     def nbytes(self) -> int:
-        n = sum(k.nbytes + v.nbytes for k, v in self.kv.values())
-        return n + sum(s.nbytes for ck in self.conv_checkpoints.values() for s in ck.values())
+        return sum(t.nbytes for t in self.tensors())
+
+    def nbytes_by_pool(self, device: torch.device) -> dict[str, int]:
+        """Real bytes on the compute ``device`` ("device") and parked elsewhere, i.e. in host memory ("host")."""
+        pools = {"device": 0, "host": 0}
+        for t in self.tensors():
+            pools["device" if t.device.type == device.type else "host"] += t.nbytes
+        return pools
 
     def usable_prefix(self, prompt_ids: list[int]) -> int:
         """Tokens of ``prompt_ids`` this entry can serve: verified equal, restorable, and leaving >= 1 to run."""
@@ -59,8 +73,10 @@ class SessionEntry:
 
 class SessionStore:
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
-                 park_mode: str = "none", group_size: int = 32, enabled: bool = True):
-        self.entries = ByteLRU(budget_bytes)
+                 park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0):
+        # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
+        # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
+        self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
         self.text_config = text_config
         self.device = device
         self.model_dtype = model_dtype
@@ -73,10 +89,12 @@ class SessionStore:
     @classmethod
     def for_runner(cls, config: EngineConfig, runner) -> "SessionStore":
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
-                   config.park_mode, config.park_group_size, config.session_cache)
+                   config.park_mode, config.park_group_size, config.session_cache,
+                   host_budget_bytes=int(config.session_host_budget_mb * 2**20))
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
+        """The device pool's budget: explicit, 256 MB on CPU, or a share of free accelerator memory."""
         if config.session_budget_mb is not None:
             return int(config.session_budget_mb * 2**20)
         if runner.device.type != "cuda":
@@ -88,9 +106,25 @@ class SessionStore:
 
     # -- engine hooks -----------------------------------------------------------
     def restore(self, req) -> None:
-        """Before a request's first prefill: load the longest verified cached prefix into ``req.cache``."""
+        """At admission (the scheduler calls this before it budgets prefill tokens): load the longest verified
+        cached prefix into ``req.cache`` and count it in ``req.num_computed``.
+
+        Never raises: a cache that cannot be restored (e.g. out of device memory) is a miss, and the prompt is
+        recomputed, which gives the same tokens.
+        """
         if not self.enabled:
             return
+        try:
+            self._restore(req)
+            return
+        except torch.OutOfMemoryError:
+            log.warning("out of memory restoring a cached prefix for %s; freed %d session bytes, recomputing",
+                        req.request_id, self.evict_all())
+        except Exception:  # noqa: BLE001 — a broken cache entry must not fail the request
+            log.exception("could not restore a cached prefix for %s; recomputing it", req.request_id)
+        req.cache, req.num_computed, req.cached_tokens, req.cache_source = None, 0, 0, None
+
+    def _restore(self, req) -> None:
         entry, source = None, "session"
         if req.session_id is not None:
             entry = self.entries.get(req.session_id)
@@ -102,39 +136,40 @@ class SessionStore:
             reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
             if reuse == 0:
                 return
-            self.counters["prefix_hits"] += 1
-        elif reuse < len(entry.token_ids):
-            self.counters["session_partial_hits"] += 1
+            outcome = "prefix_hits"
         else:
-            self.counters["session_hits"] += 1
+            outcome = "session_partial_hits" if reuse < len(entry.token_ids) else "session_hits"
         req.cache = self._materialise(entry, reuse)
         req.num_computed = req.cached_tokens = reuse
         req.cache_source = source
+        self.counters[outcome] += 1
         self.counters["reused_tokens"] += reuse
 
-    def first_chunk_limit(self, req) -> int | None:
-        """If the shared template head is not cached yet, stop the first chunk there so it can be saved."""
-        if not self.enabled or req.num_computed or not req.prompt.head_ids:
-            return None
-        key = self._prefix_key(req.prompt.head_ids)
-        return None if key in self.entries else len(req.prompt.head_ids)
+    def needs_head(self, head_ids) -> bool:
+        """True while the shared template head is not cached: the scheduler then ends a first chunk there."""
+        return self.enabled and bool(head_ids) and self._prefix_key(head_ids) not in self.entries
 
-    def after_chunk(self, req) -> None:
-        """Save the template head once it has been prefilled (see ``first_chunk_limit``)."""
+    def checkpoint(self, req) -> None:
+        """After each prefill chunk: save what can only be taken at this exact length.
+
+        - the template head, when this chunk ended there and it is not cached yet (the scheduler stops a first
+          chunk at the head for this);
+        - the conv states at the end of the prompt, kept on the request for ``save_turn``: on hybrid models they
+          are the only way back to this point.
+        """
+        if not self.enabled:
+            return
         head = req.prompt.head_ids
-        if self.enabled and head and req.num_computed == len(head) and not req.cached_tokens:
+        if head and req.num_computed == len(head) and not req.cached_tokens:
             key = self._prefix_key(head)
             if key not in self.entries:
                 snap = kv_cache.snapshot_row(req.cache, 0, len(head))
                 self._put(key, list(head), snap, {len(head): snap.conv} if snap.conv else {})
-
-    def checkpoint_prompt(self, req) -> None:
-        """At the end of a prompt's prefill, keep the conv states: they are the only way back to this point."""
-        if self.enabled and req.session_id is not None:
+        if req.remaining_prefill == 0 and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
             req.prompt_conv = snap.conv or None
 
-    def park(self, req, batch) -> None:
+    def save_turn(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""
         if not self.enabled or req.session_id is None:
             return
@@ -142,18 +177,14 @@ class SessionStore:
         if req.cache is not None:  # finished on its first token, never joined the batch
             snap = kv_cache.snapshot_row(req.cache, 0, length)
         else:
-            row = batch.requests.index(req)
-            assert int(batch.seq_lens[row]) == length, "batch row length disagrees with the request's tokens"
-            snap = kv_cache.snapshot_row(batch.cache, row, length)
+            snap = batch.snapshot(req)
+        assert snap.length == length, f"cached length {snap.length} disagrees with the request's {length} tokens"
         checkpoints = {}
         if snap.conv:
             checkpoints[length] = snap.conv
-            if getattr(req, "prompt_conv", None) is not None:
+            if req.prompt_conv is not None:
                 checkpoints[req.prompt_len] = req.prompt_conv
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints)
-
-    def drop(self, session_id: str) -> None:
-        self.entries.pop(session_id)
 
     def evict_all(self) -> int:
         """Free every entry (out-of-memory recovery). Returns bytes freed."""
@@ -165,18 +196,21 @@ class SessionStore:
     def stats(self) -> dict:
         e = self.entries
         return dict(sessions=[k for k in e.keys() if not k.startswith("prefix:")], session_bytes=e.bytes_held,
-                    session_budget_bytes=e.budget, session_evictions=e.evictions, park_mode=self.park_mode,
-                    **self.counters)
+                    session_device_bytes=e.held["device"], session_host_bytes=e.held["host"],
+                    session_budget_bytes=e.budgets["device"], session_host_budget_bytes=e.budgets["host"],
+                    session_evictions=e.evictions, park_mode=self.park_mode, **self.counters)
 
     # -- internals --------------------------------------------------------------
     def _put(self, key: str, token_ids: list[int], snap: kv_cache.CacheSnapshot, checkpoints: dict) -> None:
-        where = self.device if self.park_mode == "none" else "cpu"
+        # Parked (int8/int4) entries live in host memory, conv checkpoints included (kept in full precision).
+        where = self.device if self.park_mode == "none" else torch.device("cpu")
         # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
         # values are grouped along each token's head_dim.
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
                   park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
+        checkpoints = {n: {i: s.to(where) for i, s in states.items()} for n, states in checkpoints.items()}
         entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv))
-        for evicted_key, _ in self.entries.put(key, entry, entry.nbytes):
+        for evicted_key, _ in self.entries.put(key, entry, entry.nbytes_by_pool(self.device)):
             log.debug("evicted session %s", evicted_key)
 
     def _materialise(self, entry: SessionEntry, length: int):

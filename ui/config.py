@@ -1,11 +1,14 @@
 """Settings for the web page: one frozen dataclass, filled from ``OWLET_UI_*`` variables and the command line.
 
-Upload limits live here too, because uploads are checked at the edge (the page) before they reach Redis.
+Upload limits are settings here, because uploads are checked at the edge (the page) before they reach Redis;
+their defaults are defined once for every layer in ``engine.limits``.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
+
+from engine import limits
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A fixed default keeps browser ids stable across restarts of a local demo; deployments set OWLET_UI_SECRET.
@@ -41,10 +44,10 @@ class UIConfig:
     max_threads: int = 64
     queue_max_size: int = 512  # events waiting in Gradio's queue beyond max_threads; more get "queue full"
     # Uploads, checked before anything reaches Redis.
-    max_upload_bytes: int = 10 * 1024 * 1024
-    max_image_pixels: int = 40_000_000  # decoded pixel count; anything larger is treated as a decompression bomb
-    max_image_side: int = 1024  # larger images are downscaled (keeps vision tokens bounded)
-    allowed_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+    max_upload_bytes: int = limits.UPLOAD_MAX_BYTES
+    max_image_pixels: int = limits.DECODE_MAX_PIXELS  # decoded pixels; more is treated as a decompression bomb
+    max_image_side: int = limits.MAX_SIDE  # larger images are downscaled (keeps vision tokens bounded)
+    allowed_formats: tuple[str, ...] = limits.ALLOWED_FORMATS
     max_text_chars: int = 4000
     # Generation requested per turn.
     max_new_tokens: int = 256  # the default answer length

@@ -131,14 +131,14 @@ class ChatHandlers:
         conv = session.get("conversation")
         user = user_id_from_request(request, browser_id)
         if not conv:
-            yield _box(False), gr.skip(), "Nothing to retry yet.", session
+            yield _box(False), gr.skip(), wording.NOTHING_TO_RETRY, session
             return
         try:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
             if not (0 <= index < len(turns)) or turns[index].get("role") != "user":
                 yield (_box(False), render_history(turns, session["images"]),
-                       "Only your own messages can be retried or edited.", session)
+                       wording.NOT_YOUR_MESSAGE, session)
                 return
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
@@ -211,14 +211,14 @@ class ChatHandlers:
         job = session.get("job")
         if job:
             self._cancel_quietly(user_id_from_request(request, browser_id), job)
-        return _box(False), wording.STOPPED + " The answer was cancelled.", {**session, "job": None}
+        return _box(False), wording.CANCELLED, {**session, "job": None}
 
     def new_conversation(self, session, browser_id, request: gr.Request):
         """Forget the current chat (cancelling any answer in progress); the next question starts afresh."""
         session = session or new_session()
         if session.get("job"):
             self._cancel_quietly(user_id_from_request(request, browser_id), session["job"])
-        return _box(False), [], "New conversation.", new_session()
+        return _box(False), [], wording.NEW_CONVERSATION, new_session()
 
     # ---- helpers ---------------------------------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class ChatHandlers:
                                             wording.finish_note(p.finish_reason)]))
         if p.state == "cancelled":
             return wording.STOPPED
-        return "⚠️ " + (p.error or "The answer failed.")
+        return "⚠️ " + (p.error or wording.ANSWER_FAILED)
 
     def _record(self, p, follow_up: bool) -> None:
         m = self.metrics

@@ -92,7 +92,7 @@ def _apply(progress: Progress, event: dict) -> None:
         progress.finish_reason = event.get("finish_reason")
     elif kind == "error":
         progress.state, progress.status = "error", ""
-        progress.error = event.get("message") or "The answer failed."
+        progress.error = event.get("message") or wording.ANSWER_FAILED
     elif kind == "cancelled":
         progress.state, progress.status = "cancelled", ""
         progress.finish_reason = "cancelled"

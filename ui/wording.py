@@ -3,9 +3,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# The page saw no event for OWLET_UI_STALL_TIMEOUT_S. (A worker lost twice is reported by the worker side,
+# ``worker.reaper.LOST_AFTER_RETRY``, in the job's stream.)
 WORKER_LOST = ("The worker handling this answer stopped responding. Please ask again; "
                "if it keeps happening, the service may be restarting.")
 STOPPED = "Stopped."
+CANCELLED = "Stopped. The answer was cancelled."
+ANSWER_FAILED = "The answer failed."  # an error event without a message
+NOTHING_TO_RETRY = "Nothing to retry yet."
+NOT_YOUR_MESSAGE = "Only your own messages can be retried or edited."
+NEW_CONVERSATION = "New conversation."
 THINKING = "Thinking…"
 RESTARTED = "The worker answering you was lost; your question was put back in the queue."
 RESTORED = "Welcome back: your last conversation is restored."

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from engine import limits
+
 
 def _env(name: str, default, cast):
     raw = os.environ.get(name)
@@ -20,8 +22,8 @@ class Settings:
     queue_timeout_s: float = 300.0  # a job that cannot start within this ends with an error
     job_deadline_s: float = 300.0  # wall-clock budget for generation once started
     image_ttl_s: int = 24 * 3600
-    image_max_bytes: int = 10 * 1024 * 1024
-    image_max_side: int = 1024  # larger images are downscaled before they reach the engine
+    image_max_bytes: int = limits.UPLOAD_MAX_BYTES
+    image_max_side: int = limits.MAX_SIDE  # larger images are downscaled before they reach the engine
     history_ttl_s: int = 7 * 24 * 3600
     history_max_turns: int = 64
     history_max_chars: int = 32_000
@@ -35,7 +37,6 @@ class Settings:
     read_block_ms: int = 1000  # stream reads block below redis-py's 5 s socket timeout
     worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
     worker_metrics_port: int = 0  # worker Prometheus HTTP port (OWLET_WORKER_METRICS_PORT); 0 = off
-    engine_factory: str = ""  # "module:callable" returning a started-able engine; "" = engine.LLMEngine
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -153,6 +153,20 @@ class Dispatcher:
                                  s.stream_ttl_s, s.stream_maxlen, holder or "", only_state, only_worker)
         return bool(done)
 
+    def claim(self, job_id: str, dispatch_n: int, worker: str) -> bool:
+        """dispatched -> started on ``worker`` (CLAIM). False for a stale or duplicate delivery: skip it."""
+        return bool(self.scripts.call(self.scripts.claim, job_id, dispatch_n, worker, repr(time.time()),
+                                      self.settings.stream_maxlen))
+
+    def requeue(self, job_id: str, message: str, now: float | None = None) -> int:
+        """A job whose worker was lost (REQUEUE): 1 = back at the front of its user's queue, 2 = failed with
+        ``message`` because ``max_attempts`` dispatches were spent, 0 = it was no longer dispatched or started."""
+        s = self.settings
+        now = time.time() if now is None else now
+        error = json.dumps({"message": message, "t": now})
+        return int(self.scripts.call(self.scripts.requeue, job_id, s.max_attempts, repr(now), s.stream_maxlen,
+                                     s.stream_ttl_s, error))
+
     def cancel(self, job_id: str) -> bool:
         """Cancel a job: a queued one ends at once; a dispatched or running one gets its cancel flag,
         which its worker relays to the engine. Returns False when the job had already ended."""

@@ -1,4 +1,4 @@
-"""Worker heartbeats: each worker publishes its capacity, load and the conversations it holds, with a TTL.
+"""Worker heartbeats: each worker publishes its capacity and load, with a TTL.
 
 A worker whose heartbeat key expired is presumed dead (see ``worker.reaper``).
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import redis
 
@@ -19,17 +19,11 @@ class Heartbeat:
     capacity: int  # engine max_running
     running: int = 0
     waiting: int = 0
-    jobs: list[str] = field(default_factory=list)  # job ids this worker has started
-    sessions: list[str] = field(default_factory=list)  # conversation ids whose KV cache the engine holds
     t: float = 0.0
 
     @property
     def load(self) -> int:
         return self.running + self.waiting
-
-    @property
-    def saturated(self) -> bool:
-        return self.load >= self.capacity
 
 
 def publish(r: redis.Redis, keys: Keys, beat: Heartbeat, ttl_s: float) -> None:
@@ -51,4 +45,10 @@ def alive(r: redis.Redis, keys: Keys) -> dict[str, Heartbeat]:
     if not names:
         return {}
     raw = r.mget([keys.heartbeat(n) for n in names])
-    return {n: Heartbeat(**json.loads(b)) for n, b in zip(names, raw) if b is not None}
+    return {n: _parse(b) for n, b in zip(names, raw) if b is not None}
+
+
+def _parse(raw: bytes) -> Heartbeat:
+    """Read a heartbeat, ignoring fields this version does not know (a worker of another version may be up)."""
+    data = json.loads(raw)
+    return Heartbeat(**{k: v for k, v in data.items() if k in Heartbeat.__dataclass_fields__})

@@ -35,10 +35,6 @@ class Job:
         d["messages"] = [asdict(m) for m in self.messages]
         return json.dumps(d)
 
-    @property
-    def image_shas(self) -> list[str]:
-        return [m.image_sha for m in self.messages if m.image_sha]
-
 
 def _require(cond: bool, message: str) -> None:
     if not cond:

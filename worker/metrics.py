@@ -1,7 +1,7 @@
 """Worker-side Prometheus metrics. One ``WorkerMetrics`` per worker process, on its own registry.
 
-The UI process defines its own metrics (queue depth, per-user wait); affinity counters live in Redis
-(``Dispatcher.affinity_stats``) because dispatch happens in many processes, and are mirrored here.
+The UI process exports the cluster-wide ones (queue depth, per-user wait, and the affinity counters, which live
+in Redis because dispatch happens in many processes: ``owlet_affinity_total``), so workers do not repeat them.
 """
 from __future__ import annotations
 
@@ -36,8 +36,6 @@ class WorkerMetrics:
                                            registry=reg))
         self.cache = Gauge("owlet_worker_cache", "Engine session and image cache counters",
                            ["worker", "stat"], registry=reg)
-        self.affinity = Gauge("owlet_affinity", "Cluster-wide affinity counters from Redis (hits, misses, rate)",
-                              ["worker", "stat"], registry=reg)
         self.worker = worker
 
     def job_finished(self, outcome: str) -> None:
@@ -56,11 +54,6 @@ class WorkerMetrics:
                 self.cache.labels(worker=self.worker, stat=key).set(stats[key])
         for key, value in (stats.get("image_cache") or {}).items():
             self.cache.labels(worker=self.worker, stat=f"image_{key}").set(value)
-
-    def observe_affinity(self, stats: dict) -> None:
-        for key in ("affinity_hits", "affinity_misses", "affinity_hit_rate"):
-            if stats.get(key) is not None:
-                self.affinity.labels(worker=self.worker, stat=key).set(stats[key])
 
     def serve(self, port: int):
         """Serve /metrics on ``port`` in a daemon thread; returns the server (call ``shutdown()`` to stop)."""

@@ -5,14 +5,13 @@ stream readers run it while they wait; whoever comes first does the work.
 """
 from __future__ import annotations
 
-import json
 import time
 
 from worker import heartbeat
 from worker.dispatcher import Dispatcher
 
-WORKER_LOST = ("The worker running your question stopped unexpectedly and a retry failed too. "
-               "Please ask again.")
+LOST_AFTER_RETRY = ("The worker running your question stopped unexpectedly and a retry failed too. "
+                    "Please ask again.")
 QUEUE_TIMEOUT = "The service is busy and could not start your question in time. Please try again in a moment."
 RUN_TIMEOUT = "Your answer took too long and was stopped. Try a shorter question or fewer tokens."
 
@@ -38,9 +37,7 @@ def sweep(d: Dispatcher, now: float | None = None) -> dict[str, int]:
 
 
 def _requeue(d: Dispatcher, job_id: str, now: float, counts: dict) -> None:
-    s = d.settings
-    err = json.dumps({"message": WORKER_LOST, "t": now})
-    code = d.scripts.call(d.scripts.requeue, job_id, s.max_attempts, repr(now), s.stream_maxlen, s.stream_ttl_s, err)
+    code = d.requeue(job_id, LOST_AFTER_RETRY, now)
     if code == 1:
         counts["requeued"] += 1
         d.r.hincrby(d.keys.stats, "redispatched", 1)

@@ -1,18 +1,29 @@
 """Runs one job on this worker: claim it, rebuild the chat from Redis, stream the engine's deltas.
 
 Every path ends the job's stream with exactly one terminal event (written atomically with the job's
-state by the finish script), and a bad job never takes the worker down.
+state by the finish script), and a bad job never takes the worker down. Its collaborators are explicit fields
+(the runtime builds one ``JobRunner`` at start-up), and every job state change goes through a named
+``Dispatcher`` method: ``claim``, ``finish``.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import redis
 
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
+from worker.config import Settings
+from worker.dispatcher import Dispatcher
 from worker.errors import InvalidInput, NotYourConversation, OwletError
-from worker.history import turn_json
+from worker.history import ConversationStore, turn_json
+from worker.images import ImageStore
 from worker.jobs import Job, parse_job
+from worker.keys import Keys
+from worker.metrics import WorkerMetrics
 from worker.streams import StreamWriter
 
 log = logging.getLogger(__name__)
@@ -21,24 +32,38 @@ INTERNAL_ERROR = "Owlet hit an internal error while answering. Please try again.
 UNKNOWN_CONVERSATION = "This conversation no longer exists. Start a new conversation."
 
 
+class EngineSlots(Protocol):
+    """What the runner needs of the worker process around the engine (``WorkerRuntime`` provides it)."""
+
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str): ...
+    def forget(self, job_id: str) -> None: ...
+    def dispatch_soon(self) -> None: ...
+
+
+@dataclass(frozen=True)
 class JobRunner:
-    def __init__(self, runtime):
-        self.rt = runtime
+    """Runs jobs on this worker. Holds no per-job state, so one instance serves every task thread."""
+    worker: str  # this worker's Celery node name: who claims, and who will hold the conversation's cache
+    settings: Settings
+    r: redis.Redis  # the job's payload and cancel flag, and its event stream
+    keys: Keys
+    jobs: Dispatcher  # job state transitions (claim, finish) and the service-time average
+    convs: ConversationStore  # who owns the conversation
+    images: ImageStore  # image bytes by sha256
+    slots: EngineSlots  # hands requests to the engine and frees their slots
+    metrics: WorkerMetrics
 
     def run(self, job_id, dispatch_n) -> None:
-        rt = self.rt
         if not isinstance(job_id, str) or not job_id:
             log.error("dropping a task with an invalid job id %r", job_id)
             return
         if not isinstance(dispatch_n, int) or isinstance(dispatch_n, bool):
             # never started here, so only a job still waiting for a worker may be ended by it
-            if rt.dispatcher.finish(job_id, "error", only_state="dispatched",
-                                    message="The job message is malformed (bad dispatch number)."):
-                rt.metrics.error("malformed")
+            if self.jobs.finish(job_id, "error", only_state="dispatched",
+                                message="The job message is malformed (bad dispatch number)."):
+                self.metrics.error("malformed")
             return
-        claimed = rt.dispatcher.scripts.call(rt.dispatcher.scripts.claim, job_id, dispatch_n, rt.worker,
-                                             repr(time.time()), rt.settings.stream_maxlen)
-        if not claimed:
+        if not self.jobs.claim(job_id, dispatch_n, self.worker):
             log.info("job %s dispatch %s is stale or already taken; skipping", job_id, dispatch_n)
             return
         try:
@@ -51,39 +76,39 @@ class JobRunner:
             log.exception("job %s failed", job_id)
             self._fail(job_id, INTERNAL_ERROR, "internal")
         finally:
-            rt.forget(job_id)
-            rt.dispatch_soon()
+            self.slots.forget(job_id)
+            self.slots.dispatch_soon()
 
     def _run_claimed(self, job_id: str) -> None:
-        rt, s = self.rt, self.rt.settings
-        if rt.r.exists(rt.keys.cancel(job_id)):
+        s = self.settings
+        if self.r.exists(self.keys.cancel(job_id)):
             self._end(job_id, "cancelled")
             return
-        job = parse_job(rt.r.hget(rt.keys.job(job_id), "payload"), s.history_max_turns, s.history_max_chars)
+        job = parse_job(self.r.hget(self.keys.job(job_id), "payload"), s.history_max_turns, s.history_max_chars)
         if job.job_id != job_id:
             raise InvalidInput("The job payload names a different job.")
-        if rt.convs.owner(job.conv) != job.user:
+        if self.convs.owner(job.conv) != job.user:
             raise NotYourConversation(UNKNOWN_CONVERSATION)
         sampling = SamplingParams.from_dict(job.sampling)
         messages = self._messages(job)
         started = time.monotonic()
-        handle = rt.submit_to_engine(job_id, messages, sampling, job.conv)
-        writer = StreamWriter(rt.r, rt.keys, job_id, s.stream_maxlen)
+        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv)
+        writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
         last = None
         for delta in handle:
             now = time.monotonic()
             if last is None:
-                rt.metrics.ttft_s.observe(now - started)
+                self.metrics.ttft_s.observe(now - started)
             else:
-                rt.metrics.tpot_s.observe(now - last)
+                self.metrics.tpot_s.observe(now - last)
             last = now
             if delta:
                 writer.add("token", text=delta)
         result = handle.result(timeout=s.job_deadline_s)
-        rt.dispatcher.record_service_time(time.monotonic() - started)
-        rt.metrics.tokens.inc(result.stats.generated_tokens)
+        self.jobs.record_service_time(time.monotonic() - started)
+        self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:
-            rt.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)
+            self.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)
         self._finish_result(job, result)
 
     def _messages(self, job: Job) -> list[dict]:
@@ -92,7 +117,7 @@ class JobRunner:
         for m in job.messages:
             content = []
             if m.image_sha:
-                content.append({"type": "image", "image": self.rt.images.load(m.image_sha, self.rt.settings.image_max_side)})
+                content.append({"type": "image", "image": self.images.load(m.image_sha, self.settings.image_max_side)})
             content.append({"type": "text", "text": m.text})
             if out and out[-1]["role"] == m.role:
                 out[-1]["content"].extend(content)
@@ -102,10 +127,10 @@ class JobRunner:
 
     def _finish_result(self, job: Job, result) -> None:
         reason = result.finish_reason
-        stats = result.stats.__dict__ if hasattr(result.stats, "__dict__") else dict(result.stats)
+        stats = asdict(result.stats)
         if reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
             answer = turn_json("assistant", result.text, job_id=job.job_id)
-            self._end(job.job_id, "done", answer_turn=answer, holder=self.rt.worker, text=result.text,
+            self._end(job.job_id, "done", answer_turn=answer, holder=self.worker, text=result.text,
                       finish_reason=reason.value, stats=stats)
         elif reason == FinishReason.CANCELLED:
             self._end(job.job_id, "cancelled", text=result.text)
@@ -116,11 +141,10 @@ class JobRunner:
             self._fail(job.job_id, result.error or INTERNAL_ERROR, "engine")
 
     def _end(self, job_id: str, event_type: str, **kwargs) -> None:
-        if self.rt.dispatcher.finish(job_id, event_type, only_state="started", only_worker=self.rt.worker, **kwargs):
-            self.rt.metrics.job_finished(event_type)
+        if self.jobs.finish(job_id, event_type, only_state="started", only_worker=self.worker, **kwargs):
+            self.metrics.job_finished(event_type)
 
     def _fail(self, job_id: str, message: str, kind: str) -> None:
-        if self.rt.dispatcher.finish(job_id, "error", only_state="started", only_worker=self.rt.worker,
-                                     message=message):
-            self.rt.metrics.job_finished("error")
-            self.rt.metrics.error(kind)
+        if self.jobs.finish(job_id, "error", only_state="started", only_worker=self.worker, message=message):
+            self.metrics.job_finished("error")
+            self.metrics.error(kind)

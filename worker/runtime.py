@@ -6,7 +6,6 @@ service work-conserving even when no UI process is submitting.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 
@@ -24,11 +23,8 @@ from worker.runner import JobRunner
 log = logging.getLogger(__name__)
 
 
-def build_engine(settings: Settings):
-    """The engine named by ``OWLET_ENGINE_FACTORY`` ("module:callable"), else ``engine.LLMEngine`` from env."""
-    if settings.engine_factory:
-        module, _, name = settings.engine_factory.partition(":")
-        return getattr(importlib.import_module(module), name)()
+def build_engine():
+    """``engine.LLMEngine`` configured from the environment (``EngineConfig.from_env``)."""
     from engine import EngineConfig, LLMEngine
 
     return LLMEngine(EngineConfig.from_env())
@@ -43,7 +39,7 @@ class WorkerRuntime:
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.metrics = WorkerMetrics(worker)
-        self.engine = engine if engine is not None else build_engine(settings)
+        self.engine = engine if engine is not None else build_engine()
         self._active: set[str] = set()  # job ids submitted to the engine and not finished
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
@@ -51,6 +47,8 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
+        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.dispatcher,
+                                convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -76,7 +74,7 @@ class WorkerRuntime:
 
     # -- jobs ----------------------------------------------------------------------------------------------
     def run_job(self, job_id, dispatch_n) -> None:
-        JobRunner(self).run(job_id, dispatch_n)
+        self.runner.run(job_id, dispatch_n)
 
     def submit_to_engine(self, job_id: str, messages, sampling, conv: str):
         with self._lock:
@@ -99,11 +97,8 @@ class WorkerRuntime:
 
     def _beat(self) -> None:
         stats = self.engine.stats()
-        with self._lock:
-            jobs = sorted(self._active)
         beat = heartbeat.Heartbeat(worker=self.worker, capacity=int(stats.get("max_running", 1)),
-                                   running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)),
-                                   jobs=jobs, sessions=list(stats.get("sessions", [])))
+                                   running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)))
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
         self.metrics.observe_engine(stats)
 
@@ -113,7 +108,6 @@ class WorkerRuntime:
                 self._beat()
                 reaper.sweep_if_due(self.dispatcher, self.settings.heartbeat_interval_s / 2)
                 self.dispatcher.dispatch()
-                self.metrics.observe_affinity(self.dispatcher.affinity_stats())
             except Exception:  # a Redis hiccup must not stop the heartbeat for good
                 log.exception("heartbeat tick failed")
             self._wake_dispatch.wait(self.settings.heartbeat_interval_s)

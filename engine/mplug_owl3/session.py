@@ -1,6 +1,6 @@
 """OwlSessionStore: the engine's SessionStore, whose entries also hold the conversation's image K/V.
 
-A finished turn parks, besides the self-attention cache, each image's cross-attention keys/values for every hyper
+A finished turn keeps, besides the self-attention cache, each image's cross-attention keys/values for every hyper
 layer, in the same entry: one byte count, one LRU slot, the same int8/int4 parking (keys grouped per channel,
 values per token, as for the self-attention K/V). When the next turn restores the entry, the runner adopts those
 K/V for every image of the new prompt with the same content at the same position, so the follow-up neither runs
@@ -29,9 +29,12 @@ class ParkedImage:
 class OwlSessionEntry(SessionEntry):
     images: list[ParkedImage] = field(default_factory=list)
 
-    @property
-    def nbytes(self) -> int:
-        return super().nbytes + sum(im.nbytes for im in self.images)
+    def tensors(self):
+        """The self-attention entry's tensors, then every image's hyper-layer K/V (one byte count, one LRU slot)."""
+        yield from super().tensors()
+        for image in self.images:
+            for k, v in image.kv.values():
+                yield from (k, v)
 
 
 class OwlSessionStore(SessionStore):
@@ -43,8 +46,8 @@ class OwlSessionStore(SessionStore):
         store.runner = runner
         return store
 
-    def park(self, req, batch) -> None:
-        super().park(req, batch)
+    def save_turn(self, req, batch) -> None:
+        super().save_turn(req, batch)
         row = self.runner.row_images(req) if self.runner is not None else None
         if not self.enabled or req.session_id is None or row is None or not row.images:
             return
@@ -58,7 +61,7 @@ class OwlSessionStore(SessionStore):
                     park_kv(v[None], self.park_mode, self.group_size, where))
             for layer, (k, v) in im.kv.items()}) for im in row.images]
         full = OwlSessionEntry(entry.token_ids, entry.kv, entry.conv_checkpoints, entry.hybrid, images=images)
-        self.entries.put(req.session_id, full, full.nbytes)
+        self.entries.put(req.session_id, full, full.nbytes_by_pool(self.device))
 
     def restore(self, req) -> None:
         super().restore(req)

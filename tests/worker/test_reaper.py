@@ -60,7 +60,7 @@ def test_dead_worker_job_is_redispatched_once_then_failed(client):
     assert reaper.sweep(client.dispatcher)["failed"] == 1
     evs = [e for _, e in client.events(job)]
     assert [e["type"] for e in evs] == ["queued", "started", "queued", "started", "error"]
-    assert evs[2]["restart"] is True and evs[-1]["message"] == reaper.WORKER_LOST
+    assert evs[2]["restart"] is True and evs[-1]["message"] == reaper.LOST_AFTER_RETRY
     assert client.history("ann", conv) == [{"role": "user", "text": "hi", "image_sha": None}]
     assert client.r.sismember(client.keys.workers, "a@x") == 0  # forgotten once nothing of it is left
 

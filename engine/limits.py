@@ -1,0 +1,23 @@
+"""Image limits, defined once for every layer. Torch-free: the page, the worker and the engine all read it.
+
+An image passes three gates on its way to the model, and their numbers belong together:
+
+- the page (``ui.uploads``) refuses files over ``UPLOAD_MAX_BYTES`` or in a format not in ``ALLOWED_FORMATS``,
+  refuses headers announcing more than ``DECODE_MAX_PIXELS`` (a decompression bomb) before decoding, and
+  downscales what it accepts to ``MAX_SIDE`` on the longest side;
+- the worker (``worker.images``) stores at most ``UPLOAD_MAX_BYTES`` per image and downscales what it loads to
+  ``MAX_SIDE`` again (a client other than the page may have stored it);
+- the engine (``engine.prompt``) downscales anything over ``MODEL_MAX_PIXELS`` before preprocessing, because
+  vision towers tile big images into thousands of tokens. It equals a ``MAX_SIDE`` square, so an image that
+  passed the page arrives unchanged.
+
+Each layer's settings take these as defaults (``UIConfig``, ``worker.config.Settings``, ``EngineConfig``); a
+deployment may still override one layer through its own variable.
+"""
+from __future__ import annotations
+
+UPLOAD_MAX_BYTES = 10 * 1024 * 1024
+ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+DECODE_MAX_PIXELS = 40_000_000
+MAX_SIDE = 1024
+MODEL_MAX_PIXELS = MAX_SIDE * MAX_SIDE
