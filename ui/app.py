@@ -22,7 +22,11 @@ CONVERSATION_KEY = "owlet-conversation"
 
 def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
     """Build the Blocks for one app; nothing runs until it is launched."""
-    with gr.Blocks(title="Owlet", fill_height=True) as page:
+    # Gradio keeps every upload on disk until its cache is cleaned: delete files older than the TTL, that often.
+    cache_ttl = config.upload_cache_ttl_s
+    with gr.Blocks(title="Owlet", fill_height=True, delete_cache=(cache_ttl, cache_ttl)) as page:
+        # The token kept here is signed by the server (ui.identity); BrowserState's own secret is sent to
+        # every browser, so it protects nothing and is not relied on.
         browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.secret)
         last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.secret)
         session = gr.State(new_session())
@@ -64,4 +68,8 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                        api_visibility="private")
         page.load(handlers.on_load, [browser_id, last_conversation], [browser_id, chatbot, status, session],
                   api_visibility="private")
+        # API clients get their identity the way the page does (README: "Running it in public").
+        identity_token = gr.Textbox(visible=False)
+        identity_token.submit(handlers.identity, [identity_token], [identity_token], api_name="identity",
+                              queue=False)
     return page
