@@ -53,8 +53,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         edit_event = chatbot.edit(handlers.edit, [answer_length, session, browser_id], streamed,
                                   api_name="edit", concurrency_limit=None, show_progress="hidden")
         answering = [chat_event, retry_event, edit_event]
-        box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,
-                 api_name="stop", queue=False)
+        # No Gradio `cancels` here: Gradio cancels by session_hash, which a client chooses. Stop cancels the
+        # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".
+        box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False)
         fresh = [box, chatbot, status, session]
         new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
                                    api_name="new_conversation", queue=False)

@@ -72,10 +72,8 @@ class Dispatcher:
                 turn_json or "", "" if per_position is None else repr(per_position), s.history_ttl_s,
                 bytes(image) if image else b"", s.image_ttl_s, s.image_quota_user_bytes, s.image_quota_group_bytes,
                 s.group_submit_limit, s.group_submit_window_s, extra_keys=extra)
-        except redis.exceptions.ResponseError as exc:
-            if "OOM" in str(exc):  # Redis is full: the script was refused whole, nothing was written
-                raise ServiceBusy() from None
-            raise
+        except redis.exceptions.OutOfMemoryError:  # Redis is full: the script was refused whole, nothing written
+            raise ServiceBusy() from None
         if code == -1:
             raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
                                  "finish, then ask again.")
