@@ -92,6 +92,8 @@ class Event:
                     for line in events.iter_lines():
                         if line.startswith("event:"):
                             kind = line.split(":", 1)[1].strip()
+                        elif line.startswith("data:") and kind == "error":
+                            raise RuntimeError(f"the page failed the event: {line}")
                         elif line.startswith("data:") and kind in ("generating", "complete"):
                             self.payloads.append(json.loads(line.split(":", 1)[1]))
                             self.first.set()
@@ -110,15 +112,24 @@ class Event:
         return self.payloads[-1][2]
 
 
-def cancel_everything(stack) -> None:
-    """End every job still waiting or running in the stack's namespace (test clean-up)."""
+def cancel_jobs(client) -> None:
+    """End every job still waiting or running in an OwletClient's namespace (test clean-up)."""
+    for key in client.r.scan_iter(match=client.keys.job("*"), count=1000):
+        client.dispatcher.cancel(key.decode()[len(client.keys.job("")):])
+
+
+def stack_client(stack):
+    """An OwletClient on the stack's namespace (close it after use)."""
     from worker.client import OwletClient
     from worker.config import Settings
 
-    client = OwletClient(settings=Settings.from_env(redis_url=stack.redis_url, key_prefix=stack.prefix))
+    return OwletClient(settings=Settings.from_env(redis_url=stack.redis_url, key_prefix=stack.prefix))
+
+
+def cancel_everything(stack) -> None:
+    """End every job still waiting or running in the stack's namespace (test clean-up)."""
+    client = stack_client(stack)
     try:
-        for key in client.r.scan_iter(match=f"{stack.prefix}job:*", count=1000):
-            job = key.decode()[len(client.keys.job("")):]
-            client.dispatcher.cancel(job)
+        cancel_jobs(client)
     finally:
         client.close()

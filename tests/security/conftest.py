@@ -45,3 +45,28 @@ def r(stack):
     client = redis.Redis.from_url(stack.redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def quiet_page():
+    """A real page on a real Redis with no worker: every admitted job stays queued and its answer stream
+    stays open, so holding slots and caps is deterministic. Yields (url, OwletClient)."""
+    from ui.config import UIConfig
+    from ui.server import build
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    with running_redis() as redis_url:
+        prefix = unique_prefix("sec-quiet")
+        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
+                                                        group_job_cap=LIMITS["group_jobs"]))
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
+                          address_max_events=LIMITS["events"], max_threads=8, metrics_token=METRICS_TOKEN,
+                          max_upload_bytes=LIMITS["upload_bytes"], queue_poll_s=0.5)
+        page, launch_kwargs, client, _metrics = build(config, client)
+        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        try:
+            yield f"http://127.0.0.1:{config.port}/", client
+        finally:
+            page.close()
+            client.close(purge=True)
