@@ -107,3 +107,35 @@ def test_pixel_cap_and_reduced_jpeg_decoding():
     Image.new("L", (5000, 4000)).save(big, format="PNG")  # 20 MP of zeros: a few KB that would decode to 20 MB
     with pytest.raises(Exception, match="16 megapixels"):
         check_image(big.getvalue(), UploadLimits(64 * 1024 * 1024, 16_000_000, 1024, ("PNG",)))
+
+
+def test_edit_applies_the_same_text_limit_as_chat():
+    import gradio as gr
+
+    from tests.redis_server import running_redis, unique_prefix
+    from ui.handlers import ChatHandlers, new_session
+    from ui.metrics import UIMetrics
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    with running_redis() as url:
+        prefix = unique_prefix("sec-edit")
+        client = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix=prefix))
+        config = UIConfig(redis_url=url, key_prefix=prefix, max_text_chars=100)
+        h = ChatHandlers(client, config, UIMetrics())
+        try:
+            token = h.issuer.mint()
+            sub = client.submit(f"anon:{h.issuer.verify(token)}", None, "short question")
+            session = {**new_session(), "conversation": sub.conv}
+            edit = gr.EditData(None, {"index": 0, "value": "x" * 101, "previous_value": "short question"})
+
+            async def run():
+                return [u async for u in h.edit(16, session, token, edit, gr.Request(session_hash="e"))]
+
+            [(_box, _chat, status, _session)] = asyncio.run(run())
+            assert status == f"Your message is longer than {config.max_text_chars} characters. Please shorten it."
+            assert client.job_state(sub.job) == "queued", "the pending turn was not cancelled"
+            assert len(client.history(f"anon:{h.issuer.verify(token)}", sub.conv)) == 1, "nothing truncated"
+        finally:
+            h.decoder.close()
+            client.close(purge=True)
