@@ -31,7 +31,8 @@ LIGHT_USERS = ("light1", "light2", "light3", "light4")
 
 def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
     settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("bench-fair"), fifo=fifo,
-                                 user_queue_cap=args.heavy_jobs + 10, global_queue_cap=args.heavy_jobs + 50)
+                                 user_queue_cap=args.heavy_jobs + 10, global_queue_cap=args.heavy_jobs + 50,
+                                 group_job_cap=args.heavy_jobs + 10, group_submit_limit=10 * args.heavy_jobs)
     client = OwletClient(settings=settings)
     worker = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=args.slots),
                            log_dir, concurrency=args.slots + 2)

@@ -76,7 +76,8 @@ def main() -> None:
     args = ap.parse_args()
     model = ensure_tiny_checkpoint("lfm2vl")
     with running_redis() as url:
-        settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("bench-overhead"))
+        settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("bench-overhead"),
+                                     group_submit_limit=10 * args.jobs + 100)
         client = OwletClient(settings=settings)
         worker = WorkerProcess(worker_env(settings, model, max_running=4), Path(tempfile.mkdtemp()), concurrency=6)
         engine = LLMEngine(EngineConfig(model=str(model), device="cpu", max_running=4)).start()

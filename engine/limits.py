@@ -18,6 +18,6 @@ from __future__ import annotations
 
 UPLOAD_MAX_BYTES = 10 * 1024 * 1024
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
-DECODE_MAX_PIXELS = 40_000_000
+DECODE_MAX_PIXELS = 16_000_000  # about 16 MP is plenty for what any model here uses
 MAX_SIDE = 1024
 MODEL_MAX_PIXELS = MAX_SIDE * MAX_SIDE

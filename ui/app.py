@@ -22,7 +22,11 @@ CONVERSATION_KEY = "owlet-conversation"
 
 def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
     """Build the Blocks for one app; nothing runs until it is launched."""
-    with gr.Blocks(title="Owlet", fill_height=True) as page:
+    # Gradio keeps every upload on disk until its cache is cleaned: delete files older than the TTL, that often.
+    cache_ttl = config.upload_cache_ttl_s
+    with gr.Blocks(title="Owlet", fill_height=True, delete_cache=(cache_ttl, cache_ttl)) as page:
+        # The token kept here is signed by the server (ui.identity); BrowserState's own secret is sent to
+        # every browser, so it protects nothing and is not relied on.
         browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.secret)
         last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.secret)
         session = gr.State(new_session())
@@ -49,8 +53,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         edit_event = chatbot.edit(handlers.edit, [answer_length, session, browser_id], streamed,
                                   api_name="edit", concurrency_limit=None, show_progress="hidden")
         answering = [chat_event, retry_event, edit_event]
-        box.stop(handlers.stop, [session, browser_id], [box, status, session], cancels=answering,
-                 api_name="stop", queue=False)
+        # No Gradio `cancels` here: Gradio cancels by session_hash, which a client chooses. Stop cancels the
+        # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".
+        box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False)
         fresh = [box, chatbot, status, session]
         new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
                                    api_name="new_conversation", queue=False)
@@ -64,4 +69,8 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                        api_visibility="private")
         page.load(handlers.on_load, [browser_id, last_conversation], [browser_id, chatbot, status, session],
                   api_visibility="private")
+        # API clients get their identity the way the page does (README: "Running it in public").
+        identity_token = gr.Textbox(visible=False)
+        identity_token.submit(handlers.identity, [identity_token], [identity_token], api_name="identity",
+                              queue=False)
     return page

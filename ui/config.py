@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, fields, replace
 
 from engine import limits
+from ui.identity import parse_networks
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A fixed default keeps browser ids stable across restarts of a local demo; deployments set OWLET_UI_SECRET.
@@ -49,6 +50,14 @@ class UIConfig:
     max_image_side: int = limits.MAX_SIDE  # larger images are downscaled (keeps vision tokens bounded)
     allowed_formats: tuple[str, ...] = limits.ALLOWED_FORMATS
     max_text_chars: int = 4000
+    upload_cache_ttl_s: int = 3600  # Gradio's upload cache: files older than this are deleted, checked as often
+    decode_workers: int = 2  # threads of the pool that decodes uploads (never the handlers' shared pool)
+    # Running it in public (see README "Running it in public").
+    identity_key: str = ""  # OWLET_UI_IDENTITY_KEY signs anonymous identities; "" = a random key kept in Redis
+    trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For names the client address
+    metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
+    address_max_events: int = 4  # page events (answer streams) one client address may hold at once
+    address_max_decodes: int = 1  # image decodes one client address may run at once
     # Generation requested per turn.
     max_new_tokens: int = 256  # the default answer length
     max_new_tokens_cap: int = 1024  # the most a user may ask for with the "answer length" slider
@@ -67,6 +76,11 @@ class UIConfig:
         assert self.allowed_formats, "at least one image format must be allowed"
         assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"
         assert self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive"
+        assert self.upload_cache_ttl_s >= 60, "upload_cache_ttl_s must be at least 60 s"
+        assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
+        assert self.address_max_events >= 1, "address_max_events must be at least 1"
+        assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
+        parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "UIConfig":
@@ -102,6 +116,8 @@ def _cast(name: str, type_name: str, raw: str):
             return parse_auth(raw)
         if name == "allowed_formats":
             return tuple(s.strip().upper() for s in raw.split(",") if s.strip())
+        if name == "trusted_proxies":
+            return tuple(s.strip() for s in raw.split(",") if s.strip())
         return raw
     except ValueError as exc:
         raise ValueError(f"OWLET_UI_{name.upper()}={raw!r}: {exc}") from exc

@@ -5,6 +5,7 @@ a sentence, never a traceback or a spinner that never ends. The per-tab ``sessio
 conversation id, the job being answered (so Stop can cancel it) and this tab's uploaded image files.
 """
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -12,17 +13,21 @@ import gradio as gr
 
 from ui import wording
 from ui.chat_view import assistant_message, message_text, parse_input, render_history, user_message
-from ui.eta import EtaEstimator
-from ui.identity import ensure_browser_id, user_id_from_request
+from ui.client_gate import AddressSlots, SlotRefused
+from ui.identity import IdentityRequired, identify, issuer_for, parse_networks
 from ui.job_follower import follow_job
-from ui.uploads import UploadLimits, UploadRejected, check_upload
+from ui.uploads import DecodePool, UploadLimits, UploadRejected
 
 log = logging.getLogger("owlet.ui")
 
 # Error kinds for the owlet_ui_errors metric, by the worker client's exception class name.
 _ERROR_KINDS = {"UserCapReached": "user_cap", "ServiceBusy": "busy", "ConversationBusy": "conversation_busy",
                 "NotYourConversation": "not_your_conversation", "ImageMissing": "image_missing",
-                "InvalidInput": "invalid_input", "UnknownJob": "unknown_job"}
+                "InvalidInput": "invalid_input", "UnknownJob": "unknown_job", "ClientBusy": "client_busy",
+                "RateLimited": "rate_limited", "QuotaExceeded": "quota", "IdentityRequired": "no_identity",
+                "SlotRefused": "client_busy"}
+TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait for one to finish (or stop it), "
+                   "then ask again.")
 
 
 def new_session() -> dict:
@@ -41,7 +46,29 @@ class ChatHandlers:
     def __init__(self, client, config, metrics):
         self.client, self.config, self.metrics = client, config, metrics
         self.limits = UploadLimits.from_config(config)
-        self.eta = EtaEstimator(client)
+        self.issuer = issuer_for(config, client, log)
+        self.trusted_proxies = parse_networks(config.trusted_proxies)
+        self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS)
+        self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
+
+    def _caller(self, request, browser_id):
+        """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
+        return identify(request, browser_id, self.issuer, self.trusted_proxies)
+
+    async def _guarded(self, request, browser_id, session, turn):
+        """Run one answering event for its caller while that caller's address holds a free event slot.
+
+        ``turn(caller)`` is the event's async generator. A caller without identity, or an address already
+        holding ``address_max_events`` answers, gets a sentence at once instead of a Gradio thread.
+        """
+        try:
+            caller = self._caller(request, browser_id)
+            with self.event_slots.hold(caller.address):
+                async with contextlib.aclosing(turn(caller)) as updates:  # closed at once on Stop or disconnect
+                    async for update in updates:
+                        yield update
+        except (IdentityRequired, SlotRefused) as exc:
+            yield _box(False), gr.skip(), self._error_text(exc), dict(session or new_session())
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -60,19 +87,24 @@ class ChatHandlers:
         The conversation is reopened only if this user still owns it and it has not expired; otherwise
         the page starts with an empty chat.
         """
-        browser_id = ensure_browser_id(stored_browser_id)
+        browser_id = self.issuer.ensure(stored_browser_id)
         session = new_session()
         if isinstance(stored_conversation, dict):
             stored_conversation = stored_conversation.get("conversation")
         if isinstance(stored_conversation, str) and stored_conversation:
             try:
-                turns = self.client.history(user_id_from_request(request, browser_id), stored_conversation)
+                turns = self.client.history(self._caller(request, browser_id).user, stored_conversation)
             except Exception:  # expired, not this user's, or Redis unavailable: start afresh
                 turns = []
             if turns:
                 session["conversation"] = stored_conversation
                 return browser_id, render_history(turns, {}), wording.RESTORED, session
         return browser_id, [], "", session
+
+    def identity(self, stored_token, request: gr.Request):
+        """The /identity endpoint: the caller's token if it verifies, else a fresh one. Browsers get theirs
+        on page load; API clients call this once and pass the token as ``browser_id`` on every call."""
+        return self.issuer.ensure(stored_token)
 
     @staticmethod
     def remember_conversation(session):
@@ -84,6 +116,11 @@ class ChatHandlers:
 
     async def respond(self, message, max_new_tokens, session, browser_id, request: gr.Request):
         """Check the input, submit the turn, then stream queue position, tokens and final stats."""
+        async for update in self._guarded(request, browser_id, session, lambda caller: self._respond(
+                message, max_new_tokens, session, caller)):
+            yield update
+
+    async def _respond(self, message, max_new_tokens, session, caller):
         session = dict(session or new_session())
         text, files = parse_input(message)
         if not text and not files:
@@ -95,12 +132,14 @@ class ChatHandlers:
         if len(text) > self.config.max_text_chars:
             yield _box(False, text), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
-        user = user_id_from_request(request, browser_id)
-        shown = await asyncio.to_thread(self._shown_history, user, session)
+        shown = await asyncio.to_thread(self._shown_history, caller.user, session)
         checked = None
         if files:
             try:
-                checked = await asyncio.to_thread(check_upload, files[0], self.limits)
+                checked = await self.decoder.check(files[0], self.limits, caller.address)
+            except SlotRefused as exc:
+                yield _box(False, text), gr.skip(), self._error_text(exc), session
+                return
             except UploadRejected as exc:
                 self.metrics.errors.labels("image_rejected").inc()
                 self.metrics.turns.labels("rejected").inc()
@@ -108,7 +147,7 @@ class ChatHandlers:
                 yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
                        note, session)
                 return
-        async for update in self._submit_and_stream(user, session, text or wording.DEFAULT_IMAGE_PROMPT,
+        async for update in self._submit_and_stream(caller, session, text or wording.DEFAULT_IMAGE_PROMPT,
                                                     checked, files[0] if files else None, shown,
                                                     sampling=self._sampling(max_new_tokens)):
             yield update
@@ -117,21 +156,25 @@ class ChatHandlers:
 
     async def retry(self, max_new_tokens, session, browser_id, data: gr.RetryData, request: gr.Request):
         """Ask the retried question again: history is cut back to just before it."""
-        async for update in self._redo(max_new_tokens, session, browser_id, request, _index(data.index), None):
+        async for update in self._guarded(request, browser_id, session, lambda caller: self._redo(
+                max_new_tokens, session, caller, _index(data.index), None)):
             yield update
 
     async def edit(self, max_new_tokens, session, browser_id, data: gr.EditData, request: gr.Request):
         """Replace an earlier question with its edited text and answer from there."""
-        async for update in self._redo(max_new_tokens, session, browser_id, request, _index(data.index),
-                                       message_text(data.value)):
+        async for update in self._guarded(request, browser_id, session, lambda caller: self._redo(
+                max_new_tokens, session, caller, _index(data.index), message_text(data.value))):
             yield update
 
-    async def _redo(self, max_new_tokens, session, browser_id, request, index: int, new_text):
+    async def _redo(self, max_new_tokens, session, caller, index: int, new_text):
         session = dict(session or new_session())
         conv = session.get("conversation")
-        user = user_id_from_request(request, browser_id)
+        user = caller.user
         if not conv:
             yield _box(False), gr.skip(), wording.NOTHING_TO_RETRY, session
+            return
+        if new_text is not None and len(new_text) > self.config.max_text_chars:  # the same limit as /chat
+            yield _box(False), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
         try:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
@@ -148,25 +191,26 @@ class ChatHandlers:
         text = new_text if new_text is not None else (turn.get("text") or "")
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
         shown = render_history(turns[:index], session["images"])
-        async for update in self._submit_and_stream(user, session, text, None, None, shown,
+        async for update in self._submit_and_stream(caller, session, text, None, None, shown,
                                                     sampling=self._sampling(max_new_tokens),
                                                     image_sha=turn.get("image_sha")):
             yield update
 
     # ---- the shared submit + stream loop -------------------------------------------------------------
 
-    async def _submit_and_stream(self, user, session, text, checked, image_path, shown, sampling, image_sha=None):
+    async def _submit_and_stream(self, caller, session, text, checked, image_path, shown, sampling, image_sha=None):
         started = time.monotonic()
+        user = caller.user
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
         try:
-            if not session.get("conversation"):
-                session["conversation"] = await asyncio.to_thread(self.client.new_conversation, user)
+            # One atomic admission: limits first, then the image, the conversation and the turn are stored.
+            admitted = await asyncio.to_thread(
+                self.client.submit, user, session.get("conversation"), text, image=checked.data if checked else None,
+                image_sha=image_sha, sampling=sampling, group=caller.group)
+            session["conversation"], job = admitted.conv, admitted.job
             if checked is not None:
-                image_sha = await asyncio.to_thread(self.client.put_image, checked.png_bytes)
-                session["images"] = {**session["images"], image_sha: image_path}
-            job = await asyncio.to_thread(self.client.submit_turn, user, session["conversation"], text,
-                                          image_sha, sampling)
+                session["images"] = {**session["images"], admitted.image_sha: image_path}
         except Exception as exc:
             note = self._error_text(exc)
             yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
@@ -185,7 +229,7 @@ class ChatHandlers:
                 wording.queued(None, None), session
             async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
                                       stall_timeout_s=self.config.stall_timeout_s, started_at=started,
-                                      eta=self.eta.eta_s, min_interval_s=self.config.stream_min_interval_s):
+                                      eta=self.client.eta_s, min_interval_s=self.config.stream_min_interval_s):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
@@ -210,14 +254,14 @@ class ChatHandlers:
         session = dict(session or new_session())
         job = session.get("job")
         if job:
-            self._cancel_quietly(user_id_from_request(request, browser_id), job)
+            self._cancel_as_caller(request, browser_id, job)
         return _box(False), wording.CANCELLED, {**session, "job": None}
 
     def new_conversation(self, session, browser_id, request: gr.Request):
         """Forget the current chat (cancelling any answer in progress); the next question starts afresh."""
         session = session or new_session()
         if session.get("job"):
-            self._cancel_quietly(user_id_from_request(request, browser_id), session["job"])
+            self._cancel_as_caller(request, browser_id, session["job"])
         return _box(False), [], wording.NEW_CONVERSATION, new_session()
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -230,6 +274,13 @@ class ChatHandlers:
             return render_history(self.client.history(user, session["conversation"]), session["images"])
         except Exception:
             return []
+
+    def _cancel_as_caller(self, request, browser_id, job) -> None:
+        """Cancel ``job`` if the caller owns it; a caller without a valid identity cancels nothing."""
+        try:
+            self._cancel_quietly(self._caller(request, browser_id).user, job)
+        except IdentityRequired:
+            pass
 
     def _cancel_quietly(self, user, job) -> None:
         if not job:
@@ -271,8 +322,6 @@ class ChatHandlers:
         m.turns.labels({"done": "done", "cancelled": "cancelled"}.get(p.state, "error")).inc()
         if p.state == "done":
             m.observe_done(p.stats, follow_up)
-            if p.run_s is not None and p.queue_wait_s is not None:
-                self.eta.observe(p.run_s)
         elif p.state == "cancelled":
             m.cancels.inc()
         else:

@@ -1,44 +1,138 @@
-"""Who is asking: the logged-in username when auth is on, otherwise a stable per-browser id.
+"""Who is asking, decided by the server: a login, or an anonymous identity only the server can mint; and from
+which client group (address) they ask.
 
-The browser id is a random token kept in ``gr.BrowserState`` (localStorage, encrypted with the configured
-secret), so it survives page reloads and server restarts. Gradio's ``session_hash`` changes on every reload,
-so it is only the last resort, for API clients (gradio_client) that have no browser storage.
+Anonymous identities are tokens ``v1.<random>.<signature>``, signed with HMAC-SHA256 under a server-only key
+(``OWLET_UI_IDENTITY_KEY``, or one kept in Redis). The key is never sent to a browser, so a client can keep
+and present a token but cannot make one up: a value that does not verify is refused and replaced, never
+trusted. Gradio's ``session_hash`` is chosen by the client and is never an identity.
+
+Browsers get a token on page load (kept in localStorage by ``gr.BrowserState``); API clients call the
+``/identity`` endpoint the same way and pass the token back as ``browser_id`` on every call.
+
+The client group is what fairness and per-address limits count: the login for logged-in users, otherwise
+the client's address. The address is the socket's peer, unless that peer is a proxy the operator named in
+``trusted_proxies``; then it is the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy.
 """
 from __future__ import annotations
 
-import re
-import uuid
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from dataclasses import dataclass
 
-_BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-def new_browser_id() -> str:
-    return uuid.uuid4().hex
-
-
-def valid_browser_id(value: object) -> bool:
-    """Browser state comes from the client: accept only ids we could have minted."""
-    return isinstance(value, str) and bool(_BROWSER_ID.match(value))
+TOKEN_VERSION = "v1"
+UNKNOWN_ADDRESS = "unknown"
 
 
-def ensure_browser_id(stored: object) -> str:
-    """The id already stored in this browser, or a fresh one to store (run on page load)."""
-    return stored if valid_browser_id(stored) else new_browser_id()
+class IdentityRequired(ValueError):
+    """The call carried no identity the server can verify; ``user_message`` says how to get one."""
+
+    user_message = ("This page could not tell who you are (your identity token is missing or not valid). "
+                    "Reload the page. API clients: call the /identity endpoint and pass the token it returns "
+                    "as browser_id.")
 
 
-def resolve_user_id(username: str | None, browser_id: object, session_hash: str | None) -> str:
-    """A user id for queues, caps and conversation ownership; prefixes keep the three kinds apart."""
-    if username:
-        return f"user:{username}"
-    if valid_browser_id(browser_id):
-        return f"browser:{browser_id}"
-    if session_hash:
-        return f"session:{session_hash}"
-    raise ValueError("no identity: neither a login, a browser id nor a session")
+@dataclass(frozen=True)
+class Caller:
+    """The identity that owns conversations and jobs, and the group whose share of the queue it draws on."""
+    user: str  # "user:<login>" or "anon:<id>"
+    group: str  # "login:<login>" or "addr:<address>"
+    address: str  # the client address as the server determined it (for per-address limits in this process)
 
 
-def user_id_from_request(request, browser_id: object) -> str:
-    """Same as ``resolve_user_id`` for a ``gr.Request`` (or None outside a request)."""
+class IdentityIssuer:
+    """Mints and verifies anonymous identity tokens with one server-only key."""
+
+    def __init__(self, key: bytes):
+        assert len(key) >= 16, "the identity key must be at least 16 bytes"
+        self._key = key
+
+    def _sign(self, ident: str) -> str:
+        return hmac.new(self._key, f"{TOKEN_VERSION}.{ident}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def mint(self) -> str:
+        ident = secrets.token_hex(16)
+        return f"{TOKEN_VERSION}.{ident}.{self._sign(ident)}"
+
+    def verify(self, token: object) -> str | None:
+        """The identity inside a token this server minted; None for anything else."""
+        if not isinstance(token, str) or len(token) > 100:
+            return None
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != TOKEN_VERSION or len(parts[1]) != 32:
+            return None
+        if not hmac.compare_digest(parts[2], self._sign(parts[1])):
+            return None
+        return parts[1]
+
+    def ensure(self, token: object) -> str:
+        """``token`` when it verifies, otherwise a fresh one (page load and the /identity endpoint)."""
+        return token if self.verify(token) else self.mint()
+
+
+def parse_networks(spec) -> tuple:
+    """``"127.0.0.1, 10.0.0.0/8"`` (or a sequence) -> ip networks; raises ValueError naming a bad entry."""
+    if isinstance(spec, str):
+        spec = [s for s in spec.split(",")]
+    nets = []
+    for item in spec or ():
+        item = item.strip()
+        if item:
+            try:
+                nets.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValueError(f"trusted proxy {item!r} is not an IP address or network") from None
+    return tuple(nets)
+
+
+def _trusted(address: str, networks) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
+
+
+def client_address(request, trusted_proxies=()) -> str:
+    """The client's address: the socket peer, or what trusted proxies say in ``X-Forwarded-For``."""
+    client = getattr(request, "client", None) if request is not None else None
+    peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
+    if not trusted_proxies or not _trusted(peer, trusted_proxies):
+        return peer
+    headers = getattr(request, "headers", None) or {}
+    forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
+    # Each proxy appends the address it saw, so walk from the right past the proxies we trust; anything
+    # further left was written by the client and proves nothing.
+    for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+        if not _trusted(hop, trusted_proxies):
+            try:
+                return str(ipaddress.ip_address(hop))
+            except ValueError:
+                return peer  # garbage where an address should be: fall back to the proxy itself
+    return peer
+
+
+def identify(request, token: object, issuer: IdentityIssuer, trusted_proxies=()) -> Caller:
+    """The caller of a page event; raises IdentityRequired when an anonymous caller has no valid token."""
+    address = client_address(request, trusted_proxies)
     username = getattr(request, "username", None) if request is not None else None
-    session_hash = getattr(request, "session_hash", None) if request is not None else None
-    return resolve_user_id(username, browser_id, session_hash)
+    if username:
+        return Caller(f"user:{username}", f"login:{username}", address)
+    ident = issuer.verify(token)
+    if ident is None:
+        raise IdentityRequired()
+    return Caller(f"anon:{ident}", f"addr:{address}", address)
+
+
+def issuer_for(config, client, log=None) -> IdentityIssuer:
+    """The issuer for this page: the operator's key, else the one kept in Redis, else (Redis down at start)
+    a random key for this process only, with a warning that identities will not survive a restart."""
+    if config.identity_key:
+        return IdentityIssuer(config.identity_key.encode())
+    try:
+        return IdentityIssuer(client.identity_key())
+    except Exception:
+        if log is not None:
+            log.warning("Redis unreachable at start: anonymous identities use a per-process key until restart")
+        return IdentityIssuer(secrets.token_bytes(32))

@@ -4,15 +4,21 @@ Gradio's concurrency is configured explicitly here: answer streams have no per-e
 (``concurrency_limit=None`` in ``ui.app`` and ``default_concurrency_limit=None`` below), so users are never
 serialised behind each other; ``max_threads`` bounds how many run at once and ``max_size`` how many more
 may wait in Gradio's queue before new ones are told the page is busy.
+
+Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
+cache is cleaned on a schedule (``ui.app``), ``/metrics`` needs a bearer token (``ui.ops``), and the client
+address is the socket peer unless the operator names trusted proxies.
 """
 from __future__ import annotations
+
+from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
-from ui.ops import ops_routes
+from ui.ops import LoginRequired, ops_routes
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -43,10 +49,10 @@ def build(config, client=None):
         auth=list(config.auth) or None,
         auth_message="Sign in to Owlet." if config.auth else None,
         max_threads=config.max_threads,
-        # Gradio's hard cap protects the disk; it sits above our own limit so that a merely too-big image
-        # gets our clear chat message ("the limit is 10 MB") rather than Gradio's generic upload error.
-        max_file_size=4 * config.max_upload_bytes,
-        app_kwargs={"routes": ops_routes(client, metrics)},
+        # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
+        max_file_size=config.max_upload_bytes,
+        app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
+                    "middleware": [Middleware(LoginRequired)] if config.auth else []},
         show_error=False,
         quiet=True,
         footer_links=[],
@@ -59,8 +65,12 @@ def build(config, client=None):
 def serve(config, block: bool = True, client=None):
     """Launch the page; prints the local URL (and the share link, or why there is none)."""
     if config.secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
-        print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own so "
-              "browser ids cannot be forged by someone who read this code.", flush=True)
+        print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own. (Identities "
+              "are signed with OWLET_UI_IDENTITY_KEY or a key kept in Redis, not with this.)", flush=True)
+    if config.share and not config.trusted_proxies:
+        print("Owlet UI: note: behind the share link every visitor arrives from 127.0.0.1 (Gradio's tunnel), so "
+              "they all count as one client address for fairness and per-address limits. See README "
+              '"Running it in public" (OWLET_UI_TRUSTED_PROXIES).', flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
     page.launch(prevent_thread_lock=True, **launch_kwargs)
     print(f"Owlet UI: {page.local_url}", flush=True)

@@ -1,19 +1,28 @@
 """Check an uploaded image at the edge, before it reaches Redis, and normalise it.
 
 In order: byte size, then the container type (sniffed from the bytes, not the file name), then the pixel
-count read from the header (so a decompression bomb is refused before it is decoded), then a full decode,
-EXIF orientation, conversion to RGB, and a downscale to the configured longest side. The result is PNG
-bytes, the form the worker stores under its sha256.
+count read from the header (so a decompression bomb is refused before it is decoded), then a full decode
+(JPEGs at a reduced scale when they will be downscaled anyway), EXIF orientation, conversion to RGB, and a
+downscale to the configured longest side.
+
+What is stored is compact: the original bytes when they already pass every check and need no change
+(a PNG, JPEG or WebP the model can read as it is), otherwise the normalised image re-encoded (JPEG for
+photos that were JPEGs, PNG for the rest). Decoding costs CPU and memory, so the page runs it in a pool of
+its own (``DecodePool``), never in the thread pool that every handler shares.
 
 Every refusal raises ``UploadRejected`` whose ``user_message`` says what was wrong and what to do.
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ui.client_gate import AddressSlots
 
 
 class UploadRejected(ValueError):
@@ -39,11 +48,19 @@ class UploadLimits:
 
 @dataclass(frozen=True)
 class CheckedImage:
-    png_bytes: bytes
+    data: bytes  # what to store: the original bytes, or the normalised image re-encoded
+    format: str  # the format of ``data``
     width: int
     height: int
     source_format: str
     downscaled: bool
+    kept_original: bool
+
+
+# Stored as uploaded when nothing needs changing: formats the worker decodes directly, modes without alpha.
+_KEEPABLE_FORMATS = ("PNG", "JPEG", "WEBP")
+_KEEPABLE_MODES = ("RGB", "L")
+_EXIF_ORIENTATION = 0x0112
 
 
 def _mb(n: int) -> str:
@@ -89,8 +106,16 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
         raise UploadRejected("The image has no pixels.")
     if width * height > limits.max_pixels:
         raise UploadRejected(_too_many_pixels_message((width, height), limits))
+    downscaled = max(width, height) > limits.max_side
     try:
+        rotated = image.getexif().get(_EXIF_ORIENTATION, 1) not in (0, 1)
+        if fmt == "JPEG" and downscaled:
+            # Decode at 1/2, 1/4 or 1/8 scale straight from the DCT: a fraction of the pixels and the time.
+            image.draft(image.mode if image.mode in ("RGB", "L") else "RGB", (limits.max_side, limits.max_side))
         image.load()  # full decode: catches truncated or corrupt pixel data
+        keep = (fmt in _KEEPABLE_FORMATS and image.mode in _KEEPABLE_MODES and not downscaled and not rotated)
+        if keep:
+            return CheckedImage(data, fmt, width, height, fmt, False, True)
         image = ImageOps.exif_transpose(image)  # phones store rotation in EXIF; the model must see it upright
         image = _to_rgb(image)
     except UploadRejected:
@@ -98,17 +123,37 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     except Exception:
         raise UploadRejected("The image file is damaged or incomplete and could not be decoded. "
                              "Please upload it again or try another image.") from None
-    downscaled = max(image.size) > limits.max_side
-    if downscaled:
+    if max(image.size) > limits.max_side:
         image.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
     out = io.BytesIO()
-    image.save(out, format="PNG", optimize=False)
-    return CheckedImage(out.getvalue(), image.width, image.height, fmt, downscaled)
+    stored = "JPEG" if fmt == "JPEG" else "PNG"
+    image.save(out, format=stored, **({"quality": 90} if stored == "JPEG" else {"optimize": False}))
+    return CheckedImage(out.getvalue(), stored, image.width, image.height, fmt, downscaled, False)
 
 
 def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
     """Read and check an uploaded file by path (what Gradio hands the page)."""
     return check_image(read_upload(path, limits), limits)
+
+
+class DecodePool:
+    """Image checks run here: a bounded pool of their own, plus a per-address limit on decodes at once.
+
+    A decompression-heavy upload then slows only other uploads, never the handlers streaming answers.
+    """
+
+    def __init__(self, workers: int, per_address: int):
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="owlet-decode")
+        self.slots = AddressSlots(per_address, "Another image from your network is still being checked. "
+                                               "Wait a moment, then send yours again.")
+
+    async def check(self, path: str, limits: UploadLimits, address: str) -> CheckedImage:
+        """Check one upload for ``address``; raises UploadRejected, or SlotRefused when it has too many going."""
+        with self.slots.hold(address):
+            return await asyncio.get_running_loop().run_in_executor(self._pool, check_upload, path, limits)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

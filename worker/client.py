@@ -5,8 +5,10 @@ streams. Errors raised to callers are ``worker.errors.OwletError`` subclasses ca
 """
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import redis
 
@@ -21,6 +23,14 @@ from worker.images import ImageStore
 from worker.jobs import Job, Message
 from worker.keys import Keys
 from worker.streams import TERMINAL, read_events
+
+@dataclass(frozen=True)
+class Submitted:
+    """What an admitted turn created: its job, its conversation (new or given) and its image's sha256."""
+    job: str
+    conv: str
+    image_sha: str | None
+
 
 class OwletClient:
     def __init__(self, redis_url: str | None = None, settings: Settings | None = None):
@@ -59,9 +69,22 @@ class OwletClient:
     # -- jobs ----------------------------------------------------------------------------------------------
     def submit_turn(self, user_id: str, conv: str, text: str, image_sha: str | None = None,
                     sampling: dict | None = None) -> str:
-        """Append the user's turn and enqueue a fair job; returns the job id."""
+        """Append the user's turn to an existing conversation and enqueue a fair job; returns the job id."""
+        return self.submit(user_id, conv, text, image_sha=image_sha, sampling=sampling).job
+
+    def submit(self, user_id: str, conv: str | None, text: str, image: bytes | None = None,
+               image_sha: str | None = None, sampling: dict | None = None, group: str | None = None) -> "Submitted":
+        """Admit one turn: check every limit first, then store the new image (``image`` bytes), create the
+        conversation (``conv`` None), append the turn and enqueue the job, all in one atomic step.
+
+        ``group`` is the client group for fairness and per-address limits (the page passes the client's
+        address, or the login); it defaults to ``user_id``. A refused turn raises an ``OwletError`` and
+        leaves nothing stored. ``image_sha`` refers to an image stored by an earlier turn (retry, edit).
+        """
         s = self.settings
         _check_user(user_id)
+        if group is not None:
+            _check_user(group)
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("Please type a question.")
         if len(text) > s.turn_max_chars:
@@ -70,22 +93,26 @@ class OwletClient:
             SamplingParams.from_dict(sampling)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"Invalid generation settings: {exc}") from None
-        if image_sha is not None:
-            if not self.images.exists(image_sha):
-                raise ImageMissing()
-            self.images.touch(image_sha)
-        self.convs.check_owner(user_id, conv)
-        past = self.convs.turns(conv)
+        if image is not None:
+            image_sha = self.images.check(image)
+        elif image_sha is not None and not self.images.exists(image_sha):
+            raise ImageMissing()
+        new_conv = conv is None
+        if new_conv:
+            conv, past = self.convs.new_id(), []
+        else:
+            self.convs.check_owner(user_id, conv)
+            past = self.convs.turns(conv)
         messages = tuple(Message(t["role"], t["text"], t.get("image_sha")) for t in past)
         messages += (Message("user", text, image_sha),)
         if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
             raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
         job_id = Dispatcher.new_job_id()
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
-        self.dispatcher.enqueue(job, turn_json("user", text, image_sha, job_id))
-        self.convs.refresh(conv)
+        self.dispatcher.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,
+                                image=image, image_sha=image_sha)
         self.dispatcher.dispatch()
-        return job_id
+        return Submitted(job_id, conv, image_sha)
 
     def events(self, job_id: str, last_id: str = "0") -> Iterator[tuple[str, dict]]:
         """Yield ``(stream_id, event)`` from ``last_id`` (replaying everything from "0") until a terminal event.
@@ -120,6 +147,21 @@ class OwletClient:
 
     def queue_position(self, job_id: str) -> int | None:
         return self.dispatcher.position(job_id)
+
+    def eta_s(self, position: int | None) -> float | None:
+        """Seconds until a job at ``position`` should start (the one queue ETA; None while unknown)."""
+        return self.dispatcher.eta_s(position)
+
+    def queue_stats(self) -> dict:
+        """Queue aggregates for operators: queued, waiting_clients, oldest_wait_s, in_flight."""
+        return self.dispatcher.queue_stats()
+
+    def identity_key(self) -> bytes:
+        """The server-only key that signs anonymous identities when the operator configured none: made once,
+        kept in Redis (so every UI replica and restart agrees), never sent to a browser."""
+        key = self.keys.identity_key
+        self.r.set(key, secrets.token_hex(32), nx=True)
+        return self.r.get(key)
 
     def job_state(self, job_id: str) -> str | None:
         """queued, dispatched, started, done, error, cancelled; None when unknown or expired."""

@@ -19,6 +19,14 @@ class Settings:
     fifo: bool = False  # True disables fair queuing (one shared FIFO); only the fairness benchmark uses it
     user_queue_cap: int = 8  # queued (not yet dispatched) jobs per user
     global_queue_cap: int = 200  # queued jobs in total
+    # Per client group (an address, or a login): queued plus running jobs, and admitted turns per window.
+    group_job_cap: int = 8
+    group_submit_limit: int = 30
+    group_submit_window_s: int = 60
+    # Bytes of new images stored per identity and per group within image_ttl_s (admission refuses beyond).
+    image_quota_user_bytes: int = 64 * 1024 * 1024
+    image_quota_group_bytes: int = 256 * 1024 * 1024
+    holder_ttl_s: int = 24 * 3600  # how long the worker that ran a conversation's last turn stays its holder
     queue_timeout_s: float = 300.0  # a job that cannot start within this ends with an error
     job_deadline_s: float = 300.0  # wall-clock budget for generation once started
     image_ttl_s: int = 24 * 3600
@@ -53,6 +61,7 @@ class Settings:
 
     def __post_init__(self):
         assert self.user_queue_cap >= 1 and self.global_queue_cap >= 1, "queue caps must be positive"
+        assert self.group_job_cap >= 1 and self.group_submit_limit >= 1, "per-group limits must be positive"
         assert self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval"
         assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"
         assert self.max_attempts >= 1, "max_attempts must be at least 1"

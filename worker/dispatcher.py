@@ -21,48 +21,64 @@ from celery.utils.nodenames import worker_direct
 
 from worker import heartbeat
 from worker.config import Settings
-from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UserCapReached
+from worker.errors import (ClientBusy, ConversationBusy, NotYourConversation, QuotaExceeded, RateLimited,
+                           ServiceBusy, UserCapReached)
 from worker.jobs import Job
 from worker.keys import Keys
 from worker.lua import Scripts
 
 RUN_JOB_TASK = "owlet.run_job"
-FIFO_QUEUE_USER = "*fifo*"  # the single shared queue of the FIFO baseline
+FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
+# SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
+REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
+            -7: QuotaExceeded, -8: QuotaExceeded}
 
 
 class Dispatcher:
     def __init__(self, r: redis.Redis, settings: Settings, celery_app: Celery):
         self.r, self.settings, self.celery = r, settings, celery_app
         self.keys = Keys(settings.key_prefix)
-        self.scripts = Scripts(r, settings.key_prefix)
+        self.scripts = Scripts(r, self.keys)
 
     # -- enqueue -------------------------------------------------------------------------------------------
-    def enqueue(self, job: Job, turn_json: str | None) -> int:
-        """Store ``job`` and put it in its user's queue; returns its position.
+    def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
+                image: bytes | None = None, image_sha: str | None = None) -> int:
+        """Admit ``job`` and store everything it needs in one atomic step; returns its queue position.
 
-        With ``turn_json`` the user's turn is appended to the conversation in the same atomic step,
-        after checking ownership and that no earlier turn is still pending.
+        Every cap, rate limit and quota is checked before anything is written, so a refused turn leaves
+        nothing behind: not its image, not its conversation, not its turn. With ``turn_json`` the user's
+        turn is appended to the conversation (created when ``new_conv``), after checking ownership and that
+        no earlier turn is still pending. ``group`` is the client's address (or login); it defaults to the
+        user, so callers without addresses get one group per user.
         """
-        return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json)
+        return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json, group=group,
+                                new_conv=new_conv, image=image, image_sha=image_sha)
 
-    def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None) -> int:
+    def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None,
+                    group: str | None = None, new_conv: bool = False, image: bytes | None = None,
+                    image_sha: str | None = None) -> int:
         """Enqueue an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests."""
-        s = self.settings
-        quser = FIFO_QUEUE_USER if s.fifo else user
+        s, k = self.settings, self.keys
+        group = group or user
+        quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
         ttl = int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s)
         per_position = self.seconds_per_position()
-        (code,) = self.scripts.call(self.scripts.submit, job_id, user, quser, conv, payload, repr(time.time()),
-                                    s.user_queue_cap, s.global_queue_cap, s.stream_maxlen, ttl, turn_json or "",
-                                    "" if per_position is None else repr(per_position))
+        extra = [k.job(job_id), k.stream(job_id), k.conversation(conv), k.turns(conv), k.image(image_sha or ""),
+                 k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group)]
+        try:
+            (code,) = self.scripts.call(
+                self.scripts.submit, job_id, user, quser, group, qgroup, conv, "1" if new_conv else "0", payload,
+                repr(time.time()), s.user_queue_cap, s.group_job_cap, s.global_queue_cap, s.stream_maxlen, ttl,
+                turn_json or "", "" if per_position is None else repr(per_position), s.history_ttl_s,
+                bytes(image) if image else b"", s.image_ttl_s, s.image_quota_user_bytes, s.image_quota_group_bytes,
+                s.group_submit_limit, s.group_submit_window_s, extra_keys=extra)
+        except redis.exceptions.OutOfMemoryError:  # Redis is full: the script was refused whole, nothing written
+            raise ServiceBusy() from None
         if code == -1:
             raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
                                  "finish, then ask again.")
-        if code == -2:
-            raise ServiceBusy()
-        if code == -3:
-            raise NotYourConversation()
-        if code == -4:
-            raise ConversationBusy()
+        if code in REFUSALS:
+            raise REFUSALS[code]()
         return int(code)
 
     @staticmethod
@@ -121,6 +137,7 @@ class Dispatcher:
         return float(service) / capacity if capacity else None
 
     def eta_s(self, position: int | None) -> float | None:
+        """The one queue ETA: seconds until a job at ``position`` should start (None while unknown)."""
         per_position = self.seconds_per_position()
         return None if position is None or per_position is None else round(position * per_position, 1)
 
@@ -131,6 +148,18 @@ class Dispatcher:
 
     def queued_total(self) -> int:
         return int(self.r.get(self.keys.queued_count) or 0)
+
+    def queue_stats(self, now: float | None = None) -> dict:
+        """Aggregates only (no identities, no addresses): what /metrics may show about the queue."""
+        now = time.time() if now is None else now
+        with self.r.pipeline(transaction=False) as p:
+            p.get(self.keys.queued_count)
+            p.llen(self.keys.ring)
+            p.zrange(self.keys.queued_since, 0, 0, withscores=True)
+            p.zcard(self.keys.inflight)
+            queued, groups, oldest, inflight = p.execute()
+        return {"queued": int(queued or 0), "waiting_clients": int(groups),
+                "oldest_wait_s": max(0.0, now - oldest[0][1]) if oldest else 0.0, "in_flight": int(inflight)}
 
     def affinity_stats(self) -> dict:
         raw = self.r.hgetall(self.keys.stats)
@@ -150,7 +179,8 @@ class Dispatcher:
         s = self.settings
         data.setdefault("t", time.time())
         done = self.scripts.call(self.scripts.finish, job_id, event_type, json.dumps(data), answer_turn or "",
-                                 s.stream_ttl_s, s.stream_maxlen, holder or "", only_state, only_worker)
+                                 s.stream_ttl_s, s.stream_maxlen, holder or "", only_state, only_worker,
+                                 s.holder_ttl_s)
         return bool(done)
 
     def claim(self, job_id: str, dispatch_n: int, worker: str) -> bool:

@@ -39,3 +39,19 @@ class InvalidInput(OwletError):
 
 class UnknownJob(OwletError):
     user_message = "This answer is no longer available (unknown or expired job)."
+
+
+class ClientBusy(OwletError):
+    """Too many questions waiting or running from one client address (or one login)."""
+
+    user_message = ("Too many questions from your network are waiting or being answered. Wait for one to finish, "
+                    "then ask again.")
+
+
+class RateLimited(OwletError):
+    user_message = "Too many questions from your network in a short time. Please wait a minute, then ask again."
+
+
+class QuotaExceeded(OwletError):
+    user_message = ("You have uploaded too many images recently. Ask about an image you already sent, or try "
+                    "again later.")

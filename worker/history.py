@@ -19,8 +19,13 @@ class ConversationStore:
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int):
         self.r, self.keys, self.ttl_s = r, keys, ttl_s
 
+    @staticmethod
+    def new_id() -> str:
+        """A fresh conversation id; the conversation exists once a turn in it is admitted."""
+        return uuid.uuid4().hex
+
     def create(self, user: str) -> str:
-        conv = uuid.uuid4().hex
+        conv = self.new_id()
         key = self.keys.conversation(conv)
         with self.r.pipeline() as p:
             p.hset(key, mapping={"user": user, "created": time.time()})

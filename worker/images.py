@@ -19,7 +19,18 @@ class ImageStore:
         self.r, self.keys, self.ttl_s, self.max_bytes = r, keys, ttl_s, max_bytes
 
     def put(self, data: bytes) -> str:
-        """Validate and store ``data``; returns its sha256. Storing the same bytes twice only refreshes the TTL."""
+        """Validate and store ``data``; returns its sha256. Storing the same bytes twice only refreshes the TTL.
+
+        The page does not use this: it stores an image only as part of an admitted turn (``Dispatcher.enqueue``).
+        """
+        sha = self.check(data)
+        key = self.keys.image(sha)
+        if not self.r.set(key, bytes(data), ex=self.ttl_s, nx=True):
+            self.r.expire(key, self.ttl_s)
+        return sha
+
+    def check(self, data: bytes) -> str:
+        """Validate ``data`` as an image Owlet can store (size, header) without storing it; returns its sha256."""
         if not isinstance(data, (bytes, bytearray)) or not data:
             raise InvalidInput("The upload is empty. Please choose an image file.")
         if len(data) > self.max_bytes:
@@ -30,11 +41,7 @@ class ImageStore:
                 img.verify()
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise InvalidInput("The file is not an image Owlet can read (use PNG, JPEG or WebP).") from exc
-        sha = hashlib.sha256(data).hexdigest()
-        key = self.keys.image(sha)
-        if not self.r.set(key, bytes(data), ex=self.ttl_s, nx=True):
-            self.r.expire(key, self.ttl_s)
-        return sha
+        return hashlib.sha256(data).hexdigest()
 
     def exists(self, sha: str) -> bool:
         return isinstance(sha, str) and bool(SHA256_RE.match(sha)) and bool(self.r.exists(self.keys.image(sha)))
@@ -52,6 +59,8 @@ class ImageStore:
             raise ImageMissing()
         try:
             img = Image.open(io.BytesIO(data))
+            if img.format == "JPEG":
+                img.draft("RGB", (max_side, max_side))  # decode at a reduced scale: no full-size pixels
             img = img.convert("RGB")
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise InvalidInput("The stored image could not be decoded. Please upload it again.") from exc

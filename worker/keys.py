@@ -1,7 +1,15 @@
-"""Every Redis key Owlet uses, in one place, under one prefix."""
+"""Every Redis key Owlet uses, in one place, under one prefix.
+
+Lua scripts get their keys from here too: fixed keys through ``KEYS`` (``Keys.script_keys``), and the
+prefixes of per-job, per-user and per-conversation keys that only a script can know (the next user in the
+ring, a job's conversation) through ``Keys.script_names``, so no script spells a key name itself.
+"""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+TURNS_SUFFIX = ":turns"
 
 
 @dataclass(frozen=True)
@@ -17,7 +25,7 @@ class Keys:
 
     def turns(self, conv: str) -> str:
         """List of JSON turns {role, text, image_sha}."""
-        return f"{self.prefix}conv:{conv}:turns"
+        return f"{self.conversation(conv)}{TURNS_SUFFIX}"
 
     def job(self, job_id: str) -> str:
         """Hash: payload (JSON) and state fields."""
@@ -30,16 +38,41 @@ class Keys:
         return f"{self.prefix}cancel:{job_id}"
 
     def user_queue(self, user: str) -> str:
+        """List of one identity's waiting job ids."""
         return f"{self.prefix}uq:{user}"
+
+    def group_queue(self, group: str) -> str:
+        """List of the identities of one client group (an address, or a login) with waiting jobs, round robin."""
+        return f"{self.prefix}gq:{group}"
 
     @property
     def ring(self) -> str:
-        """List of users with waiting jobs, in round-robin order."""
+        """List of client groups with waiting jobs, in round-robin order."""
         return f"{self.prefix}ring"
+
+    @property
+    def served(self) -> str:
+        """Set of groups with jobs in flight (or served this round): a group that starts waiting goes first."""
+        return f"{self.prefix}served"
 
     @property
     def queued_count(self) -> str:
         return f"{self.prefix}queued"
+
+    @property
+    def queued_by_user(self) -> str:
+        """Hash identity -> queued jobs (the per-identity cap)."""
+        return f"{self.prefix}queued_by_user"
+
+    @property
+    def queued_by_group(self) -> str:
+        """Hash group -> queued jobs (with ``inflight_by_group``: the per-address cap)."""
+        return f"{self.prefix}queued_by_group"
+
+    @property
+    def inflight_by_group(self) -> str:
+        """Hash group -> dispatched or running jobs."""
+        return f"{self.prefix}inflight_by_group"
 
     @property
     def queued_since(self) -> str:
@@ -67,6 +100,23 @@ class Keys:
         """Name of the worker that ran the conversation's last turn (holds its KV cache)."""
         return f"{self.prefix}holder:{conv}"
 
+    def image_quota(self, owner: str) -> str:
+        """Bytes of images stored for one identity (``u:<id>``) or one group (``g:<group>``) in the quota window."""
+        return f"{self.prefix}quota:{owner}"
+
+    def submit_rate(self, group: str) -> str:
+        """Turns admitted for one group in the current rate-limit window."""
+        return f"{self.prefix}rate:{group}"
+
+    @property
+    def identity_key(self) -> str:
+        """The server-only key that signs anonymous identities when none is configured (never sent out)."""
+        return f"{self.prefix}ui:identity_key"
+
+    @property
+    def sweep_lock(self) -> str:
+        return f"{self.prefix}sweep_lock"
+
     @property
     def stats(self) -> str:
         """Hash of counters: affinity_hits, affinity_misses, redispatched, reaped."""
@@ -80,3 +130,15 @@ class Keys:
     @property
     def celery_queue(self) -> str:
         return f"{self.prefix}jobs"
+
+    # -- for Lua scripts -------------------------------------------------------------------------------------
+    def script_keys(self) -> list[str]:
+        """The fixed keys every script receives as KEYS[1..n], in the order ``worker.lua`` names them."""
+        return [self.ring, self.served, self.queued_count, self.queued_by_user, self.queued_by_group,
+                self.inflight_by_group, self.queued_since, self.inflight]
+
+    def script_names(self) -> str:
+        """JSON of the key prefixes a script needs for keys it discovers while running (ARGV[1])."""
+        return json.dumps({"uq": self.user_queue(""), "gq": self.group_queue(""), "job": self.job(""),
+                           "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
+                           "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel("")})

@@ -5,229 +5,311 @@ without losing or duplicating a job. Each script is one atomic step of the job l
                   ^                                |          |
                   +------------ requeue -----------+----------+   (worker died: once, then finish error)
 
-Key names are built inside the scripts from the prefix, because per-user queue keys are only known there.
+The queue has two levels. The ring holds client *groups* (a client address, or a login); each group's list
+holds its *identities* with waiting jobs; each identity has its own list of jobs. POP takes the next group,
+its next identity, and that identity's oldest job, so fifty identities made up at one address get one
+address's share.
+
+Key names come from ``worker.keys``: the fixed ones through KEYS, the prefixes of keys only a script can
+discover (a job's conversation, the next identity's queue) as JSON in ARGV[1]. Every other ARGV is data.
+
+Scripts start with a ``#!lua`` shebang, which makes Redis refuse SUBMIT whole when it is out of memory
+(the user sees "busy" and nothing is half-written); the scripts that end or move jobs already admitted
+carry ``allow-oom``, so a full Redis never strands a job.
 """
 from __future__ import annotations
 
 import redis
 
-# Shared helpers, prepended to each script. P is the key prefix (ARGV[1] in every script).
+from worker.keys import Keys
+
+_ADMIT = "#!lua\n"  # refused as a whole when Redis is over maxmemory
+_ALWAYS = "#!lua flags=allow-oom\n"  # finishing and moving admitted jobs must work even then
+
+# Shared helpers, appended after the shebang of each script.
 _COMMON = r"""
-local P = ARGV[1]
-local function uq(user) return P .. 'uq:' .. user end
+local N = cjson.decode(ARGV[1])
+local RING, SERVED, QUEUED, QUEUED_BY_USER, QUEUED_BY_GROUP = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local INFLIGHT_BY_GROUP, QUEUED_SINCE, INFLIGHT = KEYS[6], KEYS[7], KEYS[8]
+local function uq(q) return N.uq .. q end
+local function gq(g) return N.gq .. g end
 local function xadd(job, etype, data, maxlen)
-  return redis.call('XADD', P .. 'stream:' .. job, 'MAXLEN', '~', maxlen, '*', 'type', etype, 'data', data)
+  return redis.call('XADD', N.stream .. job, 'MAXLEN', '~', maxlen, '*', 'type', etype, 'data', data)
 end
--- 1-based position of job under round robin: users ahead in the ring contribute up to i+1 jobs,
--- users behind contribute up to i, where i is the job's index in its own user's queue.
-local function position(job, user)
-  local i = redis.call('LPOS', uq(user), job)
-  if not i then return false end
-  local ring = redis.call('LRANGE', P .. 'ring', 0, -1)
-  local pos, before = 1 + i, true
-  for _, u in ipairs(ring) do
-    if u == user then before = false
-    else
-      local n = redis.call('LLEN', uq(u))
-      if before then pos = pos + math.min(n, i + 1) else pos = pos + math.min(n, i) end
+local function hdecr(key, field)
+  if tonumber(redis.call('HINCRBY', key, field, -1)) <= 0 then redis.call('HDEL', key, field) end
+end
+-- 1-based position of job in the order POP would serve the queue now: a walk over the two-level ring.
+local function position(job, q)
+  local idx = redis.call('LPOS', uq(q), job)
+  if not idx then return false end
+  local groups, inner, left, taken = redis.call('LRANGE', RING, 0, -1), {}, {}, 0
+  local gi, n = 1, #groups
+  for _, g in ipairs(groups) do
+    inner[g] = {items = redis.call('LRANGE', gq(g), 0, -1), head = 1}
+    for _, who in ipairs(inner[g].items) do left[who] = redis.call('LLEN', uq(who)) end
+  end
+  local pos = 0
+  while gi <= n do
+    local g = groups[gi]; gi = gi + 1
+    local ring = inner[g]
+    local who = ring.items[ring.head]; ring.head = ring.head + 1
+    if who then
+      pos = pos + 1
+      if who == q then
+        if taken == idx then return pos end
+        taken = taken + 1
+      end
+      left[who] = left[who] - 1
+      if left[who] > 0 then table.insert(ring.items, who) end
+      if ring.head <= #ring.items then n = n + 1; groups[n] = g end
     end
   end
-  return pos
+  return pos + 1
 end
--- 'served' holds users with jobs in flight (or served this round): a user who starts waiting goes ahead
--- of all of them, in arrival order, so a light user never waits behind a round of a heavy user's jobs.
-local function unmark_if_idle(quser)
-  if redis.call('HEXISTS', P .. 'inflight_by_user', quser) == 0 and redis.call('LLEN', uq(quser)) == 0 then
-    redis.call('SREM', P .. 'served', quser)
+-- 'served' holds groups with jobs in flight (or served this round): a group that starts waiting goes ahead
+-- of all of them, in arrival order, so a light client never waits behind a round of a heavy client's jobs.
+local function unmark_if_idle(qg)
+  if redis.call('HEXISTS', INFLIGHT_BY_GROUP, qg) == 0 and redis.call('LLEN', gq(qg)) == 0 then
+    redis.call('SREM', SERVED, qg)
   end
 end
-local function leave_ring(quser)
-  redis.call('LREM', P .. 'ring', 0, quser)
-  unmark_if_idle(quser)
-end
-local function left_flight(quser)
-  if tonumber(redis.call('HINCRBY', P .. 'inflight_by_user', quser, -1)) <= 0 then
-    redis.call('HDEL', P .. 'inflight_by_user', quser)
-  end
-  unmark_if_idle(quser)
-end
-local function join_ring(quser)
-  local ring = redis.call('LRANGE', P .. 'ring', 0, -1)
-  for _, u in ipairs(ring) do
-    if redis.call('SISMEMBER', P .. 'served', u) == 1 then
-      redis.call('LINSERT', P .. 'ring', 'BEFORE', u, quser)
+local function join_ring(qg)
+  local ring = redis.call('LRANGE', RING, 0, -1)
+  for _, g in ipairs(ring) do
+    if redis.call('SISMEMBER', SERVED, g) == 1 then
+      redis.call('LINSERT', RING, 'BEFORE', g, qg)
       return
     end
   end
-  redis.call('RPUSH', P .. 'ring', quser)
+  redis.call('RPUSH', RING, qg)
 end
-local function unqueue(job, quser, user)
-  if redis.call('LREM', uq(quser), 1, job) > 0 then
-    redis.call('DECR', P .. 'queued')
-    if tonumber(redis.call('HINCRBY', P .. 'queued_by_user', user, -1)) <= 0 then
-      redis.call('HDEL', P .. 'queued_by_user', user)
+local function left_flight(group, qg)
+  hdecr(INFLIGHT_BY_GROUP, group)
+  unmark_if_idle(qg)
+end
+local function unqueue(job, q, qg, user, group)
+  if redis.call('LREM', uq(q), 1, job) > 0 then
+    redis.call('DECR', QUEUED)
+    hdecr(QUEUED_BY_USER, user)
+    hdecr(QUEUED_BY_GROUP, group)
+    if redis.call('LLEN', uq(q)) == 0 then
+      redis.call('LREM', gq(qg), 0, q)
+      if redis.call('LLEN', gq(qg)) == 0 then redis.call('LREM', RING, 0, qg) end
+      unmark_if_idle(qg)
     end
-    if redis.call('LLEN', uq(quser)) == 0 then leave_ring(quser) end
   end
-  redis.call('ZREM', P .. 'queued_since', job)
+  redis.call('ZREM', QUEUED_SINCE, job)
 end
-local function finish(job, etype, data, answer, stream_ttl, maxlen, holder)
-  local jk = P .. 'job:' .. job
+local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl)
+  local jk = N.job .. job
   local state = redis.call('HGET', jk, 'state')
   if state == 'done' or state == 'error' or state == 'cancelled' then return 0 end
-  local f = redis.call('HMGET', jk, 'user', 'conv', 'worker', 'qkey', 'turn')
-  if state == 'queued' then unqueue(job, f[4] or f[1] or '', f[1] or '') end
-  if (state == 'dispatched' or state == 'started') and f[4] then left_flight(f[4]) end
+  local f = redis.call('HMGET', jk, 'user', 'conv', 'worker', 'qkey', 'turn', 'group', 'qgroup')
+  local user, group = f[1] or '', f[6] or f[1] or ''
+  local q, qg = f[4] or user, f[7] or f[6] or f[4] or user
+  if state == 'queued' then unqueue(job, q, qg, user, group) end
+  if state == 'dispatched' or state == 'started' then left_flight(group, qg) end
   if f[2] then
-    local ck = P .. 'conv:' .. f[2]
-    local tk = P .. 'conv:' .. f[2] .. ':turns'
+    local ck = N.conv .. f[2]
+    local tk = ck .. N.turns
     -- append only right after this job's own question: never twice, never after a truncate removed it
     local question = f[5] and redis.call('LINDEX', tk, tonumber(f[5]))
     if etype == 'done' and answer ~= '' and question and redis.call('LLEN', tk) == tonumber(f[5]) + 1
        and string.find(question, job, 1, true) then
       redis.call('RPUSH', tk, answer)
-      if holder ~= '' then redis.call('SET', P .. 'holder:' .. f[2], holder, 'EX', 86400) end
+      if holder ~= '' then redis.call('SET', N.holder .. f[2], holder, 'EX', holder_ttl) end
     end
     if redis.call('HGET', ck, 'pending') == job then redis.call('HDEL', ck, 'pending') end
   end
-  if f[3] then redis.call('SREM', P .. 'running:' .. f[3], job) end
-  redis.call('ZREM', P .. 'inflight', job)
-  redis.call('ZREM', P .. 'queued_since', job)
-  redis.call('DEL', P .. 'cancel:' .. job)
+  if f[3] then redis.call('SREM', N.running .. f[3], job) end
+  redis.call('ZREM', INFLIGHT, job)
+  redis.call('ZREM', QUEUED_SINCE, job)
+  redis.call('DEL', N.cancel .. job)
   redis.call('HSET', jk, 'state', etype)
   redis.call('EXPIRE', jk, stream_ttl)
   xadd(job, etype, data, maxlen)
-  redis.call('EXPIRE', P .. 'stream:' .. job, stream_ttl)
+  redis.call('EXPIRE', N.stream .. job, stream_ttl)
   return 1
 end
 """
 
-# KEYS: none. ARGV: prefix, job, user, qkey_user, conv, payload, now, user_cap, global_cap, maxlen,
-#   stream_ttl, turn_json ('' = no conversation checks: raw jobs), seconds_per_position (for eta_s; '' = unknown)
-SUBMIT = _COMMON + r"""
-local job, user, quser, conv, payload, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local user_cap, global_cap, maxlen, ttl, turn = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10], ARGV[11], ARGV[12]
-local ck = P .. 'conv:' .. conv
+# Admission and storage in one step: every check comes before the first write, so a refused turn creates
+# nothing (no image, no conversation, no turn). KEYS[9..16]: job, stream, conv, turns, image, quota of the
+# identity, quota of the group, submit rate of the group.
+# ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
+#   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
+#   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s
+# Returns {position} or {negative code} (see ``Dispatcher.REFUSALS``).
+SUBMIT = _ADMIT + _COMMON + r"""
+local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local job, user, q, group, qg, conv, new_conv = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local payload, now = ARGV[9], ARGV[10]
+local user_cap, group_cap, global_cap = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local maxlen, ttl, turn, per_pos, conv_ttl = ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]
+local image, image_ttl, user_quota, group_quota = ARGV[19], ARGV[20], tonumber(ARGV[21]), tonumber(ARGV[22])
+local rate_max, rate_window = tonumber(ARGV[23]), ARGV[24]
 if turn ~= '' then
-  if redis.call('HGET', ck, 'user') ~= user then return {-3} end
-  local pending = redis.call('HGET', ck, 'pending')
-  if pending then
-    local st = redis.call('HGET', P .. 'job:' .. pending, 'state')
-    if st == 'queued' or st == 'dispatched' or st == 'started' then return {-4} end
+  if new_conv == '1' then
+    if redis.call('EXISTS', CK) == 1 then return {-3} end
+  else
+    if redis.call('HGET', CK, 'user') ~= user then return {-3} end
+    local pending = redis.call('HGET', CK, 'pending')
+    if pending then
+      local st = redis.call('HGET', N.job .. pending, 'state')
+      if st == 'queued' or st == 'dispatched' or st == 'started' then return {-4} end
+    end
   end
 end
--- the per-user cap counts this user's queued jobs even in FIFO mode, where they share one list
-local mine = tonumber(redis.call('HGET', P .. 'queued_by_user', user) or '0')
-if mine >= user_cap then return {-1} end
-if tonumber(redis.call('GET', P .. 'queued') or '0') >= global_cap then return {-2} end
-local jk = P .. 'job:' .. job
-if turn ~= '' then
-  redis.call('HSET', jk, 'turn', redis.call('RPUSH', ck .. ':turns', turn) - 1)
-  redis.call('HSET', ck, 'pending', job)
+if tonumber(redis.call('GET', RK) or '0') >= rate_max then return {-6} end
+-- the caps count real identities and groups even in FIFO mode, where everyone shares one list
+if tonumber(redis.call('HGET', QUEUED_BY_USER, user) or '0') >= user_cap then return {-1} end
+local group_load = tonumber(redis.call('HGET', QUEUED_BY_GROUP, group) or '0')
+                 + tonumber(redis.call('HGET', INFLIGHT_BY_GROUP, group) or '0')
+if group_load >= group_cap then return {-5} end
+if tonumber(redis.call('GET', QUEUED) or '0') >= global_cap then return {-2} end
+local new_image = image ~= '' and redis.call('EXISTS', IK) == 0
+if new_image then
+  if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
+  if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
 end
-redis.call('HSET', jk, 'payload', payload, 'user', user, 'qkey', quser, 'conv', conv, 'state', 'queued',
-           'enqueued_at', now, 'attempts', 0, 'dispatch_n', 0)
-redis.call('EXPIRE', jk, ttl)
-redis.call('HINCRBY', P .. 'queued_by_user', user, 1)
-if redis.call('RPUSH', uq(quser), job) == 1 then join_ring(quser) end
-redis.call('INCR', P .. 'queued')
-redis.call('ZADD', P .. 'queued_since', now, job)
-local pos = position(job, quser)
+-- admitted: from here on, only writes
+if redis.call('INCR', RK) == 1 then redis.call('EXPIRE', RK, rate_window) end
+if new_image then
+  redis.call('SET', IK, image, 'EX', image_ttl)
+  for _, qk in ipairs({QU, QG}) do
+    redis.call('INCRBY', qk, #image)
+    redis.call('EXPIRE', qk, image_ttl)
+  end
+elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
+  redis.call('EXPIRE', IK, image_ttl)
+end
+if turn ~= '' then
+  if new_conv == '1' then redis.call('HSET', CK, 'user', user, 'created', now) end
+  redis.call('HSET', JK, 'turn', redis.call('RPUSH', TK, turn) - 1)
+  redis.call('HSET', CK, 'pending', job)
+  redis.call('EXPIRE', CK, conv_ttl)
+  redis.call('EXPIRE', TK, conv_ttl)
+end
+redis.call('HSET', JK, 'payload', payload, 'user', user, 'qkey', q, 'group', group, 'qgroup', qg, 'conv', conv,
+           'state', 'queued', 'enqueued_at', now, 'attempts', 0, 'dispatch_n', 0)
+redis.call('EXPIRE', JK, ttl)
+redis.call('HINCRBY', QUEUED_BY_USER, user, 1)
+redis.call('HINCRBY', QUEUED_BY_GROUP, group, 1)
+if redis.call('RPUSH', uq(q), job) == 1 then
+  if redis.call('RPUSH', gq(qg), q) == 1 then join_ring(qg) end
+end
+redis.call('INCR', QUEUED)
+redis.call('ZADD', QUEUED_SINCE, now, job)
+local pos = position(job, q)
 local eta = 'null'
-if ARGV[13] ~= '' then eta = string.format('%.1f', pos * tonumber(ARGV[13])) end
+if per_pos ~= '' then eta = string.format('%.1f', pos * tonumber(per_pos)) end
 xadd(job, 'queued', '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', maxlen)
-redis.call('EXPIRE', P .. 'stream:' .. job, ttl)
+redis.call('EXPIRE', SK, ttl)
 return {pos}
 """
 
-# ARGV: prefix, capacity, now. Returns {job, dispatch_n, conv} or nil when nothing waits or no slot is free.
-POP = _COMMON + r"""
+# ARGV: names, capacity, now. Returns {job, dispatch_n, conv} or nil when nothing waits or no slot is free.
+POP = _ALWAYS + _COMMON + r"""
 local capacity, now = tonumber(ARGV[2]), ARGV[3]
-if redis.call('ZCARD', P .. 'inflight') >= capacity then return nil end
+if redis.call('ZCARD', INFLIGHT) >= capacity then return nil end
 while true do
-  local quser = redis.call('LPOP', P .. 'ring')
-  if not quser then return nil end
-  local job = redis.call('LPOP', uq(quser))
-  if redis.call('LLEN', uq(quser)) > 0 then redis.call('RPUSH', P .. 'ring', quser) end
+  local qg = redis.call('LPOP', RING)
+  if not qg then return nil end
+  local q = redis.call('LPOP', gq(qg))
+  local job = q and redis.call('LPOP', uq(q))
+  if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
+  if redis.call('LLEN', gq(qg)) > 0 then redis.call('RPUSH', RING, qg) end
   if job then
-    redis.call('DECR', P .. 'queued')
-    redis.call('ZREM', P .. 'queued_since', job)
-    local jk = P .. 'job:' .. job
-    local user = redis.call('HGET', jk, 'user')
-    if user and tonumber(redis.call('HINCRBY', P .. 'queued_by_user', user, -1)) <= 0 then
-      redis.call('HDEL', P .. 'queued_by_user', user)
-    end
+    redis.call('DECR', QUEUED)
+    redis.call('ZREM', QUEUED_SINCE, job)
+    local jk = N.job .. job
+    local f = redis.call('HMGET', jk, 'user', 'group')
+    if f[1] then hdecr(QUEUED_BY_USER, f[1]) end
+    local group = f[2] or f[1]
+    if group then hdecr(QUEUED_BY_GROUP, group) end
     if redis.call('HGET', jk, 'state') == 'queued' then
-      redis.call('HINCRBY', P .. 'inflight_by_user', quser, 1)
-      redis.call('SADD', P .. 'served', quser)
+      redis.call('HINCRBY', INFLIGHT_BY_GROUP, group, 1)
+      redis.call('SADD', SERVED, qg)
       local n = redis.call('HINCRBY', jk, 'dispatch_n', 1)
       redis.call('HINCRBY', jk, 'attempts', 1)
       redis.call('HSET', jk, 'state', 'dispatched', 'dispatched_at', now, 'target', '')
-      redis.call('ZADD', P .. 'inflight', now, job)
+      redis.call('ZADD', INFLIGHT, now, job)
       return {job, n, redis.call('HGET', jk, 'conv') or ''}
     end
   end
 end
 """
 
-# ARGV: prefix, job, dispatch_n, worker, now, maxlen. 1 = this worker now owns the job; 0 = stale or duplicate.
-CLAIM = _COMMON + r"""
+# ARGV: names, job, dispatch_n, worker, now, maxlen. 1 = this worker now owns the job; 0 = stale or duplicate.
+CLAIM = _ALWAYS + _COMMON + r"""
 local job, n, worker, now, maxlen = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local jk = P .. 'job:' .. job
+local jk = N.job .. job
 if redis.call('HGET', jk, 'state') ~= 'dispatched' or redis.call('HGET', jk, 'dispatch_n') ~= n then return 0 end
 redis.call('HSET', jk, 'state', 'started', 'worker', worker, 'started_at', now)
-redis.call('SADD', P .. 'running:' .. worker, job)
+redis.call('SADD', N.running .. worker, job)
 xadd(job, 'started', '{"worker": "' .. worker .. '", "t": ' .. now .. '}', maxlen)
 return 1
 """
 
-# ARGV: prefix, job, type, data_json, answer_turn_json ('' = none), stream_ttl, maxlen, holder_worker ('' = none),
-#   only_state ('' = any non-terminal state), only_worker ('' = any): a runner only ends the job it still owns.
-FINISH = _COMMON + r"""
-local jk = P .. 'job:' .. ARGV[2]
+# ARGV: names, job, type, data_json, answer_turn_json ('' = none), stream_ttl, maxlen, holder_worker ('' = none),
+#   only_state ('' = any non-terminal state), only_worker ('' = any), holder_ttl: a runner only ends the job it
+#   still owns.
+FINISH = _ALWAYS + _COMMON + r"""
+local jk = N.job .. ARGV[2]
 if ARGV[9] ~= '' and redis.call('HGET', jk, 'state') ~= ARGV[9] then return 0 end
 if ARGV[10] ~= '' and redis.call('HGET', jk, 'worker') ~= ARGV[10] then return 0 end
-return finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+return finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[11])
 """
 
-# Worker lost: put a dispatched/started job back at the front of its user's queue, or fail it once
-# max_attempts dispatches were spent. ARGV: prefix, job, max_attempts, now, maxlen, stream_ttl, error_json
-REQUEUE = _COMMON + r"""
+# Worker lost: put a dispatched/started job back at the front of its identity's queue (and its identity and
+# group at the front of their rings), or fail it once max_attempts dispatches were spent.
+# ARGV: names, job, max_attempts, now, maxlen, stream_ttl, error_json
+REQUEUE = _ALWAYS + _COMMON + r"""
 local job, max_attempts, now, maxlen, ttl, err = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local jk = P .. 'job:' .. job
+local jk = N.job .. job
 local state = redis.call('HGET', jk, 'state')
 if state ~= 'dispatched' and state ~= 'started' then return 0 end
 if tonumber(redis.call('HGET', jk, 'attempts') or '0') >= max_attempts then
-  finish(job, 'error', err, '', ttl, maxlen, '')
+  finish(job, 'error', err, '', ttl, maxlen, '', 0)
   return 2
 end
-local f = redis.call('HMGET', jk, 'user', 'worker', 'qkey')
-if f[2] then redis.call('SREM', P .. 'running:' .. f[2], job) end
-redis.call('ZREM', P .. 'inflight', job)
+local f = redis.call('HMGET', jk, 'user', 'worker', 'qkey', 'group', 'qgroup')
+local user = f[1] or ''
+local q, group = f[3] or user, f[4] or user
+local qg = f[5] or group
+if f[2] then redis.call('SREM', N.running .. f[2], job) end
+redis.call('ZREM', INFLIGHT, job)
 redis.call('HSET', jk, 'state', 'queued', 'worker', '', 'target', '')
-left_flight(f[3])
-if redis.call('LPUSH', uq(f[3]), job) == 1 then redis.call('LPUSH', P .. 'ring', f[3]) end
-redis.call('INCR', P .. 'queued')
-redis.call('HINCRBY', P .. 'queued_by_user', f[1], 1)
-redis.call('ZADD', P .. 'queued_since', now, job)
-local pos = position(job, f[3]) or 1
+left_flight(group, qg)
+if redis.call('LPUSH', uq(q), job) == 1 then
+  if redis.call('LPUSH', gq(qg), q) == 1 then redis.call('LPUSH', RING, qg) end
+end
+redis.call('INCR', QUEUED)
+redis.call('HINCRBY', QUEUED_BY_USER, user, 1)
+redis.call('HINCRBY', QUEUED_BY_GROUP, group, 1)
+redis.call('ZADD', QUEUED_SINCE, now, job)
+local pos = position(job, q) or 1
 xadd(job, 'queued', '{"position": ' .. pos .. ', "restart": true, "t": ' .. now .. '}', maxlen)
 return 1
 """
 
-# ARGV: prefix, job. Returns the 1-based position or nil.
-POSITION = _COMMON + r"""
-local jk = P .. 'job:' .. ARGV[2]
+# ARGV: names, job. Returns the 1-based position or nil.
+POSITION = "#!lua flags=no-writes,allow-oom\n" + _COMMON + r"""
+local jk = N.job .. ARGV[2]
 if redis.call('HGET', jk, 'state') ~= 'queued' then return nil end
-return position(ARGV[2], redis.call('HGET', jk, 'qkey'))
+local q = redis.call('HGET', jk, 'qkey')
+return position(ARGV[2], q) or nil
 """
 
 
 class Scripts:
-    """The registered scripts, bound to one Redis client and prefix."""
+    """The registered scripts, bound to one Redis client and one ``Keys``."""
 
-    def __init__(self, r: redis.Redis, prefix: str):
-        self.prefix = prefix
+    def __init__(self, r: redis.Redis, keys: Keys):
+        self.keys = keys
+        self._fixed_keys = keys.script_keys()
+        self._names = keys.script_names()
         self.submit = r.register_script(SUBMIT)
         self.pop = r.register_script(POP)
         self.claim = r.register_script(CLAIM)
@@ -235,5 +317,5 @@ class Scripts:
         self.requeue = r.register_script(REQUEUE)
         self.position = r.register_script(POSITION)
 
-    def call(self, script, *args):
-        return script(keys=[], args=[self.prefix, *args])
+    def call(self, script, *args, extra_keys: list[str] = ()):
+        return script(keys=[*self._fixed_keys, *extra_keys], args=[self._names, *args])

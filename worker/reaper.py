@@ -18,7 +18,7 @@ RUN_TIMEOUT = "Your answer took too long and was stopped. Try a shorter question
 
 def sweep_if_due(d: Dispatcher, every_s: float = 0.5) -> dict[str, int] | None:
     """Sweep unless another process swept within ``every_s``: many waiting readers cost one sweep, not many."""
-    if not d.r.set(d.keys.prefix + "sweep_lock", 1, px=int(every_s * 1000), nx=True):
+    if not d.r.set(d.keys.sweep_lock, 1, px=int(every_s * 1000), nx=True):
         return None
     return sweep(d)
 

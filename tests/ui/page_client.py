@@ -17,10 +17,17 @@ def bubble_text(message: dict) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
+def identity(client: Client) -> str:
+    """This API client's identity token: asked for once from /identity (as the README tells API clients)."""
+    if not getattr(client, "owlet_token", None):
+        client.owlet_token = client.predict(None, api_name="/identity")
+    return client.owlet_token
+
+
 def submit(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
-    """Start one turn through the page's /chat endpoint (the API client has no browser id: None)."""
+    """Start one turn through the page's /chat endpoint, with this client's identity token."""
     return client.submit({"text": text, "files": [handle_file(str(image))] if image else []}, max_new_tokens,
-                         None, api_name="/chat")
+                         identity(client), api_name="/chat")
 
 
 def ask(client: Client, text: str, image=None, max_new_tokens: int = STACK_MAX_NEW_TOKENS):
@@ -40,10 +47,14 @@ def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
     raise AssertionError("no token arrived")
 
 
-def metrics_text(stack) -> str:
-    return urllib.request.urlopen(stack.url + "metrics").read().decode()
+METRICS_TOKEN = "test-metrics-token"  # the stack's OWLET_UI_METRICS_TOKEN (see conftest)
+
+
+def metrics_text(stack, token: str = METRICS_TOKEN) -> str:
+    request = urllib.request.Request(stack.url + "metrics", headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(request).read().decode()
 
 
 def engine_running(text: str) -> float:
-    """Sum of owlet_engine_running over workers, from /metrics text."""
-    return sum(float(m) for m in re.findall(r"^owlet_engine_running\{[^}]*\} ([\d.]+)$", text, re.M))
+    """owlet_engine_running (all live workers together), from /metrics text."""
+    return sum(float(m) for m in re.findall(r"^owlet_engine_running ([\d.]+)$", text, re.M))

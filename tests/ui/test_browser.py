@@ -60,14 +60,14 @@ def ask(page, text: str) -> tuple[list[str], str]:
 
 
 def browser_owners(stack) -> dict[str, int]:
-    """Conversations per browser-id owner in this stack's Redis namespace."""
+    """Conversations per anonymous (browser) owner in this stack's Redis namespace."""
     r = redis.Redis.from_url(stack.redis_url)
     owners: dict[str, int] = {}
     for key in r.scan_iter(match=stack.prefix + "conv:*", count=1000):
         if key.endswith(b":turns") or r.type(key) != b"hash":
             continue
         user = (r.hget(key, "user") or b"").decode()
-        if user.startswith("browser:"):
+        if user.startswith("anon:"):
             owners[user] = owners.get(user, 0) + 1
     r.close()
     return owners

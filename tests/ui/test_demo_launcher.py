@@ -78,7 +78,7 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         # The share attempt runs while the page already serves; its outcome is printed when it ends.
         wait_for_output("No public share link", "Owlet public link:", timeout_s=60)
         health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz"))
-        assert health["ok"] and len(health["workers"]) == 1
+        assert health == {"ok": True}, "a live worker, and nothing more for an unauthenticated caller"
 
         client = Client(f"http://127.0.0.1:{port}/", auth=("alice", "wonderland"), verbose=False)
         _outputs, (_box, chat, status) = ask(client, "Hello?", max_new_tokens=32)

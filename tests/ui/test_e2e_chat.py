@@ -11,7 +11,8 @@ import pytest
 import redis
 from gradio_client import Client
 
-from tests.ui.page_client import ask, bubble_text, engine_running, metrics_text, submit, wait_for_first_token
+from tests.ui.page_client import (METRICS_TOKEN, ask, bubble_text, engine_running, identity, metrics_text, submit,
+                                  wait_for_first_token)
 from tests.ui.stack import make_image
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,7 +43,7 @@ def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
     job = submit(client, "Describe everything in detail.", make_image(tmp_path / "blue.png", (20, 20, 220)),
                  max_new_tokens=1500)
     wait_for_first_token(job)
-    _box, stop_status = client.predict(None, api_name="/stop")
+    _box, stop_status = client.predict(identity(client), api_name="/stop")
     assert stop_status.startswith("Stopped.")
     _box, chat, status = job.result(timeout=60)
     assert bubble_text(chat[-1]).endswith("*(stopped)*"), bubble_text(chat[-1])[-80:]
@@ -78,11 +79,13 @@ def test_bad_image_gets_a_clear_message_and_nothing_is_queued(stack, tmp_path):
 
 
 def test_healthz_and_metrics(stack):
-    health = json.load(urllib.request.urlopen(stack.url + "healthz"))
+    authorised = urllib.request.Request(stack.url + "healthz", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    health = json.load(urllib.request.urlopen(authorised))
     assert health["ok"] and health["redis"] and len(health["workers"]) == 1
-    text = urllib.request.urlopen(stack.url + "metrics").read().decode()
+    assert json.load(urllib.request.urlopen(stack.url + "healthz")) == {"ok": True}, "strangers learn only ok"
+    text = metrics_text(stack)
     for name in ("owlet_workers_alive 1.0", "owlet_redis_up 1.0", "owlet_queue_depth_total",
                  "owlet_ui_time_to_first_token_seconds_bucket", "owlet_time_per_output_token_seconds_bucket",
-                 'owlet_affinity_total{result="hit"}', "owlet_batch_occupancy{worker="):
+                 'owlet_affinity_total{result="hit"}', "owlet_batch_occupancy "):
         assert name in text, name
 

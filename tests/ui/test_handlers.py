@@ -15,7 +15,6 @@ from ui import wording
 from ui.chat_view import render_history
 from ui.config import UIConfig
 from ui.handlers import ChatHandlers, new_session
-from ui.identity import new_browser_id
 from ui.metrics import UIMetrics
 from worker.client import OwletClient
 from worker.config import Settings
@@ -35,6 +34,7 @@ async def drain(agen) -> list:
 
 
 def ask(handlers, text, session=None, browser=None, files=(), hash_="s"):
+    browser = browser or handlers.issuer.mint()  # what the page's load event gives every browser
     return handlers.respond({"text": text, "files": list(files)}, 24, session or new_session(), browser,
                             gr.Request(session_hash=hash_))
 
@@ -53,7 +53,8 @@ def idle_handlers():
 
 
 def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
-    h, alice, bob, carol = idle_handlers, new_browser_id(), new_browser_id(), new_browser_id()
+    h = idle_handlers
+    alice, bob, carol = h.issuer.mint(), h.issuer.mint(), h.issuer.mint()
 
     async def scenario():
         waiting = ask(h, "first question", browser=alice, hash_="a1")
@@ -89,7 +90,7 @@ def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
     # A heartbeat with free capacity but no consumer: the job is dispatched and then nothing ever arrives.
     publish(h.client.r, h.client.keys, Heartbeat(worker="ghost@test", capacity=2), ttl_s=60)
     start = time.monotonic()
-    *_, (_box, chat, status, session) = asyncio.run(drain(ask(h, "hello?", browser=new_browser_id())))
+    *_, (_box, chat, status, session) = asyncio.run(drain(ask(h, "hello?", browser=h.issuer.mint())))
     assert status == "⚠️ " + wording.WORKER_LOST
     assert chat[-1]["content"] == "⚠️ " + wording.WORKER_LOST
     assert time.monotonic() - start < 10
@@ -111,7 +112,7 @@ def test_empty_input_and_too_many_images_are_refused_without_touching_redis(idle
 
 def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
     h = make_handlers(stack.redis_url, stack.prefix)
-    browser, req = new_browser_id(), gr.Request(session_hash="retry-edit")
+    browser, req = h.issuer.mint(), gr.Request(session_hash="retry-edit")
     image = str(make_image(tmp_path / "green.png", (20, 200, 20)))
 
     async def scenario():
@@ -123,7 +124,7 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
         retry = gr.RetryData(None, {"index": 2, "value": "second question"})
         *_, (_b, chat, status, session) = await drain(h.retry(24, session, browser, retry, req))
         assert "First token" in status, status
-        turns = h.client.history(f"browser:{browser}", session["conversation"])
+        turns = h.client.history(f"anon:{h.issuer.verify(browser)}", session["conversation"])
         assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
         assert turns[2]["text"] == "second question"
         assert chat == render_history(turns, session["images"]), "the page shows exactly the stored history"
@@ -131,7 +132,7 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
         edit = gr.EditData(None, {"index": 0, "value": [{"type": "text", "text": "edited first"}],
                                   "previous_value": "first question"})
         *_, (_b, chat, status, session) = await drain(h.edit(24, session, browser, edit, req))
-        turns = h.client.history(f"browser:{browser}", session["conversation"])
+        turns = h.client.history(f"anon:{h.issuer.verify(browser)}", session["conversation"])
         assert [(t["role"], t["text"]) for t in turns][:1] == [("user", "edited first")] and len(turns) == 2
         assert turns[0]["image_sha"], "editing the text keeps the image of that turn"
         assert chat == render_history(turns, session["images"])
@@ -147,26 +148,25 @@ def test_redis_down_is_a_clear_message_not_a_traceback():
     from tests.ui.stack import free_port
 
     h = make_handlers(f"redis://127.0.0.1:{free_port()}/0", "owlet-nowhere:")
-    *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=new_browser_id())))
+    *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=h.issuer.mint())))
     assert status == wording.SERVICE_DOWN and chat[-1]["content"] == "⚠️ " + wording.SERVICE_DOWN
     assert box.interactive is True and session["job"] is None
     h.client.close()
 
 
-def test_queue_eta_learns_answer_time_and_divides_by_live_capacity(idle_handlers):
+def test_queue_eta_is_the_workers_mean_service_time_over_live_capacity(idle_handlers):
     from worker.heartbeat import Heartbeat, publish
 
-    from ui.eta import EtaEstimator
-
     client = idle_handlers.client
-    eta = EtaEstimator(client, prior_run_s=8.0, weight=0.2)
-    assert eta.eta_s(3) is None, "no live worker: no estimate"
+    assert client.eta_s(3) is None, "no service time measured yet: no estimate"
+    client.dispatcher.record_service_time(8.0)
+    assert client.eta_s(3) is None, "no live worker: no estimate"
     publish(client.r, client.keys, Heartbeat(worker="a@test", capacity=2), ttl_s=60)
     publish(client.r, client.keys, Heartbeat(worker="b@test", capacity=3), ttl_s=60)
-    assert eta.eta_s(10) == pytest.approx(10 * 8.0 / 5)
-    eta.observe(18.0)  # 8 + 0.2 × (18 − 8) = 10
-    assert eta.eta_s(5) == pytest.approx(10.0)
-    assert eta.eta_s(None) is None
+    assert client.eta_s(10) == pytest.approx(10 * 8.0 / 5)
+    client.dispatcher.record_service_time(18.0)  # 0.8 × 8 + 0.2 × 18 = 10
+    assert client.eta_s(5) == pytest.approx(10.0)
+    assert client.eta_s(None) is None
 
 
 def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers):
@@ -174,12 +174,13 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers)
 
     h = idle_handlers
     publish(h.client.r, h.client.keys, Heartbeat(worker="busy@test", capacity=1), ttl_s=60)
+    h.client.dispatcher.record_service_time(8.0)
     h.config = replace(h.config, stall_timeout_s=30.0)  # the dispatched job is silent on purpose
 
     async def scenario():
-        first = ask(h, "takes the only slot", browser=new_browser_id(), hash_="x1")
+        first = ask(h, "takes the only slot", browser=h.issuer.mint(), hash_="x1")
         await first.__anext__()
-        second = ask(h, "waits behind it", browser=new_browser_id(), hash_="x2")
+        second = ask(h, "waits behind it", browser=h.issuer.mint(), hash_="x2")
         statuses = []
         async for _box, _chat, status, session in second:
             statuses.append(status)

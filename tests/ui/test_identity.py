@@ -1,37 +1,60 @@
-"""User identity: login beats browser id beats session; browser ids are validated, not trusted."""
+"""Identity: a login beats a token; anonymous tokens verify only under the server's key; the client address
+comes from the socket unless a named trusted proxy forwards it."""
 from __future__ import annotations
+
+import types
 
 import pytest
 
-from ui.identity import ensure_browser_id, new_browser_id, resolve_user_id, valid_browser_id
+from ui.identity import IdentityIssuer, IdentityRequired, client_address, identify, parse_networks
+
+ISSUER = IdentityIssuer(b"k" * 32)
 
 
-def test_login_wins_over_browser_and_session():
-    assert resolve_user_id("alice", new_browser_id(), "sess1") == "user:alice"
+def request(host="203.0.113.7", username=None, forwarded=None, session_hash="s"):
+    headers = {"x-forwarded-for": forwarded} if forwarded else {}
+    return types.SimpleNamespace(client=types.SimpleNamespace(host=host), username=username, headers=headers,
+                                 session_hash=session_hash)
 
 
-def test_browser_id_is_used_without_login_and_is_stable():
-    bid = new_browser_id()
-    assert resolve_user_id(None, bid, "sess1") == resolve_user_id(None, bid, "sess2") == f"browser:{bid}"
+def test_login_wins_and_groups_by_login():
+    caller = identify(request(username="alice"), ISSUER.mint(), ISSUER)
+    assert (caller.user, caller.group) == ("user:alice", "login:alice")
 
 
-def test_session_is_last_resort_for_api_clients():
-    assert resolve_user_id(None, None, "abc") == "session:abc"
+def test_minted_token_verifies_and_is_stable_across_sessions():
+    token = ISSUER.mint()
+    a, b = identify(request(session_hash="s1"), token, ISSUER), identify(request(session_hash="s2"), token, ISSUER)
+    assert a == b and a.user.startswith("anon:") and a.group == "addr:203.0.113.7"
 
 
-@pytest.mark.parametrize("forged", ["../../etc", "user:alice", "", 42, None, "A" * 32, {"id": 1}])
-def test_forged_or_missing_browser_ids_are_replaced(forged):
-    assert not valid_browser_id(forged)
-    fresh = ensure_browser_id(forged)
-    assert valid_browser_id(fresh) and fresh != forged
-    assert resolve_user_id(None, forged, "s") == "session:s"
+@pytest.mark.parametrize("forged", ["../../etc", "user:alice", "", 42, None, "a" * 32, {"id": 1},
+                                    "v1." + "a" * 32 + "." + "0" * 32])
+def test_forged_or_missing_tokens_are_refused_and_replaced(forged):
+    with pytest.raises(IdentityRequired):
+        identify(request(), forged, ISSUER)
+    fresh = ISSUER.ensure(forged)
+    assert ISSUER.verify(fresh) and fresh != forged
 
 
-def test_existing_browser_id_is_kept():
-    bid = new_browser_id()
-    assert ensure_browser_id(bid) == bid
+def test_a_token_from_another_key_does_not_verify():
+    assert IdentityIssuer(b"x" * 32).verify(ISSUER.mint()) is None
 
 
-def test_no_identity_at_all_is_an_error():
-    with pytest.raises(ValueError):
-        resolve_user_id(None, None, None)
+def test_session_hash_is_never_an_identity():
+    with pytest.raises(IdentityRequired):
+        identify(request(session_hash="victim-session"), None, ISSUER)
+
+
+def test_forwarded_for_counts_only_through_a_trusted_proxy():
+    proxies = parse_networks("127.0.0.1, 10.0.0.0/8")
+    spoof = request(host="198.51.100.9", forwarded="1.2.3.4")
+    assert client_address(spoof, proxies) == "198.51.100.9", "an untrusted peer's header is ignored"
+    via_proxy = request(host="127.0.0.1", forwarded="6.6.6.6, 198.51.100.9, 10.1.2.3")
+    assert client_address(via_proxy, proxies) == "198.51.100.9", "right-most hop that is not a trusted proxy"
+    assert client_address(via_proxy, ()) == "127.0.0.1", "no trusted proxies: the socket peer"
+
+
+def test_bad_trusted_proxy_is_named():
+    with pytest.raises(ValueError, match="not-an-ip"):
+        parse_networks("127.0.0.1,not-an-ip")

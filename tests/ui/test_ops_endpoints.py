@@ -15,9 +15,13 @@ from ui.server import build
 pytestmark = pytest.mark.timeout(120)
 
 
-def get(url: str):
+TOKEN = "ops-test-token"
+
+
+def get(url: str, token: str | None = TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -26,7 +30,8 @@ def get(url: str):
 @pytest.fixture
 def page_without_workers():
     with running_redis() as redis_url:
-        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uiops"))
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uiops"),
+                          metrics_token=TOKEN)
         page, launch_kwargs, client, _metrics = build(config)
         page.launch(prevent_thread_lock=True, **launch_kwargs)
         try:
@@ -55,12 +60,19 @@ def test_a_worker_heartbeat_makes_healthz_ok(page_without_workers):
     publish(client.r, client.keys, Heartbeat(worker="w1@test", capacity=4, running=3), ttl_s=30)
     status, body = get(url + "healthz")
     assert status == 200 and json.loads(body)["workers"] == ["w1@test"]
+    assert get(url + "healthz", token=None) == (200, '{"ok":true}'), "no worker names without the token"
     _, text = get(url + "metrics")
-    assert 'owlet_batch_occupancy{worker="w1@test"} 0.75' in text
+    assert "owlet_batch_occupancy 0.75" in text and "w1@test" not in text
+
+
+def test_metrics_need_the_bearer_token(page_without_workers):
+    url, _client = page_without_workers
+    assert get(url + "metrics", token=None)[0] == 401
+    assert get(url + "metrics", token="wrong")[0] == 401
 
 
 def test_redis_down_gives_503_and_redis_up_zero():
-    config = UIConfig(port=free_port(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    config = UIConfig(port=free_port(), redis_url=f"redis://127.0.0.1:{free_port()}/0", metrics_token=TOKEN)
     page, launch_kwargs, client, _metrics = build(config)
     page.launch(prevent_thread_lock=True, **launch_kwargs)
     try:

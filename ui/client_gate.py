@@ -1,0 +1,49 @@
+"""Per-address limits inside one UI process: concurrent page events and concurrent image decodes.
+
+Every answer stream holds one of Gradio's worker threads (``max_threads``) until it ends, and every image
+decode holds a thread of the decode pool. Without a per-address limit one client could hold all of them and
+leave honest visitors waiting in Gradio's own queue, before Owlet's fair queue ever sees them. A refused
+slot is a message, never a wait. The queue-wide limits (queued plus running jobs, submissions per minute,
+image bytes) live in Redis, where every UI replica sees them (``worker.lua``).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+
+
+class SlotRefused(Exception):
+    """No free slot for this address; ``user_message`` says what to do."""
+
+    def __init__(self, user_message: str):
+        super().__init__(user_message)
+        self.user_message = user_message
+
+
+class AddressSlots:
+    """At most ``limit`` holders at once per address (thread-safe; handlers run on threads and the loop)."""
+
+    def __init__(self, limit: int, refusal: str):
+        assert limit >= 1, "a per-address limit must be at least 1"
+        self.limit, self.refusal = limit, refusal
+        self._held: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, address: str):
+        with self._lock:
+            if self._held[address] >= self.limit:
+                raise SlotRefused(self.refusal)
+            self._held[address] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[address] -= 1
+                if self._held[address] <= 0:
+                    del self._held[address]
+
+    def held(self, address: str) -> int:
+        with self._lock:
+            return self._held[address]
