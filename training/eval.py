@@ -190,6 +190,11 @@ def main() -> None:
               "per_turn": {k: round(v, 4) for k, v in report["per_turn"].items()},
               "per_probe_family": {k: round(v, 4) for k, v in report["per_probe_family"].items()},
               "seconds": round(time.monotonic() - start, 1)}
+    if "engine_stats" in report:  # how the engine served it: batching and session-cache reuse
+        stats = report["engine_stats"]
+        result["engine"] = {"users": args.users, "mean_batch_occupancy": round(stats["mean_batch_occupancy"], 2),
+                            **{k: stats[k] for k in ("session_hits", "session_partial_hits", "session_misses",
+                                                     "reused_tokens", "prefill_tokens", "requests_failed")}}
     print("RESULT " + json.dumps(result))
 
 
