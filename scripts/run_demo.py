@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not (Path(args.model) / "config.json").exists():
         log(f"no model at {args.model}: train the bundled demo model first "
-            "(python -m training.train --minutes 30 --out models/owlet-shapes-vl), "
+            "(python -m training.train --recipe demo --out models/owlet-shapes-vl), "
             "or pass --model / set OWLET_MODEL to a checkpoint folder")
         return 2
     ui_args = (["--share"] if args.share else []) + [a for pair in (args.auth or []) for a in ("--auth", pair)]

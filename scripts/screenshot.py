@@ -1,14 +1,12 @@
-"""Regenerate docs/screenshot.png: run the demo stack, chat about a rendered shapes scene in headless
-Chromium, and capture the page.
+"""Regenerate docs/screenshot.png: run the demo stack, click the page's first example picture in headless
+Chromium, ask its suggested question and two follow-ups, and capture the page.
 
     python scripts/screenshot.py [--model models/owlet-shapes-vl] [--out docs/screenshot.png]
 """
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,8 +17,8 @@ from run_demo import DEFAULT_MODEL, ROOT, Stack  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-# Question forms the demo model was trained on (training/dialogues.py).
-QUESTIONS = ("How many shapes are there?", "Which shape is the largest?", "What colour is the circle?")
+# Follow-ups in the question forms the demo model was trained on (training/dialogues.py).
+QUESTIONS = ("How many shapes are there?", "What colour is the circle?")
 
 
 def ask(page, text: str, timeout_s: float = 120) -> None:
@@ -49,25 +47,20 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from training.scenes import generate_scene, render_scene
-
-    with tempfile.TemporaryDirectory() as tmp:
-        image = Path(tmp) / "scene.png"
-        render_scene(generate_scene(random.Random(7))).save(image)
-        with Stack(None, args.model, "127.0.0.1", args.port, [], worker_concurrency=18) as stack, \
-                sync_playwright() as p:
-            stack.wait_ready(300)
-            browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1100, "height": 1250})
-            page.goto(stack.url)
-            page.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            page.locator("#owlet-input input[type=file]").set_input_files(str(image))
-            time.sleep(1.0)
-            for question in QUESTIONS:
-                ask(page, question)
-            time.sleep(0.5)
-            page.screenshot(path=str(args.out))
-            browser.close()
+    with Stack(None, args.model, "127.0.0.1", args.port, [], worker_concurrency=18) as stack, sync_playwright() as p:
+        stack.wait_ready(300)
+        browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 1250})
+        page.goto(stack.url)
+        page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+        page.locator("#owlet-examples .gallery-item, #owlet-examples tr.tr-body").first.click()  # fills the box with a picture and a question
+        page.wait_for_selector("#owlet-input img, #owlet-input .thumbnail-item", timeout=30_000)
+        ask(page, page.locator("#owlet-input textarea").input_value())
+        for question in QUESTIONS:
+            ask(page, question)
+        time.sleep(0.5)
+        page.screenshot(path=str(args.out))
+        browser.close()
     print(f"wrote {args.out}")
     return 0
 

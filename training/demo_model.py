@@ -32,13 +32,18 @@ PROJECTOR_HIDDEN = 192
 
 
 def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:
-    """Every word the dialogues use, in context, plus the chat role names (so each is one token)."""
+    """Every word the dialogues use, in context, the refusal and the chat role names (so each is one token)."""
+    from training.ood import OOD_REPLY, off_topic_question
+
     rng = random.Random(seed)
     texts = ["user\n", "assistant\n"] * 200
     for _ in range(n_scenes):
         scene = generate_scene(rng)
         for turn in make_dialogue(scene, rng, 5):
             texts += [turn.question, turn.answer]
+        # The refusal is one of the most frequent answers; its words become single tokens. Off-topic questions
+        # come from the training pool only (the evaluation's held-out words are spelled out in bytes).
+        texts += [OOD_REPLY, off_topic_question(rng)]
     return texts
 
 

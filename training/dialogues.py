@@ -93,8 +93,13 @@ def candidate_turns(scene: Scene, rng: random.Random) -> dict[str, list[Turn]]:
     return out
 
 
-def make_dialogue(scene: Scene, rng: random.Random, n_turns: int) -> list[Turn]:
-    """Up to n_turns distinct questions about the scene, question types drawn as evenly as the scene allows."""
+def make_dialogue(scene: Scene, rng: random.Random, n_turns: int,
+                  type_weights: dict[str, float] | None = None) -> list[Turn]:
+    """Up to n_turns distinct questions about the scene, question types drawn as evenly as the scene allows.
+
+    `type_weights` (training only) makes some types likelier where the scene allows them; without it the draw
+    is uniform over the available types, which is what evaluation uses.
+    """
     pool = candidate_turns(scene, rng)
     for turns in pool.values():
         rng.shuffle(turns)
@@ -103,14 +108,18 @@ def make_dialogue(scene: Scene, rng: random.Random, n_turns: int) -> list[Turn]:
         types = [t for t in QUESTION_TYPES if pool[t]]
         if not types:
             break
-        turn = pool[rng.choice(types)].pop()
+        if type_weights:
+            qtype = rng.choices(types, weights=[type_weights.get(t, 1.0) for t in types])[0]
+        else:
+            qtype = rng.choice(types)
+        turn = pool[qtype].pop()
         if rng.random() < 0.5:  # users type "What ..." as often as "what ..."; both must work
             turn = Turn(turn.qtype, turn.question[0].upper() + turn.question[1:], turn.answer)
         dialogue.append(turn)
     return dialogue
 
 
-def to_messages(image: Image.Image, turns: list[Turn], answered: int | None = None) -> list[dict]:
+def to_messages(image: Image.Image | None, turns: list[Turn], answered: int | None = None) -> list[dict]:
     """HF chat messages: the image rides on the first user turn; the first `answered` turns carry answers.
 
     With answered=None every turn is answered (a training example); with answered=k the chat ends on the
@@ -120,7 +129,7 @@ def to_messages(image: Image.Image, turns: list[Turn], answered: int | None = No
     messages: list[dict] = []
     for i, turn in enumerate(turns[: answered + 1]):
         content = [{"type": "text", "text": turn.question}]
-        if i == 0:
+        if i == 0 and image is not None:
             content.insert(0, {"type": "image", "image": image})
         messages.append({"role": "user", "content": content})
         if i < answered:

@@ -1,10 +1,19 @@
-"""Exact-match accuracy of a checkpoint on freshly generated, held-out multi-turn scene dialogues.
+"""Exact-match accuracy of a checkpoint on freshly generated, held-out multi-turn conversations.
 
-    python -m training.eval --scenes 500 [--model models/owlet-shapes-vl]
+    python -m training.eval --scenes 500 [--mode generate|engine] [--model models/owlet-shapes-vl]
 
-Each scene gets a 4-turn dialogue; the image rides on the first turn only. Turns are answered in order
-with greedy decoding, and the model's own earlier answers stay in the history, as in a real chat.
-Prints a table per question type and per turn, then one line: RESULT {"accuracy": ..., ...}.
+Each scene gets a 4-turn dialogue; the image rides on the first turn only. Turns are answered in order with
+greedy decoding, and each conversation's own earlier answers stay in its history, as in a real chat.
+Out-of-domain probes (training/recipe.py: pictures that are not scenes, off-topic questions from a held-out
+pool, text-only chats; 2 turns each) check that the model gives its one refusal, `OOD_REPLY`.
+
+Two ways to answer:
+- `generate` (default): Hugging Face `generate()`, one batch per turn index, left padded;
+- `engine`: through Owlet's `LLMEngine` as the server runs it: `--users` conversations at a time, each a
+  session (the session cache reuses its earlier turns), their turns batched together by the engine.
+
+Prints tables per question type, per turn and per probe family, then one line:
+RESULT {"accuracy", "min_type_accuracy", "ood_reply_rate", "in_domain_refusal_rate", ...}.
 """
 
 from __future__ import annotations
@@ -19,10 +28,13 @@ import torch
 
 from training.demo_model import DEFAULT_MODEL_DIR
 from training.dialogues import QUESTION_TYPES, Turn, to_messages
-from training.examples import eval_dialogue
+from training.examples import Example, eval_dialogue
+from training.ood import OOD_REPLY
+from training.recipe import ood_probe, probe_family
 from training.scenes import render_scene
 
 TURNS_PER_SCENE = 4
+TURNS_PER_PROBE = 2
 MAX_NEW_TOKENS = 32  # the longest canonical answer ("a red circle, ... and a blue star") is ~20 tokens
 
 
@@ -35,79 +47,154 @@ def load(model_dir: Path):
     return model.eval(), processor
 
 
+def scene_examples(scenes: int) -> list[Example]:
+    out = []
+    for i in range(scenes):
+        scene, turns = eval_dialogue(i, TURNS_PER_SCENE)
+        out.append(Example(render_scene(scene), turns, scene))
+    return out
+
+
+def probe_examples(probes: int) -> list[Example]:
+    return [ood_probe(i, TURNS_PER_PROBE) for i in range(probes)]
+
+
+def chat_so_far(example: Example, answers: list[str], k: int) -> list[dict]:
+    """The chat for turn k: earlier questions with this conversation's own answers, then question k."""
+    history = [Turn(t.qtype, t.question, a) for t, a in zip(example.turns, answers)]
+    return to_messages(example.image, history + [example.turns[k]], answered=k)
+
+
 @torch.inference_mode()
 def answer_batch(model, processor, chats: list[list[dict]]) -> list[str]:
     """Greedy answers to the last user turn of each chat (batched, left padded)."""
     texts = [processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
     images = [[item["image"] for m in chat for item in m["content"] if item["type"] == "image"] for chat in chats]
     processor.tokenizer.padding_side = "left"
-    inputs = processor(images=images, text=texts, padding=True, return_tensors="pt")
+    inputs = processor(images=images if any(images) else None, text=texts, padding=True, return_tensors="pt")
     out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
     new_tokens = out[:, inputs["input_ids"].shape[1]:]
     return [t.strip() for t in processor.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
 
 
-def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False) -> dict:
-    """Score `scenes` held-out dialogues; returns overall, per-type and per-turn accuracy plus failures."""
-    right: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [correct, total]
-    failures: list[dict] = []
-    for first in range(0, scenes, batch_size):
-        batch = [eval_dialogue(i, TURNS_PER_SCENE) for i in range(first, min(first + batch_size, scenes))]
-        images = [render_scene(scene) for scene, _ in batch]
-        answers: list[list[str]] = [[] for _ in batch]
-        for k in range(TURNS_PER_SCENE):
-            rows = [i for i, (_, turns) in enumerate(batch) if k < len(turns)]
-            chats = []
-            for i in rows:
-                history = [Turn(t.qtype, t.question, a) for t, a in zip(batch[i][1], answers[i])]
-                chats.append(to_messages(images[i], history + [batch[i][1][k]], answered=k))
-            for i, answer in zip(rows, answer_batch(model, processor, chats)):
+def answer_with_generate(model, processor, examples: list[Example], batch_size: int = 50,
+                         progress: bool = False) -> list[list[str]]:
+    """Every turn of every example answered by `generate()`, one batch per turn index."""
+    answers: list[list[str]] = [[] for _ in examples]
+    for first in range(0, len(examples), batch_size):
+        rows = range(first, min(first + batch_size, len(examples)))
+        for k in range(max(len(examples[i].turns) for i in rows)):
+            live = [i for i in rows if k < len(examples[i].turns)]
+            chats = [chat_so_far(examples[i], answers[i], k) for i in live]
+            for i, answer in zip(live, answer_batch(model, processor, chats)):
                 answers[i].append(answer)
-                turn = batch[i][1][k]
-                ok = answer == turn.answer
-                for key in ("all", f"type:{turn.qtype}", f"turn:{k + 1}"):
-                    right[key][0] += ok
-                    right[key][1] += 1
-                if not ok:
-                    failures.append({"scene": first + i, "turn": k + 1, "question": turn.question,
-                                     "expected": turn.answer, "got": answer})
         if progress:
-            print(f"  {min(first + batch_size, scenes)}/{scenes} scenes, running accuracy "
-                  f"{right['all'][0] / right['all'][1]:.4f}", flush=True)
+            print(f"  {rows.stop}/{len(examples)} conversations", flush=True)
+    return answers
+
+
+def score(scenes: list[Example], scene_answers: list[list[str]], probes: list[Example] = (),
+          probe_answers: list[list[str]] = ()) -> dict:
+    """Exact match per type and turn; refusals of in-domain questions; the refusal rate on probes."""
+    right: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [hits, total]
+    failures: list[dict] = []
+    for index, (example, answers) in enumerate(zip(scenes, scene_answers)):
+        for k, (turn, answer) in enumerate(zip(example.turns, answers)):
+            ok = answer == turn.answer
+            for key in ("all", f"type:{turn.qtype}", f"turn:{k + 1}"):
+                right[key][0] += ok
+                right[key][1] += 1
+            right["refused"][0] += answer == OOD_REPLY
+            right["refused"][1] += 1
+            if not ok:
+                failures.append({"scene": index, "turn": k + 1, "question": turn.question,
+                                 "expected": turn.answer, "got": answer})
+    for index, (example, answers) in enumerate(zip(probes, probe_answers)):
+        for k, answer in enumerate(answers):
+            ok = answer == OOD_REPLY
+            for key in ("probe", f"family:{probe_family(index)}"):
+                right[key][0] += ok
+                right[key][1] += 1
+            if not ok:
+                failures.append({"probe": index, "family": probe_family(index), "turn": k + 1,
+                                 "question": example.turns[k].question, "got": answer})
     ratio = {key: c / n for key, (c, n) in right.items()}
+    per_type = {t: ratio[f"type:{t}"] for t in QUESTION_TYPES if f"type:{t}" in ratio}
     return {
-        "accuracy": ratio["all"],
+        "accuracy": ratio.get("all", 0.0),
         "questions": right["all"][1],
-        "per_type": {t: ratio[f"type:{t}"] for t in QUESTION_TYPES if f"type:{t}" in ratio},
+        "min_type_accuracy": min(per_type.values(), default=0.0),
+        "per_type": per_type,
         "per_type_count": {t: right[f"type:{t}"][1] for t in QUESTION_TYPES if f"type:{t}" in right},
         "per_turn": {k: ratio[f"turn:{k}"] for k in range(1, TURNS_PER_SCENE + 1) if f"turn:{k}" in ratio},
+        "in_domain_refusal_rate": ratio.get("refused", 0.0),
+        "ood_reply_rate": ratio.get("probe"),
+        "ood_probe_turns": right["probe"][1],
+        "per_probe_family": {key.removeprefix("family:"): v for key, v in ratio.items() if key.startswith("family:")},
         "failures": failures,
     }
+
+
+def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0) -> dict:
+    """Generate-mode report on `scenes` held-out dialogues and `probes` out-of-domain probes."""
+    scene_set, probe_set = scene_examples(scenes), probe_examples(probes)
+    answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress)
+    return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
+
+
+def print_report(report: dict, show_failures: int) -> None:
+    print(f"\n{'question type':<16}{'questions':>10}{'accuracy':>10}")
+    for qtype, acc in report["per_type"].items():
+        print(f"{qtype:<16}{report['per_type_count'][qtype]:>10}{acc:>10.4f}")
+    for k, acc in report["per_turn"].items():
+        print(f"{'turn ' + str(k):<16}{'':>10}{acc:>10.4f}")
+    print(f"{'overall':<16}{report['questions']:>10}{report['accuracy']:>10.4f}")
+    print(f"{'refused (want 0)':<16}{'':>10}{report['in_domain_refusal_rate']:>10.4f}")
+    if report["ood_reply_rate"] is not None:
+        print(f"\n{'probe family':<16}{'':>10}{'refusal':>10}")
+        for family, rate in report["per_probe_family"].items():
+            print(f"{family:<16}{'':>10}{rate:>10.4f}")
+        print(f"{'all probes':<16}{report['ood_probe_turns']:>10}{report['ood_reply_rate']:>10.4f}")
+    for failure in report["failures"][:show_failures]:
+        print("  miss:", json.dumps(failure))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--mode", choices=("generate", "engine"), default="generate")
     parser.add_argument("--scenes", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--probes", type=int, default=140, help="out-of-domain probes (20 per family by default)")
+    parser.add_argument("--batch-size", type=int, default=50, help="generate mode: conversations per batch")
+    parser.add_argument("--users", type=int, default=16, help="engine mode: conversations in flight at once")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--show-failures", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
-    model, processor = load(args.model)
-    report = evaluate(model, processor, args.scenes, args.batch_size, progress=True)
-    print(f"\n{'question type':<14}{'questions':>10}{'accuracy':>10}")
-    for qtype, acc in report["per_type"].items():
-        print(f"{qtype:<14}{report['per_type_count'][qtype]:>10}{acc:>10.4f}")
-    for k, acc in report["per_turn"].items():
-        print(f"{'turn ' + str(k):<14}{'':>10}{acc:>10.4f}")
-    print(f"{'overall':<14}{report['questions']:>10}{report['accuracy']:>10.4f}")
-    for failure in report["failures"][: args.show_failures]:
-        print("  miss:", json.dumps(failure))
-    result = {"accuracy": round(report["accuracy"], 4), "questions": report["questions"], "scenes": args.scenes,
+    if args.mode == "engine":
+        from training.engine_eval import evaluate_engine
+
+        report = evaluate_engine(args.model, args.scenes, args.probes, args.users, progress=True)
+    else:
+        model, processor = load(args.model)
+        report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes)
+    print_report(report, args.show_failures)
+    rate = report["ood_reply_rate"]
+    result = {"mode": args.mode, "accuracy": round(report["accuracy"], 4),
+              "min_type_accuracy": round(report["min_type_accuracy"], 4),
+              "ood_reply_rate": None if rate is None else round(rate, 4),
+              "in_domain_refusal_rate": round(report["in_domain_refusal_rate"], 4),
+              "questions": report["questions"], "scenes": args.scenes, "ood_probe_turns": report["ood_probe_turns"],
               "per_type": {k: round(v, 4) for k, v in report["per_type"].items()},
+              "per_turn": {k: round(v, 4) for k, v in report["per_turn"].items()},
+              "per_probe_family": {k: round(v, 4) for k, v in report["per_probe_family"].items()},
               "seconds": round(time.monotonic() - start, 1)}
+    if "engine_stats" in report:  # how the engine served it: batching and session-cache reuse
+        stats = report["engine_stats"]
+        result["engine"] = {"users": args.users, "mean_batch_occupancy": round(stats["mean_batch_occupancy"], 2),
+                            **{k: stats[k] for k in ("session_hits", "session_partial_hits", "session_misses",
+                                                     "reused_tokens", "prefill_tokens", "requests_failed")}}
     print("RESULT " + json.dumps(result))
 
 

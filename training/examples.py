@@ -6,8 +6,10 @@ Training seeds and evaluation seeds live in disjoint ranges, so eval scenes are 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
+from PIL import Image
 
 from training.dialogues import Turn, make_dialogue, to_messages
 from training.scenes import Scene, generate_scene, render_scene
@@ -54,14 +56,30 @@ def assistant_labels(input_ids: torch.Tensor, header_ids: list[int], end_id: int
     return labels
 
 
+@dataclass(frozen=True)
+class Example:
+    """One training or probe conversation: its picture (None: a text-only chat), its turns, and the scene the
+    picture shows (None when it is not a shape scene; the auxiliary per-token loss needs it)."""
+
+    image: Image.Image | None
+    turns: list[Turn]
+    scene: Scene | None = None
+
+
 def encode_batch(processor, dialogues: list[tuple[Scene, list[Turn]]]) -> dict[str, torch.Tensor]:
-    """Model inputs plus `labels` for a batch of fully answered dialogues (right padded)."""
+    """Model inputs plus `labels` for a batch of fully answered scene dialogues (right padded)."""
+    return encode_examples(processor, [Example(render_scene(scene), turns, scene) for scene, turns in dialogues])
+
+
+def encode_examples(processor, examples: list[Example]) -> dict[str, torch.Tensor]:
+    """Model inputs plus `labels` for a batch of fully answered examples, with or without a picture."""
     images, texts = [], []
-    for scene, turns in dialogues:
-        image = render_scene(scene)
-        images.append([image])
-        texts.append(processor.apply_chat_template(to_messages(image, turns), tokenize=False))
+    for example in examples:
+        images.append([example.image] if example.image is not None else [])
+        texts.append(processor.apply_chat_template(to_messages(example.image, example.turns), tokenize=False))
     processor.tokenizer.padding_side = "right"
+    if not any(images):
+        images = None
     batch = processor(images=images, text=texts, padding=True, return_tensors="pt")
     tok = processor.tokenizer
     header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)

@@ -1,15 +1,19 @@
-"""Train the demo LFM2-VL on synthetic shape dialogues and save it as a checkpoint folder.
+"""Train the demo LFM2-VL from random weights with one command, and save it as a checkpoint folder.
 
-    python -m training.train --minutes 30 --out models/owlet-shapes-vl
+    python -m training.train --recipe demo [--out models/owlet-shapes-vl] [--threads 2]
 
-Loss is on assistant answers only. AdamW with warm-up and a cosine decay; the schedule follows
-training progress, which is steps done / --steps, or time spent / --minutes when only a time budget is given.
-A progress bar shows the loss; every --log-every steps a JSON line goes to --log.
+The recipe (training/recipe.py) fixes the data mix, the step count, the batch, the learning rate and the seed,
+so the same command gives the same weights (on the same torch build and thread count). Loss is on assistant
+answers only, plus an auxiliary per-image-token loss (`TokenProbe`). AdamW with linear warm-up and a cosine
+decay over the recipe's steps. A progress bar shows the loss and the time left; every --log-every steps a JSON
+line goes to --log; --save-every writes snapshots <out>-step<N> that `training.eval` can score mid-run.
+--steps overrides the recipe's length for a quick smoke run (the schedule then follows the shorter run).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -19,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
-from training.examples import encode_batch, training_dialogue
+from training.examples import IGNORE, encode_examples
+from training.recipe import RECIPES, Recipe, recipe_example
 from training.scenes import COLOUR_NAMES, SHAPES
 from training.token_targets import GRID, token_targets
 
@@ -32,65 +37,56 @@ def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: flo
     return peak * (floor + (1 - floor) * cosine)
 
 
-def train(out_dir: Path, steps: int | None, minutes: float | None, batch_size: int, peak_lr: float,
-          log_path: Path, log_every: int, threads: int, seed: int, save_every: int = 0,
-          init: Path | None = None, first_example: int = 0, aux_weight: float = 0.0) -> dict:
-    assert steps or minutes, "give --steps or --minutes"
+def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, threads: int = 2,
+          save_every: int = 0) -> dict:
     torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    if init:  # continue from a saved checkpoint (a new schedule; optimizer moments start afresh)
-        from transformers import AutoProcessor, Lfm2VlForConditionalGeneration
-
-        processor = AutoProcessor.from_pretrained(init, local_files_only=True)
-        model = Lfm2VlForConditionalGeneration.from_pretrained(init, dtype=torch.float32, local_files_only=True)
-    else:
-        processor = build_processor()
-        model = build_fresh_model(processor, seed=seed)
+    torch.manual_seed(recipe.seed)
+    processor = build_processor()
+    model = build_fresh_model(processor, seed=recipe.seed)
     model.train()
-    aux = TokenProbe(model) if aux_weight > 0 else None
-    params = list(model.named_parameters()) + (list(aux.heads.named_parameters()) if aux else [])
+    aux = TokenProbe(model)
+    params = list(model.named_parameters()) + list(aux.heads.named_parameters())
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=peak_lr, betas=(0.9, 0.98))
+                                  lr=recipe.peak_lr, betas=(0.9, 0.98))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("w")
     start = time.monotonic()
-    bar = tqdm(total=steps or int(minutes * 60), unit="step" if steps else "s", dynamic_ncols=True, mininterval=5)
-    step, smoothed = 0, None
-    while True:
-        elapsed = time.monotonic() - start
-        progress = step / steps if steps else elapsed / (minutes * 60)
-        if progress >= 1.0:
-            break
-        lr = learning_rate(progress, peak_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        dialogues = [training_dialogue(first_example + step * batch_size + i) for i in range(batch_size)]
-        batch = encode_batch(processor, dialogues)
-        loss = model(**batch).loss
-        aux_loss = aux.loss([scene for scene, _ in dialogues]) if aux else torch.zeros(())
-        (loss + aux_weight * aux_loss).backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
-        bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{lr:.2e}")
-        bar.update(1 if steps else int(time.monotonic() - start) - bar.n)
-        if step % log_every == 0:
-            record = {"step": step, "examples": step * batch_size, "loss": round(loss.item(), 5), "aux_loss": round(aux_loss.item(), 5),
-                      "smoothed_loss": round(smoothed, 5), "lr": lr, "elapsed_s": round(time.monotonic() - start, 1)}
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-        if save_every and step % save_every == 0:  # snapshots let a long run be checked while it goes on
-            _save(model, processor, out_dir.parent / f"{out_dir.name}-step{step}")
-            model.train()
-    bar.close()
-    log.close()
+    smoothed = None
+    with log_path.open("w") as log, tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, mininterval=5) as bar:
+        log.write(json.dumps({"recipe": dataclasses.asdict(recipe), "threads": threads}) + "\n")
+        for step in range(recipe.steps):
+            lr = learning_rate(step / recipe.steps, recipe.peak_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            examples = [recipe_example(recipe, step * recipe.batch_size + i) for i in range(recipe.batch_size)]
+            batch = encode_examples(processor, examples)
+            loss = model(**batch).loss
+            scenes = [e.scene for e in examples if e.image is not None]  # one entry per image, in batch order
+            aux_loss = aux.loss(scenes) if scenes else torch.zeros(())
+            (loss + recipe.aux_weight * aux_loss).backward()
+            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
+            bar.set_postfix(loss=f"{smoothed:.4f}", aux=f"{aux_loss.item():.3f}", lr=f"{lr:.2e}")
+            bar.update(1)
+            done = step + 1
+            if done % log_every == 0 or done == recipe.steps:
+                elapsed = time.monotonic() - start
+                record = {"step": done, "examples": done * recipe.batch_size, "loss": round(loss.item(), 5),
+                          "aux_loss": round(aux_loss.item(), 5), "smoothed_loss": round(smoothed, 5), "lr": lr,
+                          "elapsed_s": round(elapsed, 1),
+                          "eta_s": round(elapsed / done * (recipe.steps - done), 1)}
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            if save_every and done % save_every == 0 and done < recipe.steps:  # check a long run while it goes on
+                _save(model, processor, out_dir.parent / f"{out_dir.name}-step{done}")
+                model.train()
     _save(model, processor, out_dir)
-    summary = {"steps": step, "examples": step * batch_size, "final_smoothed_loss": smoothed,
-               "minutes": round((time.monotonic() - start) / 60, 1), "batch_size": batch_size, "peak_lr": peak_lr}
+    summary = {"recipe": dataclasses.asdict(recipe), "threads": threads, "steps": recipe.steps,
+               "examples": recipe.steps * recipe.batch_size, "final_smoothed_loss": smoothed,
+               "minutes": round((time.monotonic() - start) / 60, 1)}
     (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -100,7 +96,8 @@ class TokenProbe:
 
     Row and column keep the token's place in the image inside its features: the text side cannot read absolute
     image positions from rotary offsets, whose distance to the image varies with the dialogue's length.
-    Training-only linear heads on a forward hook; they are not part of the saved model.
+    Pictures that are not scenes have no targets (their tokens are ignored). Training-only linear heads on a
+    forward hook; they are not part of the saved model.
     """
 
     def __init__(self, model):
@@ -115,13 +112,26 @@ class TokenProbe:
         self._features = output.reshape(-1, output.shape[-1])
 
     def loss(self, scenes) -> torch.Tensor:
-        kinds, colours = zip(*(token_targets(scene) for scene in scenes))
+        """`scenes`: one entry per image of the last forward, the Scene it shows or None."""
+        if all(scene is None for scene in scenes):
+            return torch.zeros(())
         features = self._features
-        assert features is not None and features.shape[0] == GRID * GRID * len(scenes), "unexpected image tokens"
+        cells = GRID * GRID
+        # The projector sees every image padded to the most tokens an image may have (64 = a 256 px scene).
+        assert features is not None and features.shape[0] == cells * len(scenes), "unexpected image tokens"
+        ignore = torch.full((cells,), IGNORE)
+        targets = {"kind": [], "colour": [], "row": [], "col": []}
+        for scene in scenes:
+            if scene is None:
+                for key in targets:
+                    targets[key].append(ignore)
+                continue
+            kinds, colours = token_targets(scene)
+            index = torch.arange(cells)
+            for key, value in (("kind", kinds), ("colour", colours), ("row", index // GRID), ("col", index % GRID)):
+                targets[key].append(value)
         ce = torch.nn.functional.cross_entropy
-        cells = torch.arange(GRID * GRID).repeat(len(scenes))
-        return (ce(self.heads["kind"](features), torch.cat(kinds)) + ce(self.heads["colour"](features), torch.cat(colours))
-                + ce(self.heads["row"](features), cells // GRID) + ce(self.heads["col"](features), cells % GRID))
+        return sum(ce(self.heads[key](features), torch.cat(values), ignore_index=IGNORE) for key, values in targets.items())
 
 
 def _save(model, processor, out_dir: Path) -> None:
@@ -134,26 +144,18 @@ def _save(model, processor, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="demo")
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--steps", type=int, help="number of optimizer steps")
-    parser.add_argument("--minutes", type=float, help="time budget (used when --steps is not given)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, help="override the recipe's step count (smoke runs)")
     parser.add_argument("--log", type=Path, default=Path("artifacts/train_log.jsonl"))
     parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", type=Path, help="start from this checkpoint folder instead of random weights")
-    parser.add_argument("--first-example", type=int, default=0,
-                        help="index of the first training dialogue (continue past the examples already seen)")
-    parser.add_argument("--aux-weight", type=float, default=0.5,
-                        help="weight of the per-image-token shape/colour loss (0 turns it off)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 on a busy machine)")
     parser.add_argument("--save-every", type=int, default=0, help="also save <out>-step<N> snapshots")
     args = parser.parse_args()
-    if not args.steps and not args.minutes:
-        args.minutes = 30.0
-    summary = train(args.out, args.steps, args.minutes, args.batch_size, args.lr, args.log, args.log_every,
-                    args.threads, args.seed, args.save_every, args.init, args.first_example, args.aux_weight)
+    recipe = RECIPES[args.recipe]
+    if args.steps:
+        recipe = dataclasses.replace(recipe, steps=args.steps)
+    summary = train(recipe, args.out, args.log, args.log_every, args.threads, args.save_every)
     print(json.dumps(summary))
 
 

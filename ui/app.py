@@ -4,6 +4,9 @@ Every streaming event sets ``concurrency_limit=None``: Gradio's default of 1 wou
 behind one answer. The only caps are ``launch(max_threads=...)`` and ``queue(max_size=...)``, set in
 ``ui.server`` from the config.
 """
+import json
+from pathlib import Path
+
 import gradio as gr
 
 from ui.handlers import ChatHandlers, new_session
@@ -11,6 +14,11 @@ from ui.handlers import ChatHandlers, new_session
 TITLE = "Owlet — chat about an image"
 INTRO = ("Attach an image with 📎 (or drop it in), ask a question, and keep asking follow-ups about it. "
          "Attach another image at any time to switch pictures.")
+# What the bundled demo model (models/owlet-shapes-vl) can answer; anything else gets a short refusal.
+DEMO_NOTE = ("*The bundled demo model knows only simple pictures of coloured shapes (circles, squares, triangles, "
+             "stars): ask about colours, counts, positions, the largest shape, or for a description. "
+             "Try an example below.*")
+EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 CSS = """
 #owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
 #owlet-header h1 { margin-bottom: 0; }
@@ -18,6 +26,15 @@ footer { display: none !important; }
 """
 BROWSER_ID_KEY = "owlet-browser-id"
 CONVERSATION_KEY = "owlet-conversation"
+
+
+def example_inputs(folder: Path = EXAMPLES_DIR) -> list[list[dict]]:
+    """The bundled example pictures with their suggested first questions (ui/examples/examples.json)."""
+    manifest = folder / "examples.json"
+    if not manifest.exists():
+        return []
+    return [[{"text": item["question"], "files": [str(folder / item["file"])]}]
+            for item in json.loads(manifest.read_text())]
 
 
 def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
@@ -31,13 +48,17 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.secret)
         session = gr.State(new_session())
         with gr.Row(elem_id="owlet-header"):
-            gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}")
+            gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}\n\n{DEMO_NOTE}", elem_id="owlet-intro")
         chatbot = gr.Chatbot(elem_id="owlet-chat", height="66vh", min_height=360, editable="user", show_label=False,
                              buttons=["copy"], feedback_options=None, placeholder="Ask about an image…",
                              autoscroll=True)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
                                    placeholder="Ask about the image… (attach one with 📎)", show_label=False,
                                    submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000)
+        examples = example_inputs()
+        if examples:  # clicking one fills the box with the picture and a suggested first question
+            gr.Examples(examples, [box], label="Examples: click one, then send", elem_id="owlet-examples",
+                        examples_per_page=len(examples))
         with gr.Row():
             status = gr.Markdown("", elem_id="owlet-status")
             new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)

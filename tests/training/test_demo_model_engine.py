@@ -17,7 +17,7 @@ SCENE_A = Scene(
 )
 TURNS_A = [
     Turn("colour", "what colour is the circle?", "red"),
-    # "where" is the model's weakest type (62 % held-out, see the model card), so the known-scene check
+    # "where" is the model's weakest type (79 % held-out, see the model card), so the known-scene check
     # uses the types it has learned; the quality test covers "where" through the overall score.
     Turn("exists", "is there a blue square?", "yes"),
     Turn("count", "how many shapes are there?", "3"),

@@ -1,0 +1,115 @@
+"""The one-command recipe's data: deterministic, mixed as documented, with honest out-of-domain probes."""
+
+import json
+
+import torch
+from PIL import Image
+
+from training.dialogues import QUESTION_TYPES, describe, position_of
+from training.example_scenes import EXAMPLES, EXAMPLES_DIR
+from training.examples import IGNORE, encode_examples
+from training.ood import (_EVAL_FRAMES, _EVAL_NOUNS, _EVAL_THINGS, _TRAIN_FRAMES, _TRAIN_NOUNS, _TRAIN_THINGS, IMAGE_KINDS,
+                          OOD_REPLY, OOD_TYPE, ood_image)
+from training.recipe import DEMO, ood_probe, probe_family, recipe_example
+from training.scenes import render_scene
+
+
+def _same(a, b) -> bool:
+    same_image = (a.image is None and b.image is None) or a.image.tobytes() == b.image.tobytes()
+    return same_image and a.turns == b.turns and a.scene == b.scene
+
+
+def test_recipe_examples_are_reproducible_and_mixed():
+    assert _same(recipe_example(DEMO, 123), recipe_example(DEMO, 123))
+    examples = [recipe_example(DEMO, i) for i in range(600)]
+    non_scene = [e for e in examples if e.scene is None]
+    text_only = [e for e in non_scene if e.image is None]
+    assert 0.07 < len(non_scene) / len(examples) < 0.2 and text_only
+    for e in non_scene:  # a picture that is not a scene, or none: every turn gets the refusal
+        assert e.turns and all(t.answer == OOD_REPLY and t.qtype == OOD_TYPE for t in e.turns)
+    scenes = [e for e in examples if e.scene is not None]
+    assert all(e.image.tobytes() == render_scene(e.scene).tobytes() for e in scenes[:20])
+    mixed = [e for e in scenes if any(t.qtype == OOD_TYPE for t in e.turns)]
+    assert 0.15 < len(mixed) / len(scenes) < 0.35, "some scene dialogues carry off-topic turns"
+    assert all(any(t.qtype != OOD_TYPE for t in e.turns) for e in mixed)
+    counts = {q: sum(t.qtype == q for e in scenes for t in e.turns) for q in QUESTION_TYPES}
+    assert counts["where"] > 0.1 * sum(counts.values()), f"'where' is drawn more often in training: {counts}"
+
+
+def test_ood_images_look_like_uploads_not_scenes():
+    import random
+
+    rng = random.Random(5)
+    sizes = set()
+    for kind in IMAGE_KINDS:
+        for _ in range(3):
+            image = ood_image(rng, kind)
+            assert image.mode == "RGB" and min(image.size) >= 64
+            sizes.add(image.size)
+    assert len(sizes) > 5, "upload-like pictures come in many sizes"
+
+
+def test_probes_are_held_out_and_cover_every_family():
+    probes = [ood_probe(i) for i in range(14)]
+    assert {probe_family(i) for i in range(14)} == {*IMAGE_KINDS, "scene+off-topic", "no-image"}
+    assert all(t.answer == OOD_REPLY for p in probes for t in p.turns)
+    # Evaluation questions come from a pool training never saw: shared sentence frames are only the near misses
+    # ("where is the {noun}?"), and those are filled with nouns and topics training never uses.
+    assert all("{noun" in frame for frame in set(_TRAIN_FRAMES) & set(_EVAL_FRAMES))
+    assert not set(_TRAIN_NOUNS) & set(_EVAL_NOUNS) and not set(_TRAIN_THINGS) & set(_EVAL_THINGS)
+    train_questions = {t.question.lower() for i in range(2000) for t in recipe_example(DEMO, i).turns
+                       if t.qtype == OOD_TYPE}
+    probe_off_topic = [t.question.lower() for i in range(200) for t in ood_probe(i).turns
+                       if probe_family(i) in ("scene+off-topic", "no-image")]
+    overlap = [q for q in probe_off_topic if q in train_questions]
+    assert len(overlap) <= 0.05 * len(probe_off_topic), overlap[:5]
+
+
+def test_batches_mix_pictures_scenes_and_text_only_chats():
+    from training.demo_model import build_processor
+
+    processor = build_processor()
+    examples = [recipe_example(DEMO, i) for i in range(40)]
+    picked = [next(e for e in examples if e.scene is not None), next(e for e in examples if e.image is None),
+              next(e for e in examples if e.image is not None and e.scene is None)]
+    batch = encode_examples(processor, picked)
+    assert batch["pixel_values"].shape[0] == 2, "one image each for the scene and the non-scene picture"
+    reply = processor.tokenizer.encode(OOD_REPLY, add_special_tokens=False)
+    assert len(reply) <= 12, "the refusal is a handful of tokens in the demo vocabulary"
+    labels = batch["labels"][1][batch["labels"][1] != IGNORE].tolist()
+    assert processor.tokenizer.decode(labels).count(OOD_REPLY) == len(picked[1].turns)
+
+
+def test_bundled_examples_match_their_scenes():
+    manifest = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    assert [m["file"] for m in manifest] == [f"{name}.png" for name in EXAMPLES]
+    for item, (name, (scene, turn)) in zip(manifest, EXAMPLES.items()):
+        assert item["question"] == turn.question
+        png = Image.open(EXAMPLES_DIR / item["file"]).convert("RGB")
+        assert png.tobytes() == render_scene(scene).tobytes(), f"{name}.png is stale: python -m training.example_scenes"
+        if turn.qtype == "describe":
+            assert turn.answer == describe(scene)
+        if turn.qtype == "where":
+            kind = turn.question.lower().removeprefix("where is the ").removesuffix("?")
+            assert turn.answer == position_of(next(s for s in scene.shapes if s.kind == kind))
+        if turn.qtype == "count":
+            kind = turn.question.lower().removeprefix("how many ").removesuffix("s are there?")
+            assert turn.answer == str(sum(s.kind == kind for s in scene.shapes))
+
+
+def test_token_probe_ignores_pictures_that_are_not_scenes():
+    from training.demo_model import build_fresh_model, build_processor
+    from training.train import TokenProbe
+
+    processor = build_processor()
+    model = build_fresh_model(processor)
+    probe = TokenProbe(model)
+    examples = [recipe_example(DEMO, i) for i in range(40)]
+    scene = next(e for e in examples if e.scene is not None)
+    other = next(e for e in examples if e.image is not None and e.scene is None)
+    with torch.no_grad():
+        model(**{k: v for k, v in encode_examples(processor, [scene, other]).items() if k != "labels"})
+        both = probe.loss([scene.scene, None])
+        model(**{k: v for k, v in encode_examples(processor, [scene]).items() if k != "labels"})
+        alone = probe.loss([scene.scene])
+    assert torch.isfinite(both) and torch.allclose(both, alone, atol=1e-4), (both, alone)

@@ -1,0 +1,95 @@
+"""The demo model's one training recipe: which conversations it sees, in which mix, and its fixed settings.
+
+    python -m training.train --recipe demo
+
+Example i of the recipe is a pure function of i (its RNG is seeded with i), so a run is reproducible from
+random weights and a snapshot can be checked at any step. The mix:
+
+- most examples are shape-scene dialogues of 4-10 turns; "where" (the hardest type) and "describe" are drawn
+  more often than the uniform draw evaluation uses;
+- some of those dialogues get one or two off-topic questions mixed in, answered with `OOD_REPLY`, so the
+  model learns to refuse per question while still answering the rest from the same picture;
+- some examples show a picture that is not a scene (training/ood.py), and every question about it, in the
+  shape language or not, gets `OOD_REPLY`;
+- a few are text-only chats, refused the same way.
+
+Evaluation probes (`ood_probe`) come from a disjoint seed range and held-out question pools.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from training.dialogues import make_dialogue
+from training.examples import EVAL_SEED_BASE, Example
+from training.ood import IMAGE_KINDS, off_topic_question, ood_image, refusal
+from training.scenes import generate_scene, render_scene
+
+OOD_PROBE_SEED_BASE = 3 * EVAL_SEED_BASE  # disjoint from training (< 1e9) and from eval scenes (1e9 + i)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    steps: int
+    batch_size: int
+    peak_lr: float
+    aux_weight: float
+    seed: int
+    type_weights: tuple[tuple[str, float], ...]
+    ood_image_share: float  # examples whose picture is not a scene
+    text_only_share: float  # examples with no picture at all
+    mixed_share: float  # scene dialogues with off-topic questions mixed in
+
+
+# Sized for <= 60 minutes on a quiet 2-core CPU (0.5-0.7 s a step with 2 threads).
+DEMO = Recipe(steps=5000, batch_size=16, peak_lr=2e-3, aux_weight=0.5, seed=0,
+              type_weights=(("where", 3.0), ("describe", 1.5)),
+              ood_image_share=0.10, text_only_share=0.03, mixed_share=0.25)
+RECIPES = {"demo": DEMO}
+
+
+def _scene_questions(rng: random.Random, n: int) -> list[str]:
+    """In-language questions about some other scene: asked of a picture that is not a scene, they get refused."""
+    turns = make_dialogue(generate_scene(rng), rng, n)
+    return [t.question for t in turns]
+
+
+def _refused_turns(rng: random.Random, n: int, held_out: bool = False) -> list:
+    in_language = _scene_questions(rng, n)
+    return [refusal(q if rng.random() < 0.5 else off_topic_question(rng, held_out)) for q in in_language]
+
+
+def recipe_example(recipe: Recipe, index: int) -> Example:
+    """Training example `index` of `recipe` (seed = index, below the eval range)."""
+    assert 0 <= index < EVAL_SEED_BASE, f"training index {index} would collide with eval seeds"
+    rng = random.Random(index)
+    draw = rng.random()
+    if draw < recipe.ood_image_share:
+        return Example(ood_image(rng), _refused_turns(rng, rng.randint(2, 5)))
+    if draw < recipe.ood_image_share + recipe.text_only_share:
+        return Example(None, _refused_turns(rng, rng.randint(1, 3)))
+    scene = generate_scene(rng)
+    turns = make_dialogue(scene, rng, rng.randint(4, 10), dict(recipe.type_weights))
+    if rng.random() < recipe.mixed_share:
+        for _ in range(rng.randint(1, 2)):
+            turns.insert(rng.randint(0, len(turns)), refusal(off_topic_question(rng)))
+    return Example(render_scene(scene), turns, scene)
+
+
+def ood_probe(index: int, n_turns: int = 2) -> Example:
+    """Held-out out-of-domain probe `index`: a non-scene picture (all kinds in turn) or a scene with off-topic
+    questions, or no picture. Every turn's right answer is `OOD_REPLY`."""
+    rng = random.Random(OOD_PROBE_SEED_BASE + index)
+    family = index % (len(IMAGE_KINDS) + 2)
+    if family < len(IMAGE_KINDS):
+        return Example(ood_image(rng, IMAGE_KINDS[family]), _refused_turns(rng, n_turns, held_out=True))
+    if family == len(IMAGE_KINDS):
+        scene = generate_scene(rng)
+        return Example(render_scene(scene), [refusal(off_topic_question(rng, True)) for _ in range(n_turns)], scene)
+    return Example(None, [refusal(off_topic_question(rng, True)) for _ in range(n_turns)])
+
+
+def probe_family(index: int) -> str:
+    family = index % (len(IMAGE_KINDS) + 2)
+    return IMAGE_KINDS[family] if family < len(IMAGE_KINDS) else ("scene+off-topic", "no-image")[family - len(IMAGE_KINDS)]
