@@ -23,6 +23,7 @@ from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .handle import RequestHandle
+from .families import make_runner
 from .model_runner import ModelRunner
 from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder
@@ -38,8 +39,9 @@ log = logging.getLogger("owlet.engine")
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
         self.config = config
-        self.runner = runner or ModelRunner(config)
+        self.runner = runner or make_runner(config)
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
+                                     placeholder=self.runner.image_placeholder,
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)

@@ -1,0 +1,105 @@
+"""The registry of model families Owlet has verified token-exact against per-request ``generate()``.
+
+One table, keyed by the checkpoint's ``architectures`` entry in config.json. Each row says what the engine must
+do for that family beyond "embed, run, decode":
+
+- ``positions``: ``linear`` (position = token index) or ``mrope`` (Qwen-VL's 3D rotary positions, computed by
+  the model's own ``get_rope_index``; after the prompt each row decodes at its length plus a per-row delta);
+- ``extra_inputs``: ``deepstack`` (Qwen3-VL adds vision features inside its first decoder layers) and
+  ``token_type_ids`` (Gemma 3 attends bidirectionally within each image);
+- ``cache_layers``: the cache layer kinds it uses (``full``, ``sliding``, ``conv``);
+- ``image_placeholder``: the processor attribute naming the text its chat template emits per image, when it is
+  not the image-feature token itself (Gemma 3 emits ``<start_of_image>``);
+- ``runner``: ``"module:Class"`` of a custom ModelRunner for families Hugging Face does not serve natively.
+
+A checkpoint whose architecture is not listed is refused at load with the list of supported ones, unless the
+operator sets ``allow_unverified`` (``OWLET_ALLOW_UNVERIFIED=true``); then it runs the generic path with a
+warning, because its answers may be silently wrong.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("owlet.engine")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # what people call it (README)
+    architecture: str  # config.json "architectures"[0]
+    positions: str = "linear"  # linear | mrope
+    extra_inputs: tuple[str, ...] = ()  # deepstack | token_type_ids
+    cache_layers: tuple[str, ...] = ("full",)  # full | sliding | conv
+    image_placeholder: str | None = None  # processor attribute holding the template's per-image placeholder
+    runner: str | None = None  # "module:Class" of a custom ModelRunner
+    example: str = ""  # a public checkpoint of the family (README)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("LFM2-VL", "Lfm2VlForConditionalGeneration", cache_layers=("full", "conv"),
+           example="LiquidAI/LFM2-VL-450M"),
+    Family("LLaVA", "LlavaForConditionalGeneration", example="llava-hf/llava-interleave-qwen-0.5b-hf"),
+    Family("Qwen2-VL", "Qwen2VLForConditionalGeneration", positions="mrope", example="Qwen/Qwen2-VL-2B-Instruct"),
+    Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", positions="mrope",
+           example="Qwen/Qwen2.5-VL-3B-Instruct"),
+    Family("Qwen3-VL", "Qwen3VLForConditionalGeneration", positions="mrope", extra_inputs=("deepstack",),
+           example="Qwen/Qwen3-VL-2B-Instruct"),
+)
+
+UNVERIFIED = Family("unverified", "*")
+
+
+def by_architecture(families=FAMILIES) -> dict[str, Family]:
+    return {f.architecture: f for f in families}
+
+
+def checkpoint_architecture(folder: str) -> str | None:
+    """The first ``architectures`` entry of a local checkpoint's config.json (None if it names none)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        archs = json.loads(path.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return archs[0] if archs else None
+
+
+def supported_list(families=FAMILIES) -> str:
+    return ", ".join(f"{f.name} ({f.architecture})" for f in families)
+
+
+def resolve(model_folder: str, allow_unverified: bool = False, families=FAMILIES) -> Family:
+    """The registry row for a checkpoint; refuses an unverified architecture unless explicitly allowed."""
+    arch = checkpoint_architecture(model_folder)
+    family = by_architecture(families).get(arch)
+    if family is not None:
+        return family
+    what = f"architecture {arch!r}" if arch else "no 'architectures' entry in config.json"
+    if not allow_unverified:
+        raise ValueError(
+            f"{model_folder}: {what} is not a model family Owlet has verified, so its answers could be silently "
+            f"wrong. Supported: {supported_list(families)}. To try it anyway, set OWLET_ALLOW_UNVERIFIED=true "
+            f"(EngineConfig.allow_unverified).")
+    log.warning("%s: %s is not verified; running it on the generic path because allow_unverified is set. "
+                "Answers may differ from the model's own generate().", model_folder, what)
+    return UNVERIFIED
+
+
+def runner_class(family: Family):
+    """The ModelRunner class serving ``family``: its custom one if the row names one, else the generic runner."""
+    if family.runner is None:
+        from .model_runner import ModelRunner
+        return ModelRunner
+    module, _, name = family.runner.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_runner(config):
+    """Load the checkpoint ``config.model`` with the runner its family needs (refusing unverified ones)."""
+    family = resolve(config.model, config.allow_unverified)
+    return runner_class(family)(config, family=family)

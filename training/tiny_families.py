@@ -1,0 +1,159 @@
+"""Tiny offline checkpoints of the VLM families people bring: Qwen2/2.5/3-VL, Gemma 3, Idefics3, InternVL, Mistral 3.
+
+Each builder writes a random-init model with the family's real processor class, a tokenizer trained locally
+with the family's special tokens, and a chat template shaped like the real one (same markers, same BOS
+handling), so the engine meets the same prompt layout a downloaded checkpoint gives it. Gemma 3 and Mistral 3
+use tokenizers that add BOS by themselves, as the real ones do.
+
+``training.tiny_checkpoint.ensure_tiny_checkpoint(family)`` builds and caches these like the LFM2-VL and LLaVA
+ones. Sizes are a few hundred KB: enough for exactness tests, not for answers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+_CORPUS = [
+    "What colour is the circle? The circle is red.",
+    "How many squares are there? There are two squares.",
+    "Where is the triangle? It is on the left, near the top.",
+    "Describe the image. A small blue star and a large green square on a striped background.",
+    "Is there a red square? Yes. No. Which shape is largest? The circle. Tell me a story about owls.",
+    "The quick brown fox jumps over the lazy dog 0123456789. user assistant system model",
+]
+
+
+def family_tokenizer(special: list[str], *, bos: str | None, eos: str, pad: str, add_bos: bool,
+                     chat_template: str, vocab_size: int = 400, extra: dict | None = None):
+    """A byte-level BPE with ``special`` tokens; ``add_bos`` makes plain tokenisation prepend BOS (Llama/Gemma)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
+                                   extra_special_tokens=extra or {})
+    fast.chat_template = chat_template
+    return fast
+
+
+def _text(tokenizer, **overrides) -> dict:
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                initializer_range=0.3,  # a wide init gives varied, image-dependent greedy output
+                pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    text.update(overrides)
+    return text
+
+
+def _finish(out_dir, model_cls, config, processor, tokenizer, seed: int) -> Path:
+    import torch
+
+    from .tiny_checkpoint import _save, _set_generation_ids
+
+    torch.manual_seed(seed)
+    model = model_cls(config).float()
+    _widen_init(model)
+    _set_generation_ids(model, tokenizer)
+    return _save(out_dir, model, processor)
+
+
+def _widen_init(model, std: float = 0.3) -> None:
+    """Some families init from fixed small constants whatever initializer_range says; a random model then
+    repeats one token. Re-draw embeddings and the LM head so greedy output varies with the input."""
+    import torch
+
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_(0, std)
+        head = model.get_output_embeddings()
+        if head is not None and head.weight is not model.get_input_embeddings().weight:
+            head.weight.normal_(0, std)
+        # Qwen3-VL DeepStack mergers: at the default init their features barely move the logits, and a test
+        # that forgot them would still pass.
+        for merger in getattr(getattr(model.model, "visual", None), "deepstack_merger_list", ()):
+            for linear in (m for m in merger.modules() if isinstance(m, torch.nn.Linear)):
+                linear.weight.normal_(0, 0.5)
+
+
+# -- Qwen2-VL / Qwen2.5-VL / Qwen3-VL ---------------------------------------------------------------
+QWEN_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+               "<|image_pad|>", "<|video_pad|>"]
+# The Qwen2-VL template, shortened: a default system turn, ChatML turns, images as vision_start/pad/end.
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' -%}{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+def _qwen_tokenizer():
+    return family_tokenizer(QWEN_TOKENS, bos=None, eos="<|im_end|>", pad="<|endoftext|>", add_bos=False,
+                            chat_template=QWEN_TEMPLATE)
+
+
+def _qwen_processor(kind: str, tokenizer, patch: int):
+    import transformers as tf
+
+    pix = dict(min_pixels=4 * patch * patch * 4, max_pixels=64 * patch * patch * 4)
+    if kind == "qwen3vl":
+        image = tf.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                         size={"shortest_edge": pix["min_pixels"], "longest_edge": pix["max_pixels"]},
+                                         image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        video = tf.Qwen3VLVideoProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2)
+        return tf.Qwen3VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=video,
+                                   chat_template=QWEN_TEMPLATE)
+    image = tf.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                     size={"shortest_edge": pix["min_pixels"], "longest_edge": pix["max_pixels"]})
+    video = tf.Qwen2VLVideoProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2)
+    cls = tf.Qwen2_5_VLProcessor if kind == "qwen2_5vl" else tf.Qwen2VLProcessor
+    return cls(image_processor=image, tokenizer=tokenizer, video_processor=video, chat_template=QWEN_TEMPLATE)
+
+
+def build_qwen_vl_checkpoint(out_dir, kind: str = "qwen2vl", seed: int = 0) -> Path:
+    """Qwen2-VL (``kind="qwen2vl"``), Qwen2.5-VL (``"qwen2_5vl"``) or Qwen3-VL (``"qwen3vl"``, with DeepStack)."""
+    import transformers as tf
+
+    patch = 8
+    tok = _qwen_tokenizer()
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in
+           (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    if kind == "qwen2vl":
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=patch,
+                      spatial_merge_size=2, temporal_patch_size=2)
+        config = tf.Qwen2VLConfig(text_config=_text(tok, rope_parameters=rope), vision_config=vision, **ids)
+        model_cls = tf.Qwen2VLForConditionalGeneration
+    elif kind == "qwen2_5vl":
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
+                      patch_size=patch, spatial_merge_size=2, temporal_patch_size=2, window_size=32,
+                      fullatt_block_indexes=[1])
+        config = tf.Qwen2_5_VLConfig(text_config=_text(tok, rope_parameters=rope), vision_config=vision, **ids)
+        model_cls = tf.Qwen2_5_VLForConditionalGeneration
+    elif kind == "qwen3vl":
+        rope["mrope_section"] = [2, 3, 3]
+        rope["mrope_interleaved"] = True
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
+                      patch_size=patch, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0, 1])
+        config = tf.Qwen3VLConfig(text_config=_text(tok, rope_parameters=rope), vision_config=vision, **ids)
+        model_cls = tf.Qwen3VLForConditionalGeneration
+    else:
+        raise ValueError(kind)
+    return _finish(out_dir, model_cls, config, _qwen_processor(kind, tok, patch), tok, seed)
