@@ -48,6 +48,10 @@ FAMILIES: tuple[Family, ...] = (
            example="Qwen/Qwen2.5-VL-3B-Instruct"),
     Family("Qwen3-VL", "Qwen3VLForConditionalGeneration", positions="mrope", extra_inputs=("deepstack",),
            example="Qwen/Qwen3-VL-2B-Instruct"),
+    Family("Gemma 3", "Gemma3ForConditionalGeneration", extra_inputs=("token_type_ids",),
+           cache_layers=("full", "sliding"), image_placeholder="image_token", example="google/gemma-3-4b-it"),
+    Family("Mistral 3", "Mistral3ForConditionalGeneration", cache_layers=("full", "sliding"),
+           example="mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
 )
 
 UNVERIFIED = Family("unverified", "*")

@@ -2,7 +2,8 @@
 prefills one request (in chunks) and runs one batched decode step.
 
 What differs between families (see engine/families.py) is confined here: model-defined positions (Qwen-VL
-M-RoPE, from the model's own ``get_rope_index``) and extra per-token inputs on prefill (Qwen3-VL DeepStack).
+M-RoPE, from the model's own ``get_rope_index``) and extra per-token inputs on prefill (Qwen3-VL DeepStack,
+Gemma 3 ``token_type_ids``).
 
 It knows tensors, not scheduling: which request to prefill and when to decode is the scheduler's business.
 """
@@ -149,12 +150,14 @@ class ModelRunner:
     # -- forward passes -------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
-        """Run the next ``n_tokens`` prompt tokens of ``request`` through its private cache; returns last logits."""
+        """Run the next ``n_tokens`` prompt tokens of ``request`` (a few more or fewer to keep an image whole,
+        see ``_chunk_end``) through its private cache; returns last logits."""
         if request.embeds is None:
             request.embeds = self.embed_prompt(request)
             request.embeds_offset = request.num_computed
             self.prepare_positions(request)
-        start, end = request.num_computed, request.num_computed + n_tokens
+        start = request.num_computed
+        end = self._chunk_end(request, start, start + n_tokens)
         offset = request.embeds_offset
         if request.positions is None:
             positions = torch.arange(start, end, device=self.device)[None]
@@ -167,6 +170,11 @@ class ModelRunner:
             cache=request.cache,
             use_cache=True,
         )
+        if "token_type_ids" in self.family.extra_inputs:
+            # Gemma 3: image tokens attend to each other both ways. The mask reads the types by absolute
+            # position, so they span the sequence from its start, not just this chunk.
+            ids = torch.tensor(request.prompt.token_ids[:end], device=self.device)
+            inputs["token_type_ids"] = (ids == self.image_token_id).long()[None]
         if "deepstack" in self.family.extra_inputs:
             logits, cache = self._prefill_deepstack(request, inputs, start - offset, end - offset)
         else:
@@ -177,6 +185,26 @@ class ModelRunner:
         if end == request.prompt_len:
             request.extra = None
         return logits
+
+    def _chunk_end(self, request, start: int, end: int) -> int:
+        """Where this prefill chunk ends. With bidirectional attention inside an image (Gemma 3) a chunk must
+        not split an image: tokens in the first part would miss the rest. Stop before the image, or, if the
+        chunk starts inside it, run to its end."""
+        ids = request.prompt.token_ids
+        end = min(end, len(ids))
+        if "token_type_ids" not in self.family.extra_inputs or end >= len(ids):
+            return end
+        image = self.image_token_id
+        if ids[end - 1] != image or ids[end] != image:
+            return end
+        cut = end
+        while cut > start and ids[cut - 1] == image:
+            cut -= 1
+        if cut > start:
+            return cut
+        while end < len(ids) and ids[end] == image:
+            end += 1
+        return end
 
     def _prefill_deepstack(self, request, inputs: dict, lo: int, hi: int):
         """Qwen3-VL: the chunk's vision tokens also get their DeepStack features added in the first decoder

@@ -5,7 +5,8 @@ An entry holds the exact token ids its cache covers, the attention K/V for them,
 token by token against the entry, and only the part after the verified prefix is prefilled:
 
 - attention-only models (LLaVA/Llama) reuse the longest common prefix: K/V for a prefix is just a slice;
-- hybrid models have a conv state with no time axis, valid only at the exact length it was taken. Each entry
+- hybrid models have a conv state with no time axis, valid only at the exact length it was taken (so is a
+  sliding-window layer's K/V once the window has dropped early tokens: Gemma 3, Mistral). Each entry
   keeps two checkpoints: at the end of the previous prompt and at the end of the previous answer. A follow-up
   normally matches the whole previous turn; when the answer was re-tokenised differently, or the history was
   edited after the previous prompt, the prompt-end checkpoint still saves the image and the older turns; any
@@ -39,7 +40,7 @@ class SessionEntry:
     token_ids: list[int]  # exactly the tokens the K/V covers
     kv: dict[int, tuple[StoredTensor, StoredTensor]]
     conv_checkpoints: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # length -> layer -> state
-    hybrid: bool = False  # has conv layers: only checkpointed lengths can be restored
+    hybrid: bool = False  # conv layers or cropped sliding-window layers: only checkpointed lengths restore
 
     @property
     def nbytes(self) -> int:
@@ -126,13 +127,15 @@ class SessionStore:
             key = self._prefix_key(head)
             if key not in self.entries:
                 snap = kv_cache.snapshot_row(req.cache, 0, len(head))
-                self._put(key, list(head), snap, {len(head): snap.conv} if snap.conv else {})
+                exact = snap.conv or snap.cropped
+                self._put(key, list(head), snap, {len(head): kv_cache.exact_states(snap)} if exact else {})
 
     def checkpoint_prompt(self, req) -> None:
-        """At the end of a prompt's prefill, keep the conv states: they are the only way back to this point."""
+        """At the end of a prompt's prefill, keep the conv states and sliding windows: they are the only way
+        back to this point once the answer has moved them on."""
         if self.enabled and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
-            req.prompt_conv = snap.conv or None
+            req.prompt_conv = kv_cache.exact_states(snap) or None
 
     def park(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""
@@ -146,8 +149,8 @@ class SessionStore:
             assert int(batch.seq_lens[row]) == length, "batch row length disagrees with the request's tokens"
             snap = kv_cache.snapshot_row(batch.cache, row, length)
         checkpoints = {}
-        if snap.conv:
-            checkpoints[length] = snap.conv
+        if snap.conv or snap.cropped:
+            checkpoints[length] = kv_cache.exact_states(snap)
             if getattr(req, "prompt_conv", None) is not None:
                 checkpoints[req.prompt_len] = req.prompt_conv
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints)
@@ -175,15 +178,18 @@ class SessionStore:
         # values are grouped along each token's head_dim.
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
                   park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
-        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv))
+        if snap.cropped:  # sliding windows dropped early positions: they live only in the checkpoints
+            kv = {i: pair for i, pair in kv.items() if i not in snap.sliding}
+        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped)
         for evicted_key, _ in self.entries.put(key, entry, entry.nbytes):
             log.debug("evicted session %s", evicted_key)
 
     def _materialise(self, entry: SessionEntry, length: int):
-        kv = {i: (k.dequantize(self.device, self.model_dtype)[:, :, :length],
-                  v.dequantize(self.device, self.model_dtype)[:, :, :length]) for i, (k, v) in entry.kv.items()}
+        kv = {i: (k.dequantize(self.device, self.model_dtype), v.dequantize(self.device, self.model_dtype))
+              for i, (k, v) in entry.kv.items()}
         conv = {i: s.to(self.device) for i, s in entry.conv_checkpoints.get(length, {}).items()}
-        return kv_cache.cache_from_snapshot(kv_cache.CacheSnapshot(kv, conv, length), self.text_config)
+        snap = kv_cache.CacheSnapshot(kv, {}, len(entry.token_ids))
+        return kv_cache.cache_from_snapshot(snap, self.text_config, upto=length, conv=conv)
 
     @staticmethod
     def _prefix_key(head_ids) -> str | None:

@@ -202,9 +202,11 @@ _BUILDERS = {
     "qwen2vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2vl"),
     "qwen2_5vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2_5vl"),
     "qwen3vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen3vl"),
+    "gemma3": _family_builder("build_gemma3_checkpoint"),
+    "mistral3": _family_builder("build_mistral3_checkpoint"),
 }
 # Bump when the tiny shapes change, so cached folders are rebuilt instead of silently reused.
-_TINY_VERSION = 4
+_TINY_VERSION = 5
 
 
 def default_cache_dir() -> Path:

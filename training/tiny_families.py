@@ -157,3 +157,103 @@ def build_qwen_vl_checkpoint(out_dir, kind: str = "qwen2vl", seed: int = 0) -> P
     else:
         raise ValueError(kind)
     return _finish(out_dir, model_cls, config, _qwen_processor(kind, tok, patch), tok, seed)
+
+
+# -- Gemma 3 --------------------------------------------------------------------------------------
+GEMMA_TOKENS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+                "<end_of_image>", "<image_soft_token>"]
+# Gemma 3's template, shortened: BOS, a system prompt folded into the first user turn, "model" for the
+# assistant, and <start_of_image> per image (the processor expands it to \n\n<boi> soft tokens <eoi>\n\n).
+GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{- '<start_of_image>' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] | trim -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<end_of_turn>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
+)
+
+
+def build_gemma3_checkpoint(out_dir, *, sliding_window: int = 16, seed: int = 0) -> Path:
+    """Gemma 3 with a sliding-window layer (window smaller than the test prompts) and a full-attention one."""
+    import transformers as tf
+
+    tok = family_tokenizer(GEMMA_TOKENS, bos="<bos>", eos="<eos>", pad="<pad>", add_bos=True,
+                           chat_template=GEMMA_TEMPLATE,
+                           extra={"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
+                                  "eoi_token": "<end_of_image>"})
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in
+           (("image_token_index", "<image_soft_token>"), ("boi_token_index", "<start_of_image>"),
+            ("eoi_token_index", "<end_of_image>"))}
+    text = _text(tok, sliding_window=sliding_window, num_hidden_layers=3,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                 query_pre_attn_scalar=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=48, patch_size=8)
+    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=9,
+                             tie_word_embeddings=False, **ids)
+    image = tf.Gemma3ImageProcessor(size={"height": 48, "width": 48}, do_pan_and_scan=False)
+    processor = tf.Gemma3Processor(image_processor=image, tokenizer=tok, image_seq_length=9,
+                                   chat_template=GEMMA_TEMPLATE)
+    out = _finish(out_dir, tf.Gemma3ForConditionalGeneration, config, processor, tok, seed)
+    _set_eos(out, [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")])
+    return out
+
+
+# -- Mistral 3 (Pixtral vision) ---------------------------------------------------------------------
+MISTRAL_TOKENS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
+                  "[IMG_BREAK]", "[IMG_END]", "<pad>"]
+# Mistral Small 3.1's template, shortened: BOS, [INST] ... [/INST] turns, answers closed by </s>, [IMG] per image.
+MISTRAL_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{- '[SYSTEM_PROMPT]' -}}"
+    "{%- elif message['role'] == 'user' -%}{{- '[INST]' -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{- '[IMG]' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'system' -%}{{- '[/SYSTEM_PROMPT]' -}}"
+    "{%- elif message['role'] == 'user' -%}{{- '[/INST]' -}}"
+    "{%- else -%}{{- eos_token -}}{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+
+def build_mistral3_checkpoint(out_dir, *, sliding_window: int | None = 24, seed: int = 0) -> Path:
+    """Mistral 3 (Pixtral vision + Mistral text); ``sliding_window`` smaller than the test prompts by default."""
+    import transformers as tf
+
+    tok = family_tokenizer(MISTRAL_TOKENS, bos="<s>", eos="</s>", pad="<pad>", add_bos=True,
+                           chat_template=MISTRAL_TEMPLATE)
+    patch, merge = 8, 2
+    text = _text(tok, sliding_window=sliding_window)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                  image_size=64, patch_size=patch)
+    config = tf.Mistral3Config(text_config=tf.MistralConfig(**text).to_dict(), vision_config=vision,
+                               image_token_index=tok.convert_tokens_to_ids("[IMG]"), spatial_merge_size=merge,
+                               vision_feature_layer=-1, tie_word_embeddings=False)
+    image = tf.PixtralImageProcessor(size={"longest_edge": 64}, patch_size=patch * merge)
+    processor = tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=patch,
+                                    spatial_merge_size=merge, chat_template=MISTRAL_TEMPLATE)
+    return _finish(out_dir, tf.Mistral3ForConditionalGeneration, config, processor, tok, seed)
+
+
+def _set_eos(folder: Path, eos_ids: list[int]) -> None:
+    """Several end tokens, as the real Gemma generation config lists (<eos> and <end_of_turn>)."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig.from_pretrained(folder)
+    gc.eos_token_id = eos_ids
+    gc.save_pretrained(folder)
