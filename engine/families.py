@@ -52,6 +52,9 @@ FAMILIES: tuple[Family, ...] = (
            cache_layers=("full", "sliding"), image_placeholder="image_token", example="google/gemma-3-4b-it"),
     Family("Mistral 3", "Mistral3ForConditionalGeneration", cache_layers=("full", "sliding"),
            example="mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
+    Family("Idefics3", "Idefics3ForConditionalGeneration", example="HuggingFaceM4/Idefics3-8B-Llama3"),
+    Family("SmolVLM", "SmolVLMForConditionalGeneration", example="HuggingFaceTB/SmolVLM2-2.2B-Instruct"),
+    Family("InternVL", "InternVLForConditionalGeneration", example="OpenGVLab/InternVL3-1B-hf"),
 )
 
 UNVERIFIED = Family("unverified", "*")

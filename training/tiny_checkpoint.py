@@ -204,9 +204,12 @@ _BUILDERS = {
     "qwen3vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen3vl"),
     "gemma3": _family_builder("build_gemma3_checkpoint"),
     "mistral3": _family_builder("build_mistral3_checkpoint"),
+    "idefics3": _family_builder("build_idefics3_checkpoint"),
+    "smolvlm": _family_builder("build_idefics3_checkpoint", smolvlm=True),
+    "internvl": _family_builder("build_internvl_checkpoint"),
 }
 # Bump when the tiny shapes change, so cached folders are rebuilt instead of silently reused.
-_TINY_VERSION = 5
+_TINY_VERSION = 6
 
 
 def default_cache_dir() -> Path:

@@ -75,6 +75,10 @@ def _widen_init(model, std: float = 0.3) -> None:
         head = model.get_output_embeddings()
         if head is not None and head.weight is not model.get_input_embeddings().weight:
             head.weight.normal_(0, std)
+        # Gemma 3 starts its image projection at zero: every image would look the same to the model.
+        for name, param in model.named_parameters():
+            if "multi_modal_projector" in name and param.dim() >= 2 and not param.any():
+                param.normal_(0, 0.3)
         # Qwen3-VL DeepStack mergers: at the default init their features barely move the logits, and a test
         # that forgot them would still pass.
         for merger in getattr(getattr(model.model, "visual", None), "deepstack_merger_list", ()):
@@ -257,3 +261,94 @@ def _set_eos(folder: Path, eos_ids: list[int]) -> None:
     gc = GenerationConfig.from_pretrained(folder)
     gc.eos_token_id = eos_ids
     gc.save_pretrained(folder)
+
+
+# -- Idefics3 / SmolVLM ------------------------------------------------------------------------------
+IDEFICS_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<end_of_utterance>", "<fake_token_around_image>",
+                  "<image>", "<global-img>", "<|pad|>",
+                  *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]]
+# The Idefics3 template: BOS written by the template, "User:" / "Assistant:" turns closed by <end_of_utterance>.
+IDEFICS_TEMPLATE = (
+    "<|begin_of_text|>"
+    "{%- for message in messages -%}"
+    "{{- message['role'] | capitalize -}}"
+    "{%- if message['content'][0]['type'] == 'image' -%}{{- ':' -}}{%- else -%}{{- ': ' -}}{%- endif -%}"
+    "{%- for line in message['content'] -%}"
+    "{%- if line['type'] == 'text' -%}{{- line['text'] -}}"
+    "{%- elif line['type'] == 'image' -%}{{- '<image>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{{- '<end_of_utterance>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
+)
+
+
+def build_idefics3_checkpoint(out_dir, *, smolvlm: bool = False, seed: int = 0) -> Path:
+    """Idefics3 (SigLIP + Llama 3, BOS-adding tokenizer) or SmolVLM (the same layout, its own classes)."""
+    import transformers as tf
+
+    tok = family_tokenizer(IDEFICS_TOKENS, bos="<|begin_of_text|>", eos="<end_of_utterance>", pad="<|pad|>",
+                           add_bos=True, chat_template=IDEFICS_TEMPLATE,
+                           extra={"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
+                                  "global_image_token": "<global-img>",
+                                  "end_of_utterance_token": "<end_of_utterance>"})
+    image_size, patch, scale = 32, 8, 2
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=image_size, patch_size=patch)
+    text = _text(tok)
+    seq_len = (image_size // patch) ** 2 // scale ** 2
+    image_kwargs = dict(size={"longest_edge": image_size}, max_image_size={"longest_edge": image_size},
+                        do_image_splitting=False)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    if smolvlm:
+        config = tf.SmolVLMConfig(text_config=text, vision_config=vision, scale_factor=scale,
+                                  image_token_id=image_id, tie_word_embeddings=False)
+        processor = tf.SmolVLMProcessor(image_processor=tf.SmolVLMImageProcessor(**image_kwargs), tokenizer=tok,
+                                        video_processor=tf.SmolVLMVideoProcessor(), image_seq_len=seq_len,
+                                        chat_template=IDEFICS_TEMPLATE)
+        model_cls = tf.SmolVLMForConditionalGeneration
+    else:
+        config = tf.Idefics3Config(text_config=text, vision_config=vision, scale_factor=scale,
+                                   image_token_id=image_id, tie_word_embeddings=False)
+        processor = tf.Idefics3Processor(image_processor=tf.Idefics3ImageProcessor(**image_kwargs), tokenizer=tok,
+                                         image_seq_len=seq_len, chat_template=IDEFICS_TEMPLATE)
+        model_cls = tf.Idefics3ForConditionalGeneration
+    return _finish(out_dir, model_cls, config, processor, tok, seed)
+
+
+# -- InternVL ---------------------------------------------------------------------------------------
+INTERNVL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
+# InternVL3 (-hf layout): ChatML on a Qwen2 tokenizer, <IMG_CONTEXT> per image (expanded to <img>...</img>).
+INTERNVL_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{- '<IMG_CONTEXT>\n' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+def build_internvl_checkpoint(out_dir, *, seed: int = 0) -> Path:
+    import transformers as tf
+
+    tok = family_tokenizer(INTERNVL_TOKENS, bos=None, eos="<|im_end|>", pad="<|endoftext|>", add_bos=False,
+                           chat_template=INTERNVL_TEMPLATE,
+                           extra={"start_image_token": "<img>", "end_image_token": "</img>",
+                                  "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
+    image_size, patch = 32, 8
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=[image_size, image_size], patch_size=[patch, patch])
+    seq_len = (image_size // patch) ** 2 // 4
+    config = tf.InternVLConfig(text_config=tf.Qwen2Config(**_text(tok)).to_dict(), vision_config=vision,
+                               image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"), image_seq_length=seq_len,
+                               downsample_ratio=0.5, tie_word_embeddings=False)
+    image = tf.GotOcr2ImageProcessor(size={"height": image_size, "width": image_size}, crop_to_patches=False)
+    processor = tf.InternVLProcessor(image_processor=image, tokenizer=tok,
+                                     video_processor=tf.InternVLVideoProcessor(), image_seq_length=seq_len,
+                                     chat_template=INTERNVL_TEMPLATE)
+    return _finish(out_dir, tf.InternVLForConditionalGeneration, config, processor, tok, seed)

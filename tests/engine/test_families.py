@@ -11,7 +11,7 @@ from engine import greedy
 
 from .helpers import chat, image, run_until_done
 
-FAMILIES = ["qwen2vl", "qwen2_5vl", "qwen3vl", "gemma3", "mistral3"]
+FAMILIES = ["qwen2vl", "qwen2_5vl", "qwen3vl", "gemma3", "mistral3", "idefics3", "smolvlm", "internvl"]
 QUESTIONS = ["What colour is it?", "Describe the image in detail, please.", "Is there a circle?",
              "How many shapes are there, and where is the largest one?", "hi", "Where is the star?"]
 
