@@ -97,6 +97,38 @@ def resolve(model_folder: str, allow_unverified: bool = False, families=FAMILIES
     return UNVERIFIED
 
 
+def cache_layer_kinds(text_config) -> set[str]:
+    """The kinds of cache layer this text config makes: full, sliding, conv (anything else by class name)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+
+    kinds = set()
+    for layer in DynamicCache(config=text_config).layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            kinds.add("conv")
+        elif isinstance(layer, DynamicSlidingWindowLayer):
+            kinds.add("sliding")
+        elif type(layer).__name__ == "DynamicLayer":
+            kinds.add("full")
+        else:
+            kinds.add(type(layer).__name__)
+    return kinds
+
+
+def check_cache_layers(family: Family, text_config, allow_unverified: bool) -> None:
+    """Refuse a checkpoint of a known family whose cache needs a layer kind that was not verified for it."""
+    if family is UNVERIFIED:
+        return
+    extra = cache_layer_kinds(text_config) - set(family.cache_layers)
+    if not extra:
+        return
+    message = (f"this {family.name} checkpoint uses cache layers of kind {sorted(extra)}, which Owlet has not "
+               f"verified for {family.name} (verified: {list(family.cache_layers)})")
+    if not allow_unverified:
+        raise ValueError(message + ". To try it anyway, set OWLET_ALLOW_UNVERIFIED=true.")
+    log.warning("%s; running anyway because allow_unverified is set", message)
+
+
 def runner_class(family: Family):
     """The ModelRunner class serving ``family``: its custom one if the row names one, else the generic runner."""
     if family.runner is None:
@@ -106,7 +138,7 @@ def runner_class(family: Family):
     return getattr(importlib.import_module(module), name)
 
 
-def make_runner(config):
+def make_runner(config, families=FAMILIES):
     """Load the checkpoint ``config.model`` with the runner its family needs (refusing unverified ones)."""
-    family = resolve(config.model, config.allow_unverified)
+    family = resolve(config.model, config.allow_unverified, families)
     return runner_class(family)(config, family=family)

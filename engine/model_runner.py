@@ -55,6 +55,7 @@ class ModelRunner:
             config.model, dtype=self.dtype, trust_remote_code=config.trust_remote_code, local_files_only=True,
         ).to(self.device).eval()
         self.text_config = self.model.config.get_text_config()
+        families.check_cache_layers(self.family, self.text_config, config.allow_unverified)
         self.image_token_id = self.model.config.image_token_id
         attr = self.family.image_placeholder
         self.image_placeholder = getattr(self.processor, attr) if attr else None  # None: the image token itself
