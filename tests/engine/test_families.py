@@ -41,15 +41,40 @@ def workload():
     return reqs
 
 
+TWO_IMAGE_CHAT = [{"role": "user", "content": [{"type": "image", "image": image(1, (48, 40))},
+                                              {"type": "text", "text": "What is it?"}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "A circle."}]},
+                  {"role": "user", "content": [{"type": "text", "text": "And this?"},
+                                               {"type": "image", "image": image(2, (56, 64))}]}]
+
+
 def test_prompt_ids_equal_the_processors(fam, make_engine, runners):
-    engine = make_engine(fam)
-    messages = [{"role": "user", "content": [{"type": "image", "image": image(1, (48, 40))},
-                                             {"type": "text", "text": "What is it?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "A circle."}]},
-                {"role": "user", "content": [{"type": "text", "text": "And this?"},
-                                             {"type": "image", "image": image(2, (56, 64))}]}]
-    want = reference_inputs(runners(fam), messages)["input_ids"][0].tolist()
-    assert engine.prompts.build(messages).token_ids == want
+    want = reference_inputs(runners(fam), TWO_IMAGE_CHAT)["input_ids"][0].tolist()
+    assert make_engine(fam).prompts.build(TWO_IMAGE_CHAT).token_ids == want
+
+
+@pytest.mark.parametrize("original", ["lfm2vl", "llava"])
+def test_prompt_ids_equal_the_processors_for_lfm2vl_and_llava(original, make_engine, runners):
+    want = reference_inputs(runners(original), TWO_IMAGE_CHAT)["input_ids"][0].tolist()
+    assert make_engine(original).prompts.build(TWO_IMAGE_CHAT).token_ids == want
+
+
+def test_bos_comes_from_the_tokenizer_when_the_template_writes_none(make_engine, runners):
+    """Mistral's tokenizer adds BOS by itself: once at the start, as the processor does, never per image."""
+    import copy
+
+    from engine.prompt import PromptBuilder
+    from training.tiny_families import MISTRAL_TEMPLATE
+
+    runner = runners("mistral3")
+    processor = copy.copy(runner.processor)
+    processor.chat_template = MISTRAL_TEMPLATE.replace("{{- bos_token -}}", "")
+    builder = PromptBuilder(processor, runner.image_token_id, max_image_pixels=2**20, max_images=8)
+    ids = builder.build(TWO_IMAGE_CHAT).token_ids
+    want = processor.apply_chat_template(TWO_IMAGE_CHAT, add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"][0].tolist()
+    bos = processor.tokenizer.bos_token_id
+    assert ids == want and ids[0] == bos and ids.count(bos) == 1
 
 
 def test_staggered_batch_matches_generate(fam, make_engine, runners):
