@@ -10,7 +10,9 @@ do for that family beyond "embed, run, decode":
 - ``cache_layers``: the cache layer kinds it uses (``full``, ``sliding``, ``conv``);
 - ``image_placeholder``: the processor attribute naming the text its chat template emits per image, when it is
   not the image-feature token itself (Gemma 3 emits ``<start_of_image>``);
-- ``runner``: ``"module:Class"`` of a custom ModelRunner for families Hugging Face does not serve natively.
+- ``runner``: ``"module:Class"`` of a custom ModelRunner for families Hugging Face does not serve natively
+  (e.g. a native mPLUG-Owl3). It is built as ``Class(config, family=row)`` and must offer ModelRunner's
+  interface (processor, image_token_id, image_placeholder, prefill, decode, ...).
 
 A checkpoint whose architecture is not listed is refused at load with the list of supported ones, unless the
 operator sets ``allow_unverified`` (``OWLET_ALLOW_UNVERIFIED=true``); then it runs the generic path with a

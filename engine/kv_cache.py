@@ -120,7 +120,8 @@ def cache_from_snapshot(snap: CacheSnapshot, text_config, upto: int | None = Non
         start = max(0, upto - (layer.sliding_window - 1)) if _is_sliding(layer) else 0
         assert start >= first, "this sliding-window layer no longer holds the positions that prefix needs"
         layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k[:, :, start - first:upto - first].clone(), v[:, :, start - first:upto - first].clone()
+        held = slice(start - first, upto - first)
+        layer.keys, layer.values = k[:, :, held].clone(), v[:, :, held].clone()
         if _is_sliding(layer):
             layer.cumulative_length = upto
     return cache

@@ -14,8 +14,8 @@ import logging
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from .byte_lru import ByteLRU
 from . import families
+from .byte_lru import ByteLRU
 from .config import EngineConfig
 
 log = logging.getLogger("owlet.engine")

@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, greedy
-from engine import families
+from engine import EngineConfig, LLMEngine, families, greedy
 from engine.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
