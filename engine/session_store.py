@@ -176,10 +176,10 @@ class SessionStore:
         where = self.device if self.park_mode == "none" else "cpu"
         # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
         # values are grouped along each token's head_dim.
+        # Cropped sliding windows can only be restored whole, at a checkpointed length: they live there alone.
+        layers = {i: kv for i, kv in snap.kv.items() if not (snap.cropped and i in snap.sliding)}
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
-                  park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
-        if snap.cropped:  # sliding windows dropped early positions: they live only in the checkpoints
-            kv = {i: pair for i, pair in kv.items() if i not in snap.sliding}
+                  park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in layers.items()}
         entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped)
         for evicted_key, _ in self.entries.put(key, entry, entry.nbytes):
             log.debug("evicted session %s", evicted_key)
