@@ -3,7 +3,8 @@
 ``add`` merges a freshly prefilled batch-1 cache; ``filter`` drops rows. Both keep three things consistent —
 getting any of them wrong silently changes tokens:
 - the 2D attention mask spans cache + new token, with zeros over each row's left padding;
-- ``position_ids`` are each row's real length, not the padded length;
+- ``position_ids`` are each row's real length, not the padded length, plus the row's model-defined delta
+  (M-RoPE models place text after an image at fewer positions than tokens; see ModelRunner.prepare_positions);
 - merged LFM2 conv layers are flagged as having previous state (see kv_cache.append_rows).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ class DecodeBatch:
         self.mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self.seq_lens: torch.Tensor | None = None  # [B] tokens in cache per row
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
+        self.pos_deltas: torch.Tensor | None = None  # [B] decode position minus cache length per row
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -33,9 +35,11 @@ class DecodeBatch:
         """Merge a batch-1 cache holding ``length`` tokens, whose next input is ``last_token``."""
         row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
         row = (torch.tensor([length], device=self.device), torch.tensor([last_token], device=self.device))
+        delta = torch.tensor([getattr(request, "position_delta", 0)], device=self.device)
         if self.cache is None:
             self.cache, self.mask = cache, row_mask
             self.seq_lens, self.last_tokens = row
+            self.pos_deltas = delta
             self.requests = [request]
             return
         if length < self.padded_len:
@@ -48,6 +52,7 @@ class DecodeBatch:
         self.mask = torch.cat([self.mask, row_mask], dim=0)
         self.seq_lens = torch.cat([self.seq_lens, row[0]])
         self.last_tokens = torch.cat([self.last_tokens, row[1]])
+        self.pos_deltas = torch.cat([self.pos_deltas, delta])
         self.requests.append(request)
 
     def filter(self, keep: list[int]) -> None:
@@ -60,6 +65,7 @@ class DecodeBatch:
         idx = torch.tensor(keep, device=self.device)
         kv_cache.select_rows(self.cache, idx)
         self.mask, self.seq_lens, self.last_tokens = self.mask[idx], self.seq_lens[idx], self.last_tokens[idx]
+        self.pos_deltas = self.pos_deltas[idx]
         self.requests = [self.requests[i] for i in keep]
         unused = self.padded_len - int(self.seq_lens.max())
         if unused > 0:
@@ -77,7 +83,7 @@ class DecodeBatch:
         return dict(
             input_ids=self.last_tokens[:, None],
             attention_mask=torch.cat([self.mask, ones], dim=1),
-            position_ids=self.seq_lens[:, None],
+            position_ids=(self.seq_lens + self.pos_deltas)[:, None],
             cache=self.cache,
             use_cache=True,
         )

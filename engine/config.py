@@ -15,6 +15,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     trust_remote_code: bool = False  # only for checkpoints that ship their own modelling code (mPLUG-Owl3 needs none)
+    allow_unverified: bool = False  # serve an architecture missing from engine/families.py (with a warning)
     max_running: int = 16  # sequences in the decode batch
     max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings

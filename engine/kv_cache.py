@@ -4,6 +4,12 @@ Attention layers hold keys/values of shape [B, kv_heads, T, head_dim] (after rop
 conv state of shape [B, hidden, L] with no time axis. Batching left-pads the time axis, so a row's real tokens
 are the last positions of its time axis.
 
+Sliding-window layers (``DynamicSlidingWindowLayer``: Gemma 3, Mistral with ``sliding_window``) hold only the
+last ``min(cumulative_length, window - 1)`` positions of the same (padded) timeline, and ``cumulative_length``
+is that timeline's length: the model's mask indexes the 2D attention mask with it. Every operation here keeps
+both in step with the full layers. Once a sliding layer has dropped positions ("cropped"), no shorter prefix
+can be restored from it (see ``CacheSnapshot.cropped``).
+
 Everything that knows the cache's internals lives here; the batch and the session store call these functions.
 """
 from __future__ import annotations
@@ -12,11 +18,22 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 
 def _is_conv(layer) -> bool:
     return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def _is_sliding(layer) -> bool:
+    return isinstance(layer, DynamicSlidingWindowLayer)
+
+
+def _keep_window(layer) -> None:
+    """Hold at most ``window - 1`` positions, as DynamicSlidingWindowLayer.update does."""
+    keep = layer.sliding_window - 1
+    if layer.keys.shape[-2] > keep:
+        layer.keys, layer.values = layer.keys[:, :, -keep:], layer.values[:, :, -keep:]
 
 
 @dataclass
@@ -25,44 +42,79 @@ class CacheSnapshot:
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values), [1, H, T, D]
     conv: dict[int, torch.Tensor]  # layer -> conv state [1, C, L], valid only at exactly `length` tokens
     length: int  # tokens covered
+    sliding: frozenset = frozenset()  # indices of sliding-window layers (their kv holds at most window - 1)
 
     @property
     def nbytes(self) -> int:
         n = sum(k.nbytes + v.nbytes for k, v in self.kv.values())
         return n + sum(c.nbytes for c in self.conv.values())
 
+    @property
+    def cropped(self) -> bool:
+        """A sliding-window layer holds fewer than ``length`` positions: only the full length is restorable."""
+        return any(k.shape[-2] < self.length for k, _ in self.kv.values())
+
 
 def snapshot_row(cache, row: int, length: int) -> CacheSnapshot:
-    """Copy row ``row``'s last ``length`` positions out of a (possibly left-padded, batched) cache."""
+    """Copy row ``row``'s last ``length`` positions out of a (possibly left-padded, batched) cache.
+
+    A sliding-window layer gives only the positions it still holds (at most ``window - 1``)."""
     kv, conv = {}, {}
     for i, layer in enumerate(cache.layers):
         if _is_conv(layer):
             conv[i] = layer.conv_states[0][row:row + 1].clone()
         else:
             t = layer.keys.shape[-2]
-            kv[i] = (layer.keys[row:row + 1, :, t - length:].clone(), layer.values[row:row + 1, :, t - length:].clone())
-    return CacheSnapshot(kv, conv, length)
+            n = min(length, t)
+            kv[i] = (layer.keys[row:row + 1, :, t - n:].clone(), layer.values[row:row + 1, :, t - n:].clone())
+    sliding = frozenset(i for i, layer in enumerate(cache.layers) if _is_sliding(layer))
+    return CacheSnapshot(kv, conv, length, sliding)
 
 
-def cache_from_snapshot(snap: CacheSnapshot, text_config, upto: int | None = None) -> DynamicCache:
+def exact_states(snap: CacheSnapshot) -> dict[int, torch.Tensor]:
+    """The per-layer state that is valid only at exactly ``snap.length`` tokens: conv states, and each
+    sliding-window layer's K/V window (stacked as [2, 1, H, T, D]). A session keeps these as checkpoints."""
+    states = dict(snap.conv)
+    for i in snap.sliding:
+        states[i] = torch.stack(snap.kv[i])
+    return states
+
+
+def cache_from_snapshot(snap: CacheSnapshot, text_config, upto: int | None = None,
+                        conv: dict | None = None) -> DynamicCache:
     """A fresh batch-1 DynamicCache holding the snapshot's first ``upto`` tokens (default: all).
 
-    Conv states carry no time axis, so they can only be restored at the snapshot's full length; callers that
-    need a shorter prefix of a hybrid model must use a conv checkpoint taken at that length.
+    Conv states carry no time axis, so they can only be restored at the length they were taken: either the
+    snapshot's own (``upto == snap.length``) or a checkpoint ``conv`` the caller took at ``upto`` (see
+    ``exact_states``; it may also hold sliding-window layers' windows, which are then used as they are).
+    Otherwise a cropped sliding-window layer can only give back a prefix whose window it still holds.
     """
     upto = snap.length if upto is None else upto
-    assert upto == snap.length or not snap.conv, "a conv state is only valid at the exact length it was taken"
+    if conv is None:
+        assert upto == snap.length or not snap.conv, "a conv state is only valid at the exact length it was taken"
+        conv = snap.conv
     cache = DynamicCache(config=text_config)
     for i, layer in enumerate(cache.layers):
         if _is_conv(layer):
-            state = snap.conv[i].clone()
+            state = conv[i].clone()
             layer.lazy_initialization(conv_states=state, conv_kernel_size=state.shape[-1])
             layer.conv_states[0].copy_(state)
             layer.has_previous_state[0] = True
-        else:
-            k, v = snap.kv[i]
+            continue
+        if i in conv:  # a sliding window checkpointed at exactly `upto`
+            k, v = conv[i][0], conv[i][1]
             layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k[:, :, :upto].clone(), v[:, :, :upto].clone()
+            layer.keys, layer.values, layer.cumulative_length = k.clone(), v.clone(), upto
+            continue
+        k, v = snap.kv[i]
+        first = snap.length - k.shape[-2]  # timeline position of k[..., 0, :]
+        start = max(0, upto - (layer.sliding_window - 1)) if _is_sliding(layer) else 0
+        assert start >= first, "this sliding-window layer no longer holds the positions that prefix needs"
+        layer.lazy_initialization(k, v)
+        held = slice(start - first, upto - first)
+        layer.keys, layer.values = k[:, :, held].clone(), v[:, :, held].clone()
+        if _is_sliding(layer):
+            layer.cumulative_length = upto
     return cache
 
 
@@ -75,6 +127,9 @@ def pad_left(cache, n: int) -> None:
             b, h, _, d = layer.keys.shape
             layer.keys = torch.cat([layer.keys.new_zeros(b, h, n, d), layer.keys], dim=2)
             layer.values = torch.cat([layer.values.new_zeros(b, h, n, d), layer.values], dim=2)
+            if _is_sliding(layer):
+                layer.cumulative_length += n
+                _keep_window(layer)
 
 
 def append_rows(cache, other) -> None:
@@ -99,7 +154,13 @@ def trim_left(cache, n: int) -> None:
     if n <= 0:
         return
     for layer in cache.layers:
-        if not _is_conv(layer):
+        if _is_sliding(layer):
+            # It holds the timeline's last positions; drop only those that fall before the new start.
+            layer.cumulative_length -= n
+            extra = layer.keys.shape[-2] - layer.cumulative_length
+            if extra > 0:
+                layer.keys, layer.values = layer.keys[:, :, extra:], layer.values[:, :, extra:]
+        elif not _is_conv(layer):
             layer.keys = layer.keys[:, :, n:]
             layer.values = layer.values[:, :, n:]
 
@@ -109,17 +170,21 @@ class StepUndo:
     """What a failed forward may have changed in place: attention lengths and conv states (see ``rollback``)."""
     attn_len: dict[int, int]
     conv: dict[int, torch.Tensor]
+    sliding: dict[int, tuple] = None  # layer -> (keys, values, cumulative_length) before the step
 
 
 def undo_point(cache) -> StepUndo:
-    """Cheap record taken before a decode step: conv states are [B, hidden, L], a few KB per row."""
-    attn, conv = {}, {}
+    """Cheap record taken before a decode step: conv states are [B, hidden, L], a few KB per row. Sliding
+    layers are kept by reference: an update replaces their tensors (torch.cat) rather than writing into them."""
+    attn, conv, sliding = {}, {}, {}
     for i, layer in enumerate(cache.layers):
         if _is_conv(layer):
             conv[i] = layer.conv_states[0].clone()
+        elif _is_sliding(layer):
+            sliding[i] = (layer.keys, layer.values, layer.cumulative_length)
         else:
             attn[i] = layer.keys.shape[-2]
-    return StepUndo(attn, conv)
+    return StepUndo(attn, conv, sliding)
 
 
 def rollback(cache, undo: StepUndo) -> None:
@@ -128,6 +193,8 @@ def rollback(cache, undo: StepUndo) -> None:
     for i, layer in enumerate(cache.layers):
         if _is_conv(layer):
             layer.conv_states[0].copy_(undo.conv[i])
+        elif _is_sliding(layer):
+            layer.keys, layer.values, layer.cumulative_length = undo.sliding[i]
         else:
             layer.keys = layer.keys[:, :, :undo.attn_len[i]]
             layer.values = layer.values[:, :, :undo.attn_len[i]]

@@ -18,10 +18,11 @@ from collections import deque
 
 import torch
 
-from . import kv_cache, mplug_owl3
+from . import kv_cache
 from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .families import make_runner
 from .handle import RequestHandle
 from .model_runner import ModelRunner
 from .outputs import FinalResult, FinishReason
@@ -38,10 +39,9 @@ log = logging.getLogger("owlet.engine")
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
         self.config = config
-        # mPLUG-Owl3 has its own runner (hyper attention); the families registry will own this choice.
-        self.runner = runner or (mplug_owl3.load_runner(config) if mplug_owl3.is_mplug_owl3(config.model)
-                                 else ModelRunner(config))
+        self.runner = runner or make_runner(config)  # the family registry picks the runner (engine/families.py)
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
+                                     placeholder=self.runner.image_placeholder,
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)

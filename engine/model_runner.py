@@ -1,8 +1,12 @@
 """ModelRunner: the only code that runs the Hugging Face model. Loads a local checkpoint, encodes images,
 prefills one request (in chunks) and runs one batched decode step.
 
-It knows tensors, not scheduling: the scheduler picks which prompt tokens to prefill, and ``LLMEngine.step``
-decides when to decode.
+What differs between families (see engine/families.py) is confined here: model-defined positions (Qwen-VL
+M-RoPE, from the model's own ``get_rope_index``) and extra per-token inputs on prefill (Qwen3-VL DeepStack,
+Gemma 3 ``token_type_ids``).
+
+It knows tensors, not scheduling: the scheduler picks which prompt tokens to prefill (a chunk may end a little
+earlier or later so that it never splits a bidirectional image), and ``LLMEngine.step`` decides when to decode.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import logging
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from . import families
 from .byte_lru import ByteLRU
 from .config import EngineConfig
 
@@ -41,7 +46,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, family: families.Family | None = None):
+        self.family = family or families.resolve(config.model, config.allow_unverified)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.processor = AutoProcessor.from_pretrained(
@@ -50,7 +56,10 @@ class ModelRunner:
             config.model, dtype=self.dtype, trust_remote_code=config.trust_remote_code, local_files_only=True,
         ).to(self.device).eval()
         self.text_config = self.model.config.get_text_config()
+        families.check_cache_layers(self.family, self.text_config, config.allow_unverified)
         self.image_token_id = self.model.config.image_token_id
+        attr = self.family.image_placeholder
+        self.image_placeholder = getattr(self.processor, attr) if attr else None  # None: the image token itself
         self.max_model_len = config.max_model_len or getattr(self.text_config, "max_position_embeddings", 4096)
         self.eos_ids = self._eos_ids()
         self.image_features = ByteLRU(int(config.image_cache_mb * 2**20))
@@ -71,6 +80,11 @@ class ModelRunner:
     # -- images ---------------------------------------------------------------
     def encode_image(self, image) -> tuple[torch.Tensor, bool]:
         """Projected vision features [num_image_tokens, hidden] for one PromptImage, and whether it was cached."""
+        (feats, _), hit = self.encode_image_full(image)
+        return feats, hit
+
+    def encode_image_full(self, image) -> tuple[tuple[torch.Tensor, list | None], bool]:
+        """(features, DeepStack features per layer or None) for one PromptImage, and whether it was cached."""
         cached = self.image_features.get(image.sha256)
         if cached is not None:
             return cached, True
@@ -78,12 +92,15 @@ class ModelRunner:
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         out = self.model.get_image_features(**inputs)
-        feats = getattr(out, "pooler_output", out)
-        feats = torch.cat(list(feats), dim=0) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
+        feats = _flat_features(getattr(out, "pooler_output", out))
         assert feats.shape[0] == image.num_image_tokens, (
             f"vision tower gave {feats.shape[0]} features for {image.num_image_tokens} image tokens")
-        self.image_features.put(image.sha256, feats, feats.nbytes)
-        return feats, False
+        deep = None
+        if "deepstack" in self.family.extra_inputs:
+            deep = [_flat_features(layer) for layer in out.deepstack_features]
+        value = (feats, deep)
+        self.image_features.put(image.sha256, value, feats.nbytes + sum(d.nbytes for d in deep or ()))
+        return value, False
 
     def embed_prompt(self, request) -> torch.Tensor:
         """Input embeddings [T - num_computed, hidden] for the part of the prompt not yet in the cache, with
@@ -95,43 +112,127 @@ class ModelRunner:
         base = request.num_computed
         ids = torch.tensor(request.prompt.token_ids, device=self.device)
         embeds = self._embed(ids[base:])
+        deepstack = "deepstack" in self.family.extra_inputs
+        if deepstack:
+            n_deep = len(self.model.config.vision_config.deepstack_visual_indexes)
+            request.extra = dict(visual_mask=(ids[base:] == self.image_token_id),
+                                 deepstack=[torch.zeros_like(embeds) for _ in range(n_deep)])
         slots = (ids == self.image_token_id).nonzero().flatten()
         start = 0
         for image in request.prompt.images:
             positions = slots[start:start + image.num_image_tokens]
             start += image.num_image_tokens
             if positions.numel() and int(positions[-1]) >= base:
-                feats, hit = self.encode_image(image)
+                (feats, deep), hit = self.encode_image_full(image)
                 request.image_cache_hits += int(hit)
                 keep = positions >= base  # an image can straddle the cached boundary
                 embeds[positions[keep] - base] = feats[keep].to(embeds.dtype)
+                for layer, d in zip(request.extra["deepstack"] if deepstack else (), deep or ()):
+                    layer[positions[keep] - base] = d[keep].to(embeds.dtype)
         return embeds
+
+    def prepare_positions(self, request) -> None:
+        """Model-defined positions for the whole prompt, and the row's decode delta after it.
+
+        M-RoPE (Qwen-VL): the model's own ``get_rope_index`` gives image tokens 3D (time, height, width)
+        positions, and text after an image continues from the image's largest position + 1, so a row decodes at
+        its cache length plus a (negative) delta. Computed over the full prompt every turn: a session-restored
+        prefix gets exactly the positions it was cached with, because they depend only on the token ids.
+        """
+        if self.family.positions != "mrope":
+            request.positions, request.position_delta = None, 0
+            return
+        ids = torch.tensor([request.prompt.token_ids], device=self.device)
+        grids = [img.pixel_inputs["image_grid_thw"] for img in request.prompt.images]
+        positions, delta = self.model.model.get_rope_index(
+            ids, mm_token_type_ids=(ids == self.image_token_id).int(),
+            image_grid_thw=torch.cat(grids).to(self.device) if grids else None)
+        request.positions, request.position_delta = positions[:, 0], int(delta.flatten()[0])
 
     # -- forward passes -------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
-        """Run the next ``n_tokens`` prompt tokens of ``request`` through its private cache; returns last logits."""
+        """Run the next ``n_tokens`` prompt tokens of ``request`` (a few more or fewer to keep an image whole,
+        see ``_chunk_end``) through its private cache; returns last logits."""
         if request.embeds is None:
             request.embeds = self.embed_prompt(request)
             request.embeds_offset = request.num_computed
-        start, end = request.num_computed, request.num_computed + n_tokens
+            self.prepare_positions(request)
+        start = request.num_computed
+        end = self._chunk_end(request, start, start + n_tokens)
         offset = request.embeds_offset
-        out = self.model(
+        if request.positions is None:
+            positions = torch.arange(start, end, device=self.device)[None]
+        else:
+            positions = request.positions[:, None, start:end]
+        inputs = dict(
             inputs_embeds=request.embeds[None, start - offset:end - offset],
             attention_mask=torch.ones(1, end, dtype=torch.long, device=self.device),
-            position_ids=torch.arange(start, end, device=self.device)[None],
+            position_ids=positions,
             cache=request.cache,
             use_cache=True,
-            logits_to_keep=1,
         )
-        request.cache = out.cache
+        if "token_type_ids" in self.family.extra_inputs:
+            # Gemma 3: image tokens attend to each other both ways. The mask reads the types by absolute
+            # position, so they span the sequence from its start, not just this chunk.
+            ids = torch.tensor(request.prompt.token_ids[:end], device=self.device)
+            inputs["token_type_ids"] = (ids == self.image_token_id).long()[None]
+        if "deepstack" in self.family.extra_inputs:
+            logits, cache = self._prefill_deepstack(request, inputs, start - offset, end - offset)
+        else:
+            out = self.model(**inputs, logits_to_keep=1)
+            logits, cache = out.logits[0, -1], out.cache
+        request.cache = cache
         request.num_computed = end
-        return out.logits[0, -1]
+        if end == request.prompt_len:
+            request.extra = None
+        return logits
+
+    def _chunk_end(self, request, start: int, end: int) -> int:
+        """Where this prefill chunk ends. With bidirectional attention inside an image (Gemma 3) a chunk must
+        not split an image: tokens in the first part would miss the rest. Stop before the image, or, if the
+        chunk starts inside it, run to its end."""
+        ids = request.prompt.token_ids
+        end = min(end, len(ids))
+        if "token_type_ids" not in self.family.extra_inputs or end >= len(ids):
+            return end
+        image = self.image_token_id
+        if ids[end - 1] != image or ids[end] != image:
+            return end
+        cut = end
+        while cut > start and ids[cut - 1] == image:
+            cut -= 1
+        if cut > start:
+            return cut
+        while end < len(ids) and ids[end] == image:
+            end += 1
+        return end
+
+    def _prefill_deepstack(self, request, inputs: dict, lo: int, hi: int):
+        """Qwen3-VL: the chunk's vision tokens also get their DeepStack features added in the first decoder
+        layers. The outer model only builds those from pixels, so the language model is called directly."""
+        mask = request.extra["visual_mask"][lo:hi]
+        if bool(mask.any()):
+            inputs["visual_pos_masks"] = mask[None]
+            inputs["deepstack_visual_embeds"] = [d[lo:hi][mask] for d in request.extra["deepstack"]]
+        out = self.model.model.language_model(**inputs)
+        logits = self.model.lm_head(out.last_hidden_state[:, -1:])
+        return logits[0, -1], out.cache
 
     @torch.inference_mode()
     def decode(self, batch) -> tuple[torch.Tensor, object]:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
 
         It advances nothing itself: the engine samples, then ``DecodeBatch.advance`` records the step."""
-        out = self.model(**batch.step_inputs(), logits_to_keep=1)
+        inputs = batch.step_inputs()
+        if self.family.positions == "mrope":  # the same position on every rotary axis for generated text
+            inputs["position_ids"] = inputs["position_ids"][None].expand(3, -1, -1)
+        out = self.model(**inputs, logits_to_keep=1)
         return out.logits[:, -1], out.cache
+
+
+def _flat_features(feats) -> torch.Tensor:
+    """[tokens, hidden] from a vision output that may be a per-image tuple or a batched tensor."""
+    if isinstance(feats, (list, tuple)):
+        return torch.cat(list(feats), dim=0)
+    return feats.reshape(-1, feats.shape[-1])

@@ -1,10 +1,11 @@
 """Turn a chat (messages with text and images) into prompt token ids plus per-image pixel inputs.
 
 The chat template renders the text with one placeholder per image. Each image is preprocessed on its own (and
-remembered by content hash), which gives both its pixel tensors and the exact token run the processor expands
-its placeholder into. Splicing those runs between the tokenised text pieces yields the same ids as running the
-processor over the whole prompt (a test checks this), while an image seen in an earlier turn is never
-preprocessed again.
+remembered by content hash), which gives both its pixel tensors and the exact text the processor expands its
+placeholder into. The expanded prompt is then tokenised once, as
+``processor.apply_chat_template(..., tokenize=True)`` does: special tokens (a BOS) are added only when the
+template did not write BOS itself, and never inside an image's expansion. Tests check the ids equal the
+processor's for every family, while an image seen in an earlier turn is never preprocessed again.
 
 Bad input raises ValueError with a message a user can act on.
 """
@@ -26,6 +27,7 @@ class PromptImage:
     sha256: str
     pixel_inputs: dict  # processor tensors for this image alone (pixel_values, ...)
     token_ids: list[int]  # the run its placeholder expands to (image tokens plus any markers)
+    text: str  # the same run as text, spliced into the prompt before tokenising
     num_image_tokens: int  # how many of those are image-feature slots
 
 
@@ -38,11 +40,13 @@ class Prompt:
 
 class PromptBuilder:
     def __init__(self, processor, image_token_id: int, *, max_image_pixels: int, max_images: int,
-                 cache_entries: int = 64):
+                 cache_entries: int = 64, placeholder: str | None = None):
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.image_token_id = image_token_id
-        self.image_token = self.tokenizer.convert_ids_to_tokens(image_token_id)
+        # What the chat template writes per image: usually the image token, but e.g. Gemma 3 writes
+        # <start_of_image> and its processor expands that (engine/families.py names it per family).
+        self.image_token = placeholder or self.tokenizer.convert_ids_to_tokens(image_token_id)
         self.max_image_pixels = max_image_pixels
         self.max_images = max_images
         self._images: OrderedDict[str, PromptImage] = OrderedDict()
@@ -56,13 +60,17 @@ class PromptBuilder:
         if len(pieces) - 1 != len(images):
             raise ValueError("the chat template did not place one image placeholder per image")
         prompt_images = [self._prepare_image(img) for img in images]
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if piece:
-                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
-            if i < len(prompt_images):
-                ids += prompt_images[i].token_ids
+        expanded = pieces[0] + "".join(img.text + piece for img, piece in zip(prompt_images, pieces[1:]))
+        ids = self.tokenizer(expanded, add_special_tokens=self._adds_special(text))["input_ids"]
+        if ids.count(self.image_token_id) != sum(img.num_image_tokens for img in prompt_images):
+            raise ValueError("the prompt's image tokens do not match its images; the chat template or processor "
+                             "of this checkpoint is not supported")
         return Prompt(token_ids=ids, images=prompt_images, head_ids=self._head_ids(chat, ids))
+
+    def _adds_special(self, text: str) -> bool:
+        """As the processor's apply_chat_template: the tokenizer's own BOS only if the template wrote none."""
+        bos = self.tokenizer.bos_token
+        return not (bos is not None and text.startswith(bos))
 
     def _head_ids(self, chat, ids: list[int]) -> list[int]:
         """Tokens before the first user's content: BOS, any system prompt, and the user turn header.
@@ -79,7 +87,7 @@ class PromptBuilder:
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
-        head = self.tokenizer(a[:n], add_special_tokens=False)["input_ids"] if n else []
+        head = self.tokenizer(a[:n], add_special_tokens=self._adds_special(a))["input_ids"] if n else []
         return head if head and ids[:len(head)] == head and len(head) < len(ids) else []
 
     # -- validation -----------------------------------------------------------
@@ -145,10 +153,13 @@ class PromptBuilder:
             if hit is not None:
                 self._images.move_to_end(digest)
                 return hit
-        out = self.processor(images=[image], text=self.image_token, return_tensors="pt")
+        # No special tokens: a BOS-adding tokenizer would otherwise put a stray BOS before every image.
+        out = self.processor(images=[image], text=self.image_token, return_tensors="pt", add_special_tokens=False)
         token_ids = out["input_ids"][0].tolist()
-        pixel_inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
-        prepared = PromptImage(digest, pixel_inputs, token_ids, token_ids.count(self.image_token_id))
+        pixel_inputs = {k: v for k, v in out.items()
+                        if k not in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")}
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        prepared = PromptImage(digest, pixel_inputs, token_ids, text, token_ids.count(self.image_token_id))
         with self._lock:
             self._images[digest] = prepared
             while len(self._images) > self._cache_entries:

@@ -40,9 +40,12 @@ class Request:
     image_cache_hits: int = 0
     cache_source: str | None = None
     cache: object = None  # private DynamicCache (batch 1) while prefilling
-    prompt_conv: dict | None = None  # conv states at the end of the prompt (hybrid models; session checkpoints)
+    prompt_conv: dict | None = None  # conv states / sliding windows at the prompt's end (session checkpoint)
     embeds: object = None  # input embeddings of the uncached prompt part, built once at prefill start
     embeds_offset: int = 0  # prompt position of embeds[0]
+    extra: dict | None = None  # per-token model inputs beyond embeddings, built with embeds (see ModelRunner)
+    positions: object = None  # model-defined position ids of the whole prompt (M-RoPE: [3, T]); None = linear
+    position_delta: int = 0  # decode position minus cache length (M-RoPE rows after images), kept per row
     output_ids: list[int] = field(default_factory=list)
     generator: object = None  # torch.Generator for sampled requests
     oom_retries: int = 0

@@ -5,7 +5,8 @@ An entry holds the exact token ids its cache covers, the attention K/V for them,
 token by token against the entry, and only the part after the verified prefix is prefilled:
 
 - attention-only models (LLaVA/Llama) reuse the longest common prefix: K/V for a prefix is just a slice;
-- hybrid models have a conv state with no time axis, valid only at the exact length it was taken. Each entry
+- hybrid models have a conv state with no time axis, valid only at the exact length it was taken (so is a
+  sliding-window layer's K/V once the window has dropped early tokens: Gemma 3, Mistral). Each entry
   keeps two checkpoints: at the end of the previous prompt and at the end of the previous answer. A follow-up
   normally matches the whole previous turn; when the answer was re-tokenised differently, or the history was
   edited after the previous prompt, the prompt-end checkpoint still saves the image and the older turns; any
@@ -40,7 +41,7 @@ class SessionEntry:
     token_ids: list[int]  # exactly the tokens the K/V covers
     kv: dict[int, tuple[StoredTensor, StoredTensor]]
     conv_checkpoints: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # length -> layer -> state
-    hybrid: bool = False  # has conv layers: only checkpointed lengths can be restored
+    hybrid: bool = False  # conv layers or cropped sliding-window layers: only checkpointed lengths restore
 
     def tensors(self):
         """Every stored tensor: K/V (possibly quantised) and conv checkpoints."""
@@ -164,10 +165,11 @@ class SessionStore:
             key = self._prefix_key(head)
             if key not in self.entries:
                 snap = kv_cache.snapshot_row(req.cache, 0, len(head))
-                self._put(key, list(head), snap, {len(head): snap.conv} if snap.conv else {})
+                exact = snap.conv or snap.cropped
+                self._put(key, list(head), snap, {len(head): kv_cache.exact_states(snap)} if exact else {})
         if req.remaining_prefill == 0 and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
-            req.prompt_conv = snap.conv or None
+            req.prompt_conv = kv_cache.exact_states(snap) or None
 
     def save_turn(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""
@@ -180,8 +182,8 @@ class SessionStore:
             snap = batch.snapshot(req)
         assert snap.length == length, f"cached length {snap.length} disagrees with the request's {length} tokens"
         checkpoints = {}
-        if snap.conv:
-            checkpoints[length] = snap.conv
+        if snap.conv or snap.cropped:
+            checkpoints[length] = kv_cache.exact_states(snap)
             if req.prompt_conv is not None:
                 checkpoints[req.prompt_len] = req.prompt_conv
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints)
@@ -206,18 +208,21 @@ class SessionStore:
         where = self.device if self.park_mode == "none" else torch.device("cpu")
         # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
         # values are grouped along each token's head_dim.
+        # Cropped sliding windows can only be restored whole, at a checkpointed length: they live there alone.
+        layers = {i: kv for i, kv in snap.kv.items() if not (snap.cropped and i in snap.sliding)}
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
-                  park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in snap.kv.items()}
+                  park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in layers.items()}
         checkpoints = {n: {i: s.to(where) for i, s in states.items()} for n, states in checkpoints.items()}
-        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv))
+        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped)
         for evicted_key, _ in self.entries.put(key, entry, entry.nbytes_by_pool(self.device)):
             log.debug("evicted session %s", evicted_key)
 
     def _materialise(self, entry: SessionEntry, length: int):
-        kv = {i: (k.dequantize(self.device, self.model_dtype)[:, :, :length],
-                  v.dequantize(self.device, self.model_dtype)[:, :, :length]) for i, (k, v) in entry.kv.items()}
+        kv = {i: (k.dequantize(self.device, self.model_dtype), v.dequantize(self.device, self.model_dtype))
+              for i, (k, v) in entry.kv.items()}
         conv = {i: s.to(self.device) for i, s in entry.conv_checkpoints.get(length, {}).items()}
-        return kv_cache.cache_from_snapshot(kv_cache.CacheSnapshot(kv, conv, length), self.text_config)
+        snap = kv_cache.CacheSnapshot(kv, {}, len(entry.token_ids))
+        return kv_cache.cache_from_snapshot(snap, self.text_config, upto=length, conv=conv)
 
     @staticmethod
     def _prefix_key(head_ids) -> str | None:

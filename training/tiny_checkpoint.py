@@ -189,9 +189,27 @@ def _save(out_dir: str | Path, model, processor) -> Path:
     return out
 
 
-_BUILDERS = {"lfm2vl": build_lfm2vl_checkpoint, "llava": build_llava_checkpoint}
+def _family_builder(name: str, **kw):
+    def build(out_dir):
+        from . import tiny_families
+        return getattr(tiny_families, name)(out_dir, **kw)
+    return build
+
+
+_BUILDERS = {
+    "lfm2vl": build_lfm2vl_checkpoint, "llava": build_llava_checkpoint,
+    # The families people bring (training/tiny_families.py), each with its real processor class.
+    "qwen2vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2vl"),
+    "qwen2_5vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2_5vl"),
+    "qwen3vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen3vl"),
+    "gemma3": _family_builder("build_gemma3_checkpoint"),
+    "mistral3": _family_builder("build_mistral3_checkpoint"),
+    "idefics3": _family_builder("build_idefics3_checkpoint"),
+    "smolvlm": _family_builder("build_idefics3_checkpoint", smolvlm=True),
+    "internvl": _family_builder("build_internvl_checkpoint"),
+}
 # Bump when the tiny shapes change, so cached folders are rebuilt instead of silently reused.
-_TINY_VERSION = 2
+_TINY_VERSION = 6
 
 
 def default_cache_dir() -> Path:
@@ -199,7 +217,7 @@ def default_cache_dir() -> Path:
 
 
 def ensure_tiny_checkpoint(family: str, cache_dir: str | Path | None = None) -> Path:
-    """Return the folder of a tiny random-init checkpoint of ``family`` ("lfm2vl" or "llava"), building it once.
+    """Return the folder of a tiny random-init checkpoint of ``family`` (a key of ``_BUILDERS``), building it once.
 
     The build goes to a temp folder and is renamed into place, so concurrent test processes never see a half
     written checkpoint.

@@ -60,7 +60,10 @@ def image_starts(token_ids: list[int], image_token_id: int, n_images: int) -> li
 class OwlRunner:
     session_store_class = OwlSessionStore  # the engine builds its session store from this (image K/V in entries)
 
-    def __init__(self, config: EngineConfig):
+    image_placeholder = None  # the chat template writes the image token itself (``<|image|>``)
+
+    def __init__(self, config: EngineConfig, family=None):
+        self.family = family  # the registry row (engine/families.py) that chose this runner
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.cfg = OwlConfig.from_folder(config.model)
