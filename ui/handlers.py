@@ -15,6 +15,8 @@ from ui.chat_view import assistant_message, message_text, parse_input, render_hi
 from ui.eta import EtaEstimator
 from ui.identity import ensure_browser_id, user_id_from_request
 from ui.job_follower import follow_job
+from ui.pacing import UpdatePacer
+from ui.stream_hub import StreamHub
 from ui.uploads import UploadLimits, UploadRejected, check_upload
 
 log = logging.getLogger("owlet.ui")
@@ -29,10 +31,13 @@ def new_session() -> dict:
     return {"conversation": None, "job": None, "images": {}}
 
 
+EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer events skip post-processing)
+
+
 def _box(busy: bool, text: str = ""):
     """The input box: locked with a Stop button while answering, open with Send otherwise."""
     if busy:
-        return gr.MultimodalTextbox(value=None, interactive=False, submit_btn=False, stop_btn=True)
+        return gr.MultimodalTextbox(value=EMPTY_BOX, interactive=False, submit_btn=False, stop_btn=True)
     return gr.MultimodalTextbox(value={"text": text, "files": []}, interactive=True, submit_btn=True,
                                 stop_btn=False)
 
@@ -42,6 +47,10 @@ class ChatHandlers:
         self.client, self.config, self.metrics = client, config, metrics
         self.limits = UploadLimits.from_config(config)
         self.eta = EtaEstimator(client)
+        # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
+        self.hub = StreamHub(client, tick_s=config.stream_read_tick_s)
+        self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
+                                 config.stream_min_updates_per_s)
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -160,37 +169,33 @@ class ChatHandlers:
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
         try:
-            if not session.get("conversation"):
-                session["conversation"] = await asyncio.to_thread(self.client.new_conversation, user)
-            if checked is not None:
-                image_sha = await asyncio.to_thread(self.client.put_image, checked.png_bytes)
-                session["images"] = {**session["images"], image_sha: image_path}
-            job = await asyncio.to_thread(self.client.submit_turn, user, session["conversation"], text,
-                                          image_sha, sampling)
+            job, image_sha = await asyncio.to_thread(self._submit, user, session, text, checked, image_sha, sampling)
         except Exception as exc:
             note = self._error_text(exc)
             yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
             return
+        if checked is not None:
+            session["images"] = {**session["images"], image_sha: image_path}
         session["job"] = job
-        try:
-            turns = await asyncio.to_thread(self.client.history, user, session["conversation"])
-            base = render_history(turns, session["images"])
-        except Exception:
-            base = shown + [pending_user]
+        # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
+        # read it back. Earlier messages are built once per turn and shared by every update of the stream.
+        base = shown + [pending_user]
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
         finished = False
         try:
             yield _box(True), base + [assistant_message("⏳ " + wording.queued(None, None))], \
                 wording.queued(None, None), session
-            async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
-                                      stall_timeout_s=self.config.stall_timeout_s, started_at=started,
-                                      eta=self.eta.eta_s, min_interval_s=self.config.stream_min_interval_s):
+            async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
+                                      poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
+                                      started_at=started, eta=self.eta.eta_s):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
-                    # The box is already locked: skip re-sending it with every burst of tokens.
-                    yield gr.skip(), base + [assistant_message(bubble)], p.status, session
+                    # The box is already locked and empty: the same plain value keeps it so, and Gradio's diff
+                    # of it is empty. (gr.skip() would make Gradio rebuild the component and its config on
+                    # every update: the costliest part of an update before.)
+                    yield EMPTY_BOX, base + [assistant_message(bubble)], p.status, session
                     continue
                 session = {**session, "job": None}
                 yield (_box(False), base + [assistant_message(self._final_bubble(p))],
@@ -202,6 +207,15 @@ class ChatHandlers:
                 self.metrics.cancels.inc()
                 self.metrics.turns.labels("cancelled").inc()
                 self._cancel_quietly(user, job)
+
+    def _submit(self, user, session, text, checked, image_sha, sampling) -> tuple[str, str | None]:
+        """Store the image, start the conversation if needed, and submit the turn: one thread hop in all.
+        Returns (job id, image sha); sets ``session["conversation"]`` for a new chat."""
+        if not session.get("conversation"):
+            session["conversation"] = self.client.new_conversation(user)
+        if checked is not None:
+            image_sha = self.client.put_image(checked.png_bytes)
+        return self.client.submit_turn(user, session["conversation"], text, image_sha, sampling), image_sha
 
     # ---- stop and new conversation -------------------------------------------------------------------
 

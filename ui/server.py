@@ -10,6 +10,7 @@ from __future__ import annotations
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
+from ui.gradio_costs import skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import ops_routes
@@ -31,6 +32,7 @@ def make_client(config):
 
 def build(config, client=None):
     """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
+    skip_missing_matplotlib()
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
