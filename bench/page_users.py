@@ -146,6 +146,11 @@ def main() -> None:
     with ThreadPoolExecutor(args.users) as pool:
         clients = list(pool.map(lambda _: Client(args.url, verbose=False, download_files=False),
                                 range(args.users)))
+        print("IDLE", flush=True)  # the bench may start its profiler now
+        idle0, i0 = page_cpu_s(args.page_pid), time.monotonic()
+        time.sleep(2.0)  # the page's own background cost, with every user connected and idle
+        idle_cores = (page_cpu_s(args.page_pid) - idle0) / (time.monotonic() - i0)
+        print("SHORT", flush=True)  # the bench may start its profiler now
         cpu0, t0 = page_cpu_s(args.page_pid), time.monotonic()
         list(pool.map(lambda c: short_turns(c, args.short_turns, args.image), clients))
         cpu1, t1 = page_cpu_s(args.page_pid), time.monotonic()
@@ -164,6 +169,7 @@ def main() -> None:
         c.close()
     users = [stream_stats(a, f) for a, f in zip(watch.arrivals, finals)]
     print(json.dumps({
+        "idle_cores": idle_cores,
         "short": {"turns": args.users * args.short_turns, "cpu_s": cpu1 - cpu0, "wall_s": t1 - t0},
         "stream": {"cpu_s": cpu3 - cpu2, "wall_s": t3 - t2, "users": users,
                    "update_bytes": wire.update_bytes},

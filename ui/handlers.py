@@ -32,6 +32,7 @@ def new_session() -> dict:
 
 
 EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer events skip post-processing)
+FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events
 
 
 def _box(busy: bool, text: str = ""):
@@ -105,7 +106,6 @@ class ChatHandlers:
             yield _box(False, text), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
         user = user_id_from_request(request, browser_id)
-        shown = await asyncio.to_thread(self._shown_history, user, session)
         checked = None
         if files:
             try:
@@ -114,11 +114,12 @@ class ChatHandlers:
                 self.metrics.errors.labels("image_rejected").inc()
                 self.metrics.turns.labels("rejected").inc()
                 note = wording.image_rejected(exc.user_message)
+                shown = await asyncio.to_thread(self._shown_history, user, session)
                 yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
                        note, session)
                 return
         async for update in self._submit_and_stream(user, session, text or wording.DEFAULT_IMAGE_PROMPT,
-                                                    checked, files[0] if files else None, shown,
+                                                    checked, files[0] if files else None, None,
                                                     sampling=self._sampling(max_new_tokens)):
             yield update
 
@@ -165,13 +166,19 @@ class ChatHandlers:
     # ---- the shared submit + stream loop -------------------------------------------------------------
 
     async def _submit_and_stream(self, user, session, text, checked, image_path, shown, sampling, image_sha=None):
+        """Submit the turn, then stream it. ``shown``: the chat before this turn (None: read it here).
+
+        A short turn costs the page little: one thread hop reads the history and submits; the box is locked
+        with the first update, which waits for the job's first events (at most ``FIRST_UPDATE_S``), so an
+        answer that is done by then is sent once, complete, with no lock and unlock.
+        """
         started = time.monotonic()
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
-        try:
-            job, image_sha = await asyncio.to_thread(self._submit, user, session, text, checked, image_sha, sampling)
-        except Exception as exc:
-            note = self._error_text(exc)
+        shown, job, image_sha, error = await asyncio.to_thread(self._submit, user, session, text, checked,
+                                                               image_sha, sampling, shown)
+        if error is not None:
+            note = self._error_text(error)
             yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
             return
         if checked is not None:
@@ -182,23 +189,23 @@ class ChatHandlers:
         base = shown + [pending_user]
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
-        finished = False
+        finished = locked = False
         try:
-            yield _box(True), base + [assistant_message("⏳ " + wording.queued(None, None))], \
-                wording.queued(None, None), session
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
                                       poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
-                                      started_at=started, eta=self.eta.eta_s):
+                                      started_at=started, eta=self.eta.eta_s, first_update_s=FIRST_UPDATE_S):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
-                    # The box is already locked and empty: the same plain value keeps it so, and Gradio's diff
-                    # of it is empty. (gr.skip() would make Gradio rebuild the component and its config on
-                    # every update: the costliest part of an update before.)
-                    yield EMPTY_BOX, base + [assistant_message(bubble)], p.status, session
+                    # Once locked, the same plain empty value keeps the box so, and Gradio's diff of it is
+                    # empty. (gr.skip() would make Gradio rebuild the component and its config on every
+                    # update: the costliest part of an update before.)
+                    box, locked = (EMPTY_BOX if locked else _box(True)), True
+                    yield box, base + [assistant_message(bubble)], p.status, session
                     continue
                 session = {**session, "job": None}
-                yield (_box(False), base + [assistant_message(self._final_bubble(p))],
+                # Never locked: only the submitted text needs clearing, which a plain value does.
+                yield (_box(False) if locked else EMPTY_BOX, base + [assistant_message(self._final_bubble(p))],
                        self._final_status(p, follow_up), session)
                 self._record(p, follow_up)
         finally:
@@ -208,14 +215,21 @@ class ChatHandlers:
                 self.metrics.turns.labels("cancelled").inc()
                 self._cancel_quietly(user, job)
 
-    def _submit(self, user, session, text, checked, image_sha, sampling) -> tuple[str, str | None]:
-        """Store the image, start the conversation if needed, and submit the turn: one thread hop in all.
-        Returns (job id, image sha); sets ``session["conversation"]`` for a new chat."""
-        if not session.get("conversation"):
-            session["conversation"] = self.client.new_conversation(user)
-        if checked is not None:
-            image_sha = self.client.put_image(checked.png_bytes)
-        return self.client.submit_turn(user, session["conversation"], text, image_sha, sampling), image_sha
+    def _submit(self, user, session, text, checked, image_sha, sampling, shown):
+        """In one thread hop: read the chat shown so far (unless given), store the image, start the
+        conversation if needed, and submit the turn. Returns (shown, job id, image sha, error); sets
+        ``session["conversation"]`` for a new chat."""
+        if shown is None:
+            shown = self._shown_history(user, session)
+        try:
+            if not session.get("conversation"):
+                session["conversation"] = self.client.new_conversation(user)
+            if checked is not None:
+                image_sha = self.client.put_image(checked.png_bytes)
+            job = self.client.submit_turn(user, session["conversation"], text, image_sha, sampling)
+        except Exception as exc:
+            return shown, None, image_sha, exc
+        return shown, job, image_sha, None
 
     # ---- stop and new conversation -------------------------------------------------------------------
 

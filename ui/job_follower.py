@@ -92,16 +92,18 @@ def _apply(progress: Progress, event: dict) -> None:
 
 
 async def follow_job(client, job_id: str, *, hub, pacer, poll_s: float, stall_timeout_s: float,
-                     started_at: float | None = None, eta=None) -> AsyncIterator[Progress]:
+                     started_at: float | None = None, eta=None, first_update_s: float = 0.0) -> AsyncIterator[Progress]:
     """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``.
 
-    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one.
+    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one. The first
+    snapshot comes once events arrived and ``first_update_s`` passed (sooner only if the job ends).
     """
     inbox = _Inbox()
     subscription = hub.subscribe(job_id, inbox.deliver)
     pacer.join()
     try:
-        async for progress in _follow(client, job_id, inbox, pacer, poll_s, stall_timeout_s, started_at, eta):
+        async for progress in _follow(client, job_id, inbox, pacer, poll_s, stall_timeout_s, started_at, eta,
+                                      first_update_s):
             yield progress
     finally:
         pacer.leave()
@@ -109,9 +111,10 @@ async def follow_job(client, job_id: str, *, hub, pacer, poll_s: float, stall_ti
 
 
 async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s, started_at,
-                  eta) -> AsyncIterator[Progress]:
+                  eta, first_update_s) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
-    last_event_at = last_yield_at = time.monotonic()
+    last_event_at = time.monotonic()
+    last_yield_at = last_event_at - max(0.0, pacer.interval_s() - first_update_s)  # as if one was just sent
     unsent = False  # tokens applied but not yet shown, held back by the pacer
     while True:
         if not inbox.wake.is_set():

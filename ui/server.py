@@ -10,7 +10,7 @@ from __future__ import annotations
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
-from ui.gradio_costs import skip_missing_matplotlib
+from ui.gradio_costs import calm_idle_queue, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import ops_routes
@@ -38,6 +38,7 @@ def build(config, client=None):
     metrics.registry.register(ClusterCollector(client))
     page = build_page(ChatHandlers(client, config, metrics), config)
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
+    calm_idle_queue(page)
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,
