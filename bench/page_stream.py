@@ -101,6 +101,8 @@ def main() -> None:
         env = dict(os.environ, REDIS_URL=url, OWLET_KEY_PREFIX=prefix, PYTHONPATH=str(ROOT),
                    OWLET_ENGINE_FACTORY="bench.stub_engine:from_env", OWLET_STUB_TOKENS_PER_S=str(args.rate),
                    OWLET_MAX_RUNNING=str(args.users), OWLET_USER_QUEUE_CAP="8", GRADIO_ANALYTICS_ENABLED="False",
+                   # a stub worker starved of CPU on a busy machine must not be declared dead mid-answer
+                   OWLET_HEARTBEAT_TTL_S="60",
                    OWLET_UI_MAX_NEW_TOKENS_CAP=str(max(1024, args.tokens)),
                    OWLET_UI_MAX_THREADS=str(max(64, 2 * args.users)))
         client = OwletClient(settings=settings)
