@@ -98,7 +98,8 @@ def main() -> None:
     with running_redis() as url:
         prefix = unique_prefix("bench-page")
         settings = Settings.from_env(redis_url=url, key_prefix=prefix)
-        env = dict(os.environ, REDIS_URL=url, OWLET_KEY_PREFIX=prefix, PYTHONPATH=str(ROOT),
+        env = dict(os.environ, REDIS_URL=url, OWLET_KEY_PREFIX=prefix,
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    OWLET_ENGINE_FACTORY="bench.stub_engine:from_env", OWLET_STUB_TOKENS_PER_S=str(args.rate),
                    OWLET_MAX_RUNNING=str(args.users), OWLET_USER_QUEUE_CAP="8", GRADIO_ANALYTICS_ENABLED="False",
                    # a stub worker starved of CPU on a busy machine must not be declared dead mid-answer
