@@ -1,8 +1,10 @@
 """The page layout and its event wiring (``build_page``); the handlers live in ``ui.handlers``.
 
 Every streaming event sets ``concurrency_limit=None``: Gradio's default of 1 would serialise all users
-behind one answer. The only caps are ``launch(max_threads=...)`` and ``queue(max_size=...)``, set in
-``ui.server`` from the config.
+behind one answer. They also set ``postprocess=False``: their handlers yield values already in wire format
+(``ui.chat_view``), so Gradio does not re-validate the whole conversation on every streamed update.
+The only caps are ``launch(max_threads=...)`` and ``queue(max_size=...)``, set in ``ui.server`` from the
+config.
 """
 import json
 from pathlib import Path
@@ -68,11 +70,14 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
 
         streamed = [box, chatbot, status, session]
         chat_event = box.submit(handlers.respond, [box, answer_length, session, browser_id], streamed,
-                                api_name="chat", concurrency_limit=None, show_progress="hidden")
+                                api_name="chat", concurrency_limit=None, show_progress="hidden",
+                                postprocess=False)
         retry_event = chatbot.retry(handlers.retry, [answer_length, session, browser_id], streamed,
-                                    api_name="retry", concurrency_limit=None, show_progress="hidden")
+                                    api_name="retry", concurrency_limit=None, show_progress="hidden",
+                                    postprocess=False)
         edit_event = chatbot.edit(handlers.edit, [answer_length, session, browser_id], streamed,
-                                  api_name="edit", concurrency_limit=None, show_progress="hidden")
+                                  api_name="edit", concurrency_limit=None, show_progress="hidden",
+                                  postprocess=False)
         answering = [chat_event, retry_event, edit_event]
         # No Gradio `cancels` here: Gradio cancels by session_hash, which a client chooses. Stop cancels the
         # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".

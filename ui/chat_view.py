@@ -4,28 +4,48 @@ The page renders one Chatbot message per conversation turn, so a message index f
 event is also the turn index in the stored history. Inputs arrive in two shapes: the browser sends
 content blocks (``[{"type": "text", "text": ...}]``) and ``gradio_client`` sends raw strings or dicts;
 ``message_text`` and ``parse_input`` accept both.
+
+Messages are built directly in the Chatbot's wire format (what ``gr.Chatbot.postprocess`` would produce),
+so the answer-streaming events can skip Gradio's post-processing of the whole conversation on every
+update (``postprocess=False``): earlier messages are built once per turn and reused by every update.
+An image is shown through the URL Gradio serves its upload from, without Gradio's file marker, because
+Gradio re-checks (resolves, stats, compares against allowed folders) every marked file object on every
+streamed update. Events that do post-process (page load) accept this format too.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from urllib.parse import quote
 
 IMAGE_PLACEHOLDER = "🖼️ *(image)*"
+FILE_ROUTE = "/gradio_api/file="  # where Gradio serves files from its upload cache
+
+
+def text_block(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def image_block(path: str) -> dict:
+    """An uploaded image (already in Gradio's upload cache), shown from Gradio's file route."""
+    return {"type": "file", "alt_text": None,
+            "file": {"path": path, "url": FILE_ROUTE + quote(path), "size": None, "orig_name": None,
+                     "mime_type": "image/png", "is_stream": False}}
 
 
 def user_message(text: str, image_path: str | None = None, has_image: bool = False) -> dict:
     """One chat message for a user turn: the image (if we still have its file) and the text together."""
     content: list = []
     if image_path:
-        content.append({"path": image_path, "mime_type": "image/png"})
+        content.append(image_block(image_path))
     elif has_image:
-        content.append(IMAGE_PLACEHOLDER)
+        content.append(text_block(IMAGE_PLACEHOLDER))
     if text:
-        content.append(text)
-    return {"role": "user", "content": content or [""]}
+        content.append(text_block(text))
+    return {"role": "user", "metadata": None, "content": content or [text_block("")], "options": None}
 
 
 def assistant_message(text: str) -> dict:
-    return {"role": "assistant", "content": text}
+    return {"role": "assistant", "metadata": None, "content": [text_block(text)], "options": None}
 
 
 def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str]) -> list[dict]:

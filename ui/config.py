@@ -66,6 +66,11 @@ class UIConfig:
     stall_timeout_s: float = 120.0
     queue_poll_s: float = 1.0  # how often the "queued — position k" line refreshes
     stream_min_interval_s: float = 0.05  # at most 20 chat updates a second per answer, however fast the model
+    # The page's total streamed-update budget, shared fairly by the answers streaming at once (ui.pacing);
+    # each still gets at least stream_min_updates_per_s.
+    page_max_updates_per_s: float = 400.0
+    stream_min_updates_per_s: float = 4.0
+    stream_read_tick_s: float = 0.02  # the stream hub reads all followed streams at most this often
 
     def __post_init__(self):
         assert 0 < self.port < 65536, f"port must be 1..65535, got {self.port}"
@@ -81,6 +86,11 @@ class UIConfig:
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
+        assert self.stream_min_interval_s > 0 and self.stream_min_updates_per_s > 0, "update rates must be positive"
+        assert 1 / self.stream_min_interval_s >= self.stream_min_updates_per_s, \
+            "stream_min_interval_s must allow stream_min_updates_per_s"
+        assert self.page_max_updates_per_s >= 1 / self.stream_min_interval_s, \
+            "page_max_updates_per_s must allow one stream at full speed"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "UIConfig":

@@ -16,6 +16,8 @@ from ui.chat_view import assistant_message, message_text, parse_input, render_hi
 from ui.client_gate import AddressSlots, SlotRefused
 from ui.identity import IdentityRequired, identify, issuer_for, parse_networks
 from ui.job_follower import follow_job
+from ui.pacing import UpdatePacer
+from ui.stream_hub import StreamHub
 from ui.uploads import DecodePool, UploadLimits, UploadRejected
 
 log = logging.getLogger("owlet.ui")
@@ -29,6 +31,9 @@ _ERROR_KINDS = {"UserCapReached": "user_cap", "ServiceBusy": "busy", "Conversati
 TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait for one to finish (or stop it), "
                    "then ask again.")
 
+EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer events skip post-processing)
+FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events
+
 
 def new_session() -> dict:
     return {"conversation": None, "job": None, "images": {}}
@@ -37,7 +42,7 @@ def new_session() -> dict:
 def _box(busy: bool, text: str = ""):
     """The input box: locked with a Stop button while answering, open with Send otherwise."""
     if busy:
-        return gr.MultimodalTextbox(value=None, interactive=False, submit_btn=False, stop_btn=True)
+        return gr.MultimodalTextbox(value=EMPTY_BOX, interactive=False, submit_btn=False, stop_btn=True)
     return gr.MultimodalTextbox(value={"text": text, "files": []}, interactive=True, submit_btn=True,
                                 stop_btn=False)
 
@@ -50,6 +55,10 @@ class ChatHandlers:
         self.trusted_proxies = parse_networks(config.trusted_proxies)
         self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
+        # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
+        self.hub = StreamHub(client, tick_s=config.stream_read_tick_s)
+        self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
+                                 config.stream_min_updates_per_s)
 
     def _caller(self, request, browser_id):
         """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
@@ -132,7 +141,6 @@ class ChatHandlers:
         if len(text) > self.config.max_text_chars:
             yield _box(False, text), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
-        shown = await asyncio.to_thread(self._shown_history, caller.user, session)
         checked = None
         if files:
             try:
@@ -144,11 +152,12 @@ class ChatHandlers:
                 self.metrics.errors.labels("image_rejected").inc()
                 self.metrics.turns.labels("rejected").inc()
                 note = wording.image_rejected(exc.user_message)
+                shown = await asyncio.to_thread(self._shown_history, caller.user, session)
                 yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
                        note, session)
                 return
         async for update in self._submit_and_stream(caller, session, text or wording.DEFAULT_IMAGE_PROMPT,
-                                                    checked, files[0] if files else None, shown,
+                                                    checked, files[0] if files else None, None,
                                                     sampling=self._sampling(max_new_tokens)):
             yield update
 
@@ -199,45 +208,47 @@ class ChatHandlers:
     # ---- the shared submit + stream loop -------------------------------------------------------------
 
     async def _submit_and_stream(self, caller, session, text, checked, image_path, shown, sampling, image_sha=None):
+        """Submit the turn, then stream it. ``shown``: the chat before this turn (None: read it here).
+
+        A short turn costs the page little: one thread hop reads the history and submits; the box is locked
+        with the first update, which waits for the job's first events (at most ``FIRST_UPDATE_S``), so an
+        answer that is done by then is sent once, complete, with no lock and unlock.
+        """
         started = time.monotonic()
         user = caller.user
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
-        try:
-            # One atomic admission: limits first, then the image, the conversation and the turn are stored.
-            admitted = await asyncio.to_thread(
-                self.client.submit, user, session.get("conversation"), text, image=checked.data if checked else None,
-                image_sha=image_sha, sampling=sampling, group=caller.group)
-            session["conversation"], job = admitted.conv, admitted.job
-            if checked is not None:
-                session["images"] = {**session["images"], admitted.image_sha: image_path}
-        except Exception as exc:
-            note = self._error_text(exc)
+        shown, job, image_sha, error = await asyncio.to_thread(self._submit, caller, session, text, checked,
+                                                               image_sha, sampling, shown)
+        if error is not None:
+            note = self._error_text(error)
             yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
             return
+        if checked is not None:
+            session["images"] = {**session["images"], image_sha: image_path}
         session["job"] = job
-        try:
-            turns = await asyncio.to_thread(self.client.history, user, session["conversation"])
-            base = render_history(turns, session["images"])
-        except Exception:
-            base = shown + [pending_user]
+        # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
+        # read it back. Earlier messages are built once per turn and shared by every update of the stream.
+        base = shown + [pending_user]
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
-        finished = False
+        finished = locked = False
         try:
-            yield _box(True), base + [assistant_message("⏳ " + wording.queued(None, None))], \
-                wording.queued(None, None), session
-            async for p in follow_job(self.client, job, poll_s=self.config.queue_poll_s,
-                                      stall_timeout_s=self.config.stall_timeout_s, started_at=started,
-                                      eta=self.client.eta_s, min_interval_s=self.config.stream_min_interval_s):
+            async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
+                                      poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
+                                      started_at=started, eta=self.client.eta_s, first_update_s=FIRST_UPDATE_S):
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
-                    # The box is already locked: skip re-sending it with every burst of tokens.
-                    yield gr.skip(), base + [assistant_message(bubble)], p.status, session
+                    # Once locked, the same plain empty value keeps the box so, and Gradio's diff of it is
+                    # empty. (gr.skip() would make Gradio rebuild the component and its config on every
+                    # update: the costliest part of an update before.)
+                    box, locked = (EMPTY_BOX if locked else _box(True)), True
+                    yield box, base + [assistant_message(bubble)], p.status, session
                     continue
                 session = {**session, "job": None}
-                yield (_box(False), base + [assistant_message(self._final_bubble(p))],
+                # Never locked: only the submitted text needs clearing, which a plain value does.
+                yield (_box(False) if locked else EMPTY_BOX, base + [assistant_message(self._final_bubble(p))],
                        self._final_status(p, follow_up), session)
                 self._record(p, follow_up)
         finally:
@@ -246,6 +257,21 @@ class ChatHandlers:
                 self.metrics.cancels.inc()
                 self.metrics.turns.labels("cancelled").inc()
                 self._cancel_quietly(user, job)
+
+    def _submit(self, caller, session, text, checked, image_sha, sampling, shown):
+        """In one thread hop: read the chat shown so far (unless given), then admit the turn atomically
+        (limits first; only then are the image, the conversation and the turn stored). Returns
+        (shown, job id, image sha, error); sets ``session["conversation"]`` for a new chat."""
+        if shown is None:
+            shown = self._shown_history(caller.user, session)
+        try:
+            admitted = self.client.submit(caller.user, session.get("conversation"), text,
+                                          image=checked.data if checked else None, image_sha=image_sha,
+                                          sampling=sampling, group=caller.group)
+        except Exception as exc:
+            return shown, None, image_sha, exc
+        session["conversation"] = admitted.conv
+        return shown, admitted.job, admitted.image_sha, None
 
     # ---- stop and new conversation -------------------------------------------------------------------
 

@@ -1,22 +1,20 @@
 """Follow one job's event stream and turn it into what the page shows, without ever hanging.
 
-The worker client's ``events()`` is a blocking generator, so a small daemon thread reads it and hands
-events to the asyncio side. The async side waits with a timeout, which lets it refresh the
-"queued — position k" line while the job waits and notice a stream that went silent (a lost worker).
-Bursts of tokens are coalesced, and updates are sent at most every ``min_interval_s``, so a fast model
-does not flood the server (each update re-renders the chat) or the browser.
+The page's ``StreamHub`` reads every followed stream in one thread and hands each tick's events over in one
+batch; this async side folds them into a ``Progress`` and decides when the page is updated. It waits with a
+timeout, which lets it refresh the "queued — position k" line while the job waits and notice a stream that
+went silent (a lost worker). Tokens are coalesced: a stream updates the page at most once per the
+``UpdatePacer``'s interval (a fair share of the page's update budget), and its final update is always sent.
 """
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ui import wording
 
-_END = object()  # the reader thread finished (terminal event seen, or the stream vanished)
 
 
 @dataclass
@@ -40,28 +38,23 @@ class Progress:
         return self.state in ("done", "error", "cancelled", "lost")
 
 
-def _read_into(client, job_id: str, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
-               gone: threading.Event) -> None:
-    """Thread body: relay the job's events until a terminal one, or until the reader has gone away."""
+class _Inbox:
+    """Events the hub delivered and this follower has not folded in yet (event-loop side only)."""
 
-    def hand_over(item) -> bool:
-        if gone.is_set():
-            return False
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-            return True
-        except RuntimeError:  # the event loop closed (server shutting down)
-            return False
+    def __init__(self):
+        self.events: list = []
+        self.ended = False
+        self.wake = asyncio.Event()
 
-    try:
-        for _entry_id, event in client.events(job_id, last_id="0"):
-            if not hand_over(event):
-                return
-    except Exception as exc:  # Redis down mid-stream: report it, never leave the page waiting
-        if gone.is_set():
-            return
-        hand_over({"type": "error", "message": wording.SERVICE_DOWN, "_exc": repr(exc)})
-    hand_over(_END)
+    def deliver(self, events: list, ended: bool) -> None:
+        self.events.extend(events)
+        self.ended = self.ended or ended
+        self.wake.set()
+
+    def take(self) -> tuple[list, bool]:
+        events, self.events = self.events, []
+        self.wake.clear()
+        return events, self.ended
 
 
 def _apply(progress: Progress, event: dict) -> None:
@@ -98,76 +91,75 @@ def _apply(progress: Progress, event: dict) -> None:
         progress.finish_reason = "cancelled"
 
 
-async def follow_job(client, job_id: str, *, poll_s: float, stall_timeout_s: float,
-                     started_at: float | None = None, eta=None, min_interval_s: float = 0.0) -> AsyncIterator[Progress]:
+async def follow_job(client, job_id: str, *, hub, pacer, poll_s: float, stall_timeout_s: float,
+                     started_at: float | None = None, eta=None, first_update_s: float = 0.0) -> AsyncIterator[Progress]:
     """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``.
 
-    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one.
+    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one. The first
+    snapshot comes once events arrived and ``first_update_s`` passed (sooner only if the job ends).
     """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    gone = threading.Event()  # set when this reader stops listening, so the thread ends at its next event
-    threading.Thread(target=_read_into, args=(client, job_id, loop, queue, gone), daemon=True,
-                     name=f"owlet-follow-{job_id[:8]}").start()
+    inbox = _Inbox()
+    subscription = hub.subscribe(job_id, inbox.deliver)
+    pacer.join()
     try:
-        async for progress in _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta,
-                                      min_interval_s):
+        async for progress in _follow(client, job_id, inbox, pacer, poll_s, stall_timeout_s, started_at, eta,
+                                      first_update_s):
             yield progress
     finally:
-        gone.set()
+        pacer.leave()
+        hub.unsubscribe(subscription)
 
 
-async def _follow(client, job_id, queue, poll_s, stall_timeout_s, started_at, eta,
-                  min_interval_s) -> AsyncIterator[Progress]:
+async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s, started_at,
+                  eta, first_update_s) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
-    last_event_at = last_yield_at = time.monotonic()
-    unsent = False  # tokens applied but not yet shown, held back by min_interval_s
+    last_event_at = time.monotonic()
+    last_yield_at = last_event_at - max(0.0, pacer.interval_s() - first_update_s)  # as if one was just sent
+    unsent = False  # tokens applied but not yet shown, held back by the pacer
     while True:
-        timeout = poll_s
-        if unsent:
-            timeout = max(0.0, min_interval_s - (time.monotonic() - last_yield_at))
-        try:
-            item = await asyncio.wait_for(queue.get(), timeout=timeout)
-        except asyncio.TimeoutError:
+        if not inbox.wake.is_set():
+            timeout = poll_s
             if unsent:
-                unsent, last_yield_at = False, time.monotonic()
-                yield progress
-                continue
-            silent_for = time.monotonic() - last_event_at
-            if progress.state == "queued":
-                position = await asyncio.to_thread(_position, client, job_id)
-                if position is not None:
-                    last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
-                    if position != progress.position:
-                        progress.eta_s = await asyncio.to_thread(eta, position) if eta else None
-                        progress.position = position
-                        progress.status = wording.queued(position, progress.eta_s)
-                        yield progress
+                timeout = max(0.0, pacer.interval_s() - (time.monotonic() - last_yield_at))
+            try:
+                await asyncio.wait_for(inbox.wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                if unsent:
+                    unsent, last_yield_at = False, time.monotonic()
+                    yield progress
                     continue
-            if silent_for > stall_timeout_s:
-                progress.state, progress.error = "lost", wording.WORKER_LOST
-                yield progress
-                return
-            continue
-        last_event_at = time.monotonic()
-        items = [item]
-        while not queue.empty():  # coalesce a burst of tokens into one update
-            items.append(queue.get_nowait())
-        for event in items:
-            if isinstance(event, dict) and event.get("type") == "queued" and event.get("eta_s") is None and eta:
-                event = {**event, "eta_s": await asyncio.to_thread(eta, event.get("position"))}
-            if event is _END:
-                if not progress.finished:  # the stream ended or vanished without a terminal event
+                silent_for = time.monotonic() - last_event_at
+                if progress.state == "queued":
+                    position = await asyncio.to_thread(_position, client, job_id)
+                    if position is not None:
+                        last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
+                        if position != progress.position:
+                            progress.eta_s = await asyncio.to_thread(eta, position) if eta else None
+                            progress.position = position
+                            progress.status = wording.queued(position, progress.eta_s)
+                            yield progress
+                        continue
+                if silent_for > stall_timeout_s:
                     progress.state, progress.error = "lost", wording.WORKER_LOST
-                yield progress
-                return
+                    yield progress
+                    return
+                continue
+        events, ended = inbox.take()
+        last_event_at = time.monotonic()
+        for event in events:
+            if event.get("type") == "queued" and event.get("eta_s") is None and eta:
+                event = {**event, "eta_s": await asyncio.to_thread(eta, event.get("position"))}
             _apply(progress, event)
+            if progress.finished:
+                break
+        if ended and not progress.finished:  # the stream ended or vanished without a terminal event
+            progress.state, progress.error = "lost", wording.WORKER_LOST
         if progress.finished:
             yield progress
             return
-        # A fast model emits hundreds of tokens a second; re-rendering the chat for each costs the server
-        # and the browser far more than it shows. Updates go out at most every min_interval_s.
-        if time.monotonic() - last_yield_at >= min_interval_s:
+        # A fast model emits hundreds of tokens a second; re-rendering the chat for each costs the page and
+        # the browser far more than it shows. Updates go out at most once per the pacer's interval.
+        if time.monotonic() - last_yield_at >= pacer.interval_s():
             unsent, last_yield_at = False, time.monotonic()
             yield progress
         else:

@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
+from ui.gradio_costs import calm_idle_queue, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
@@ -37,11 +38,13 @@ def make_client(config):
 
 def build(config, client=None):
     """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
+    skip_missing_matplotlib()
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
     page = build_page(ChatHandlers(client, config, metrics), config)
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
+    calm_idle_queue(page)
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,

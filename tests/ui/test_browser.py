@@ -84,6 +84,7 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     partials = [s for s in seen if not s.startswith("⏳")]
     assert len(partials) >= 2, f"the answer should stream in several steps, saw {seen!r}"
     assert page.locator(f"{USER} img").count() == 1, "the uploaded image is shown in the chat"
+    page.wait_for_function(f"document.querySelector('{USER} img').naturalWidth > 0", timeout=10_000)
     page.screenshot(path=str(ARTIFACTS / "ui-browser-first-answer.png"))
 
     _seen, status = ask(page, "Where is it in the picture?")

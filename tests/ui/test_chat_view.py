@@ -1,7 +1,10 @@
 """Rendering stored turns as chat messages, and reading both browser and API message shapes."""
 from __future__ import annotations
 
-from ui.chat_view import IMAGE_PLACEHOLDER, message_text, parse_input, render_history
+import gradio as gr
+
+from ui.chat_view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, parse_input,
+                          render_history, user_message)
 
 
 def test_one_message_per_turn_so_indices_match_the_history():
@@ -11,13 +14,28 @@ def test_one_message_per_turn_so_indices_match_the_history():
              {"role": "assistant", "text": "red"}]
     messages = render_history(turns, {"abc": "/tmp/a.png"})
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
-    assert messages[0]["content"] == [{"path": "/tmp/a.png", "mime_type": "image/png"}, "what is it?"]
-    assert messages[2]["content"] == ["colour?"] and messages[3]["content"] == "red"
+    image, question = messages[0]["content"]
+    assert image["type"] == "file" and image["file"]["path"] == "/tmp/a.png"
+    assert image["file"]["url"] == FILE_ROUTE + "/tmp/a.png" and question == {"type": "text", "text": "what is it?"}
+    assert message_text(messages[2]) == "colour?" and message_text(messages[3]) == "red"
 
 
 def test_image_whose_file_is_gone_shows_a_placeholder():
     messages = render_history([{"role": "user", "text": "hi", "image_sha": "zzz"}], {})
-    assert messages[0]["content"] == [IMAGE_PLACEHOLDER, "hi"]
+    assert [block["text"] for block in messages[0]["content"]] == [IMAGE_PLACEHOLDER, "hi"]
+
+
+def test_messages_are_already_what_the_chatbot_would_send():
+    """Answer events skip Gradio's post-processing, so messages must equal what it would produce (less the
+    file marker, which only tells Gradio to re-check the file on every update)."""
+    messages = [user_message("what is it?", "/tmp/a b.png"), assistant_message("a circle"),
+                user_message("and now?", None, has_image=True), assistant_message("")]
+    processed = gr.Chatbot().postprocess(messages).model_dump()
+    for block in processed[0]["content"]:
+        if block["type"] == "file":
+            assert block["file"].pop("meta") == {"_type": "gradio.FileData"}
+            block["file"]["url"] = FILE_ROUTE + "/tmp/a%20b.png"  # Gradio adds the URL when it serves the file
+    assert processed == messages
 
 
 def test_message_text_reads_browser_blocks_and_raw_values():

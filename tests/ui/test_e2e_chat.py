@@ -18,6 +18,15 @@ from tests.ui.stack import make_image
 pytestmark = pytest.mark.timeout(240)
 
 
+def stored_answers(stack) -> set[str]:
+    """Every assistant turn the workers stored in this stack's namespace."""
+    r = redis.Redis.from_url(stack.redis_url)
+    answers = {json.loads(raw).get("text") for key in r.scan_iter(match=stack.prefix + "conv:*:turns", count=1000)
+               for raw in r.lrange(key, 0, -1) if json.loads(raw).get("role") == "assistant"}
+    r.close()
+    return answers
+
+
 def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_path):
     client = Client(stack.url, verbose=False)
     outputs, (_box, chat, status) = ask(client, "What colour is the shape?", make_image(tmp_path / "red.png"))
@@ -30,6 +39,8 @@ def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_pa
     assert any(isinstance(p, dict) and p.get("type") == "file" for p in chat[0]["content"]), "image shown"
     assert re.search(r"First token \d+\.\d+ s · [\d.]+ tokens/s", status), status
     assert "session cache miss" in status and "session cache hit" not in status
+
+    assert bubble_text(chat[1]) in stored_answers(stack), "the streamed answer ends exactly as the worker's"
 
     _outputs, (_box, chat2, status2) = ask(client, "And where is it?")
     assert [m["role"] for m in chat2] == ["user", "assistant", "user", "assistant"]

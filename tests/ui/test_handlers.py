@@ -12,7 +12,7 @@ import pytest
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import make_image
 from ui import wording
-from ui.chat_view import render_history
+from ui.chat_view import message_text, render_history
 from ui.config import UIConfig
 from ui.handlers import ChatHandlers, new_session
 from ui.metrics import UIMetrics
@@ -60,10 +60,10 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
         waiting = ask(h, "first question", browser=alice, hash_="a1")
         _box, chat, status, session = await waiting.__anext__()
         assert status.startswith("Queued") and session["job"], status
-        assert chat[-1]["content"].startswith("⏳ Queued")
+        assert message_text(chat[-1]).startswith("⏳ Queued")
         # Same person, a second conversation: the per-user cap (1 waiting job) refuses it, clearly.
         *_, (_b, chat2, status2, _s) = await drain(ask(h, "another chat", browser=alice, hash_="a2"))
-        assert "questions waiting" in status2 and chat2[-1]["content"].startswith("⚠️")
+        assert "questions waiting" in status2 and message_text(chat2[-1]).startswith("⚠️")
         # Bob fills the global queue (cap 2); Carol is told the service is busy.
         bob_waiting = ask(h, "bob asks", browser=bob, hash_="b1")
         _b, _c, bob_status, bob_session = await bob_waiting.__anext__()
@@ -72,7 +72,7 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
         # Stop while queued: the job ends at once and the stream finishes with "Stopped."
         h.stop(session, alice, gr.Request(session_hash="a1"))
         *_, (box, chat4, status4, session4) = await drain(waiting)
-        assert status4 == wording.STOPPED and chat4[-1]["content"].endswith("*(stopped)*")
+        assert status4 == wording.STOPPED and message_text(chat4[-1]).endswith("*(stopped)*")
         assert session4["job"] is None and box.interactive is True
         h.stop(bob_session, bob, gr.Request(session_hash="b1"))
         await drain(bob_waiting)
@@ -92,7 +92,7 @@ def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
     start = time.monotonic()
     *_, (_box, chat, status, session) = asyncio.run(drain(ask(h, "hello?", browser=h.issuer.mint())))
     assert status == "⚠️ " + wording.WORKER_LOST
-    assert chat[-1]["content"] == "⚠️ " + wording.WORKER_LOST
+    assert message_text(chat[-1]) == "⚠️ " + wording.WORKER_LOST
     assert time.monotonic() - start < 10
     job = h.client.r.hgetall(h.client.keys.job(session["job"] or "")) if session["job"] else None
     assert session["job"] is None and job is None
@@ -136,7 +136,7 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
         assert [(t["role"], t["text"]) for t in turns][:1] == [("user", "edited first")] and len(turns) == 2
         assert turns[0]["image_sha"], "editing the text keeps the image of that turn"
         assert chat == render_history(turns, session["images"])
-        assert chat[0]["content"][0]["path"] == image
+        assert chat[0]["content"][0]["file"]["path"] == image
 
     try:
         asyncio.run(scenario())
@@ -149,7 +149,7 @@ def test_redis_down_is_a_clear_message_not_a_traceback():
 
     h = make_handlers(f"redis://127.0.0.1:{free_port()}/0", "owlet-nowhere:")
     *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=h.issuer.mint())))
-    assert status == wording.SERVICE_DOWN and chat[-1]["content"] == "⚠️ " + wording.SERVICE_DOWN
+    assert status == wording.SERVICE_DOWN and message_text(chat[-1]) == "⚠️ " + wording.SERVICE_DOWN
     assert box.interactive is True and session["job"] is None
     h.client.close()
 

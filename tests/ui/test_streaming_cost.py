@@ -1,0 +1,75 @@
+"""The cheap-streaming parts of the page: the fair update pacer, and the stream hub over real Redis (one
+reader for many streams, events in order, terminal events end a subscription, a vanished stream ends too)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from ui.pacing import UpdatePacer
+from ui.stream_hub import UNKNOWN_JOB, StreamHub
+from worker.client import OwletClient
+from worker.config import Settings
+from worker.streams import encode
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_pacer_shares_the_page_budget_fairly_within_bounds():
+    pacer = UpdatePacer(max_total_per_s=400, max_per_stream_per_s=20, min_per_stream_per_s=4)
+    assert pacer.interval_s() == pytest.approx(1 / 20)  # alone: full speed
+    for _ in range(64):
+        pacer.join()
+    assert pacer.interval_s() == pytest.approx(64 / 400)  # 6.25 updates/s each, 400/s in all
+    for _ in range(200 - 64):
+        pacer.join()
+    assert pacer.interval_s() == pytest.approx(1 / 4)  # never slower than the floor
+    for _ in range(300):
+        pacer.leave()
+    assert pacer.live == 0 and pacer.interval_s() == pytest.approx(1 / 20)
+
+
+@pytest.fixture
+def client():
+    with running_redis() as url:
+        c = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix=unique_prefix("hub")))
+        yield c
+        c.close(purge=True)
+
+
+def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(client):
+    async def scenario():
+        hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3)
+        got = {job: [] for job in ("a", "b", "c")}
+        ended = asyncio.Event()
+        done: set[str] = set()
+
+        def deliverer(job):
+            def deliver(events, is_end):
+                got[job].extend(e["type"] + ":" + e.get("text", e.get("message", "")) for e in events)
+                if is_end:
+                    done.add(job)
+                    if len(done) == 3:
+                        ended.set()
+            return deliver
+
+        subs = [hub.subscribe(job, deliverer(job)) for job in ("a", "b", "c")]
+        for i in range(20):
+            for job in ("a", "b"):
+                client.r.xadd(client.keys.stream(job), encode("token", text=str(i)))
+        for job in ("a", "b"):
+            client.r.xadd(client.keys.stream(job), encode("done", text="x"))
+            client.r.xadd(client.keys.stream(job), encode("token", text="after the end"))
+        # "c" never gets a stream: the hub's idle check ends it with a sentence, not a hang
+        await asyncio.wait_for(ended.wait(), timeout=10)
+        assert hub.live == 0
+        for s in subs:
+            hub.unsubscribe(s)
+        hub.close()
+        return got
+
+    got = asyncio.run(scenario())
+    for job in ("a", "b"):
+        assert got[job] == [f"token:{i}" for i in range(20)] + ["done:x"]
+    assert got["c"] == ["error:" + UNKNOWN_JOB]
