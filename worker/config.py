@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from owlet.settings import read_fields
 
-def _env(name: str, default, cast):
-    raw = os.environ.get(name)
-    return default if raw in (None, "") else cast(raw)
+ENV_PREFIX = "OWLET_"  # field user_queue_cap is read from OWLET_USER_QUEUE_CAP
+ENV_SKIP = ("redis_url",)  # read from REDIS_URL, the name Celery and Redis tooling use
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,11 @@ class Settings:
     engine_factory: str = ""  # "module:callable" returning a started-able engine; "" = engine.LLMEngine
 
     @classmethod
-    def from_env(cls, **overrides) -> "Settings":
-        """Read ``REDIS_URL`` and ``OWLET_<FIELD>`` variables; keyword overrides win."""
-        values = {"redis_url": os.environ.get("REDIS_URL") or cls.redis_url}
-        for f in fields(cls):
-            if f.name == "redis_url":
-                continue
-            cast = (lambda s: s.lower() in ("1", "true", "yes")) if f.type == "bool" else {
-                "int": int, "float": float, "str": str}[f.type]
-            values[f.name] = _env(f"OWLET_{f.name.upper()}", f.default, cast)
+    def from_env(cls, env=None, **overrides) -> "Settings":
+        """Read ``REDIS_URL`` and ``OWLET_<FIELD>`` variables (``owlet.settings`` rules); keyword overrides win."""
+        env = os.environ if env is None else env
+        values = {"redis_url": env.get("REDIS_URL") or cls.redis_url}
+        values.update(read_fields(cls, ENV_PREFIX, env, skip=ENV_SKIP))
         values.update(overrides)
         return cls(**values)
 
