@@ -33,6 +33,8 @@ class Settings:
     max_attempts: int = 2  # a job whose worker died is re-dispatched once, then failed
     cancel_poll_s: float = 0.05
     read_block_ms: int = 1000  # stream reads block below redis-py's 5 s socket timeout
+    # How long workers and pages wait for a restarting Redis before giving up on a job or a stream.
+    redis_reconnect_s: float = 60.0
     worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
     worker_metrics_port: int = 0  # worker Prometheus HTTP port (OWLET_WORKER_METRICS_PORT); 0 = off
     engine_factory: str = ""  # "module:callable" returning a started-able engine; "" = engine.LLMEngine

@@ -126,6 +126,7 @@ class WorkerRuntime:
 
     def _cancel_loop(self) -> None:
         """Relay cancel flags to the engine; polling keeps one Redis round trip per period for all jobs."""
+        redis_down = False  # log an outage once, not 20 tracebacks a second
         while not self._stop.wait(self.settings.cancel_poll_s):
             with self._lock:
                 jobs = sorted(self._active - self._aborted)
@@ -136,9 +137,12 @@ class WorkerRuntime:
                     for job in jobs:
                         p.exists(self.keys.cancel(job))
                     flags = p.execute()
-            except redis.RedisError:
-                log.exception("cancel poll failed")
+            except redis.RedisError as exc:
+                if not redis_down:
+                    log.warning("cancel poll failed (%s); retrying until Redis answers", exc)
+                redis_down = True
                 continue
+            redis_down = False
             for job, flagged in zip(jobs, flags):
                 if flagged:
                     self.engine.abort(job)
