@@ -26,7 +26,7 @@ HEAVY_LIMIT_S = 120
 
 
 def run_worker(env_overrides: dict[str, str | None], redis_url: str, cwd: Path,
-               limit_s: float = LIMIT_S) -> tuple[int, str, float, float]:
+               limit_s: float = LIMIT_S, argv=("owlet-worker", "-n", "loud@%h")) -> tuple[int, str, float, float]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("OWLET_")}
     env.update(REDIS_URL=redis_url, OWLET_KEY_PREFIX=unique_prefix("loud"), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
@@ -36,7 +36,7 @@ def run_worker(env_overrides: dict[str, str | None], redis_url: str, cwd: Path,
         else:
             env[key] = value
     started = time.monotonic()
-    result = subprocess.run(["owlet-worker", "-n", "loud@%h"], cwd=cwd, env=env, capture_output=True, text=True,
+    result = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True,
                             timeout=limit_s + 30)
     return result.returncode, result.stderr + result.stdout, time.monotonic() - started, limit_s
 
@@ -51,6 +51,12 @@ def assert_fails_loudly(code: int, output: str, elapsed: float, limit_s: float, 
 
 def test_unset_model(redis_url, tmp_path):
     assert_fails_loudly(*run_worker({"OWLET_MODEL": None}, redis_url, tmp_path), "OWLET_MODEL is not set")
+
+
+def test_celerys_own_command_fails_loudly_too(redis_url, tmp_path):
+    """`celery -A worker.main worker` (compose's Flower uses that app too) takes the same start-up path."""
+    argv = ("celery", "-A", "worker.main", "worker", "-P", "threads", "-n", "loud@%h", "--without-gossip")
+    assert_fails_loudly(*run_worker({"OWLET_MODEL": None}, redis_url, tmp_path, argv=argv), "OWLET_MODEL is not set")
 
 
 def test_model_folder_that_does_not_exist(redis_url, tmp_path):
