@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingError, ValueError, AssertionError) as exc:
         print(f"{PROG}: bad setting: {exc}", file=sys.stderr, flush=True)
         return 2
+    except SystemExit as exc:  # a bad flag value; argparse's own exits (int codes) pass through unchanged
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code, file=sys.stderr, flush=True)
+        return 2
     problem = check_redis(config.redis_url)
     if problem:
         code, why = problem

@@ -24,7 +24,7 @@ def run_page(args: list[str], tmp_path: Path, **env_overrides: str) -> subproces
     (["--redis-url", f"redis://127.0.0.1:{free_port()}/0"], {}, 1, "no Redis answers at redis://127.0.0.1:"),
     (["--port", "eighty"], {}, 2, "argument --port: invalid int value: 'eighty'"),
     (["--no-such-flag"], {}, 2, "unrecognized arguments: --no-such-flag"),
-    (["--auth", "nopassword"], {}, 1, "--auth expects user:password"),
+    (["--auth", "nopassword"], {}, 2, "--auth expects user:password"),
     ([], {"OWLET_UI_SHARE": "perhaps"}, 2, "OWLET_UI_SHARE='perhaps' is not a boolean"),
     ([], {"OWLET_UI_MAX_THREADS": "0"}, 2, "max_threads must be at least 1"),
 ], ids=["malformed-redis-url", "redis-not-answering", "bad-port", "unknown-flag", "bad-auth", "bad-boolean",
