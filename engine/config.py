@@ -1,12 +1,14 @@
 """EngineConfig: every engine knob in one validated dataclass; ``from_env`` is the only place env vars are read."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from owlet.settings import read_fields
 
 from . import limits
 
 PARK_MODES = ("none", "int8", "int4")
+ENV_PREFIX = "OWLET_"  # field max_running is read from OWLET_MAX_RUNNING
 
 
 @dataclass
@@ -50,31 +52,13 @@ class EngineConfig:
 
     @classmethod
     def from_env(cls, env=None, **overrides) -> "EngineConfig":
-        """Read ``OWLET_<FIELD>`` variables (e.g. OWLET_MODEL, OWLET_MAX_RUNNING, OWLET_PARK_MODE)."""
-        env = os.environ if env is None else env
-        values: dict = {}
-        for f in fields(cls):
-            raw = env.get(f"OWLET_{f.name.upper()}")
-            if raw is None or raw == "":
-                continue
-            values[f.name] = _parse(raw, f.type, f.name)
+        """Read ``OWLET_<FIELD>`` variables (e.g. OWLET_MODEL, OWLET_MAX_RUNNING, OWLET_PARK_MODE).
+
+        Values are parsed by ``owlet.settings`` (the rules every Owlet process shares); a bad value raises
+        ``owlet.settings.SettingError`` naming the variable.
+        """
+        values = read_fields(cls, ENV_PREFIX, env)
         values.update(overrides)
         if "model" not in values:
             raise ValueError("OWLET_MODEL is not set: point it at a local checkpoint folder")
         return cls(**values)
-
-
-def _parse(raw: str, type_name, name: str):
-    t = str(type_name)
-    try:
-        if t.startswith("bool"):
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError
-            return raw.lower() in ("1", "true", "yes")
-        if t.startswith("int"):
-            return int(raw)
-        if t.startswith("float"):
-            return None if raw.lower() == "none" else float(raw)
-    except ValueError:
-        raise ValueError(f"OWLET_{name.upper()}={raw!r} is not a valid {t}") from None
-    return raw

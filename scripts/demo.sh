@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One-command local demo: creates the venv if needed, then runs Redis (yours or an embedded one),
 # a worker with the bundled model, and the chat page; prints the URL. Ctrl-C stops everything.
-# Arguments go to scripts/run_demo.py (--host, --port, --share, --auth user:pass, --redis-url, --model).
+# Arguments go to owlet-demo (owlet/demo.py) (--host, --port, --share, --auth user:pass, --redis-url, --model).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/ensure_venv.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python scripts/run_demo.py "$@"
+exec .venv/bin/owlet-demo "$@"

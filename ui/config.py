@@ -6,12 +6,15 @@ their defaults are defined once for every layer in ``engine.limits``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from engine import limits
+from owlet.settings import SettingError, read_fields
 from ui.identity import parse_networks
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+ENV_PREFIX = "OWLET_UI_"  # field max_threads is read from OWLET_UI_MAX_THREADS
+ENV_SKIP = ("redis_url", "key_prefix")  # read from REDIS_URL and OWLET_KEY_PREFIX, shared with the workers
 # A fixed default keeps browser ids stable across restarts of a local demo; deployments set OWLET_UI_SECRET.
 DEV_BROWSER_SECRET = "owlet-local-demo-secret-change-me"
 
@@ -101,11 +104,7 @@ class UIConfig:
             values["redis_url"] = env["REDIS_URL"]
         if env.get("OWLET_KEY_PREFIX"):
             values["key_prefix"] = env["OWLET_KEY_PREFIX"]
-        for f in fields(cls):
-            raw = env.get(f"OWLET_UI_{f.name.upper()}")
-            if raw in (None, ""):
-                continue
-            values[f.name] = _cast(f.name, f.type, raw)
+        values.update(read_fields(cls, ENV_PREFIX, env, skip=ENV_SKIP, custom=_CUSTOM))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -114,20 +113,19 @@ class UIConfig:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _cast(name: str, type_name: str, raw: str):
+def _parse_auth_var(name: str, raw: str):
     try:
-        if type_name == "bool":
-            return raw.strip().lower() in ("1", "true", "yes", "on")
-        if type_name == "int":
-            return int(raw)
-        if type_name == "float":
-            return float(raw)
-        if name == "auth":
-            return parse_auth(raw)
-        if name == "allowed_formats":
-            return tuple(s.strip().upper() for s in raw.split(",") if s.strip())
-        if name == "trusted_proxies":
-            return tuple(s.strip() for s in raw.split(",") if s.strip())
-        return raw
+        return parse_auth(raw)
     except ValueError as exc:
-        raise ValueError(f"OWLET_UI_{name.upper()}={raw!r}: {exc}") from exc
+        raise SettingError(f"{name}: {exc}") from None
+
+
+def _parse_formats(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(s.strip().upper() for s in raw.split(",") if s.strip())
+
+
+def _parse_list(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in raw.split(",") if s.strip())
+
+
+_CUSTOM = {"auth": _parse_auth_var, "allowed_formats": _parse_formats, "trusted_proxies": _parse_list}

@@ -4,7 +4,8 @@
 - prefetch disabled: a worker takes a job only when a thread is free, so waiting jobs stay in Redis
   where the fair dispatcher sees them;
 - worker_direct: each worker also consumes its own queue ``<node>.dq2`` for conversation affinity;
-- acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams.
+- acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams;
+- fail loudly: a worker whose engine cannot start exits non-zero with the reason (``worker.startup``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 
 from celery import Celery, signals
 
+from owlet.settings import SettingError, parse_int
 from worker.config import Settings
 
 
@@ -38,7 +40,8 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
         from worker.tasks import register_tasks
 
         # enough threads for a full engine batch plus a little slack; the dispatcher, not Celery, limits load
-        app.conf.worker_concurrency = settings.worker_concurrency or int(os.environ.get("OWLET_MAX_RUNNING", 16)) + 2
+        max_running = parse_int("OWLET_MAX_RUNNING", os.environ.get("OWLET_MAX_RUNNING") or "16")
+        app.conf.worker_concurrency = settings.worker_concurrency or max_running + 2
 
         register_tasks(app)
         _wire_runtime(app, settings)
@@ -46,18 +49,34 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
 
 
 def _wire_runtime(app: Celery, settings: Settings) -> None:
+    from worker import startup
+
+    def configure_logging(**_):
+        startup.configure_logging()  # before worker_init: Celery sets up its own logging only after it
+
     def start(sender=None, **_):
         if getattr(sender, "app", None) is not app:
             return
-        from worker.runtime import WorkerRuntime
+        # Anything that goes wrong here must end the process: Celery would log a handler's exception and
+        # carry on as a worker with no engine that looks healthy and never serves a job.
+        try:
+            if not settings.engine_factory:
+                startup.check_engine_environment()  # before the heavy imports: the common mistakes fail fast
+            from worker.runtime import WorkerRuntime
 
-        app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname)
-        app.owlet_runtime.start()
+            app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname)
+            app.owlet_runtime.start()
+        except (startup.CannotServe, SettingError) as exc:
+            startup.fail(str(exc))
+        except Exception as exc:  # import errors, a model that does not load, Redis unreachable, ...
+            startup.log.exception("engine start-up failed")
+            startup.fail(f"{type(exc).__name__}: {exc}")
 
     def stop(sender=None, **_):
         runtime = getattr(app, "owlet_runtime", None)
         if runtime is not None:
             runtime.stop()
 
+    signals.celeryd_init.connect(configure_logging, weak=False)
     signals.worker_init.connect(start, weak=False)
     signals.worker_shutdown.connect(stop, weak=False)

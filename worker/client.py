@@ -134,7 +134,8 @@ class OwletClient:
             # a reader resuming after the terminal event has nothing more to wait for
             return self.job_state(job_id) not in TERMINAL
 
-        yield from read_events(self.r, key, last_id, self.settings.read_block_ms, on_idle)
+        yield from read_events(self.r, key, last_id, self.settings.read_block_ms, on_idle,
+                               reconnect_s=self.settings.redis_reconnect_s)
         if vanished:  # the stream expired under the reader: still end with a terminal event
             yield "0-0", {"type": "error", "message": UnknownJob.user_message, "t": time.time()}
 

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from engine import limits
+from owlet.settings import read_fields
 
-
-def _env(name: str, default, cast):
-    raw = os.environ.get(name)
-    return default if raw in (None, "") else cast(raw)
+ENV_PREFIX = "OWLET_"  # field user_queue_cap is read from OWLET_USER_QUEUE_CAP
+ENV_SKIP = ("redis_url",)  # read from REDIS_URL, the name Celery and Redis tooling use
 
 
 @dataclass(frozen=True)
@@ -43,19 +42,20 @@ class Settings:
     max_attempts: int = 2  # a job whose worker died is re-dispatched once, then failed
     cancel_poll_s: float = 0.05
     read_block_ms: int = 1000  # stream reads block below redis-py's 5 s socket timeout
+    # How long workers and pages wait for a restarting Redis before giving up on a job or a stream.
+    redis_reconnect_s: float = 60.0
     worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
     worker_metrics_port: int = 0  # worker Prometheus HTTP port (OWLET_WORKER_METRICS_PORT); 0 = off
+    # "module:callable" building the engine instead of engine.LLMEngine: bench/page_stream.py serves a
+    # model-free stub (bench/stub_engine.py) through the real worker this way. "" = the real engine.
+    engine_factory: str = ""
 
     @classmethod
-    def from_env(cls, **overrides) -> "Settings":
-        """Read ``REDIS_URL`` and ``OWLET_<FIELD>`` variables; keyword overrides win."""
-        values = {"redis_url": os.environ.get("REDIS_URL") or cls.redis_url}
-        for f in fields(cls):
-            if f.name == "redis_url":
-                continue
-            cast = (lambda s: s.lower() in ("1", "true", "yes")) if f.type == "bool" else {
-                "int": int, "float": float, "str": str}[f.type]
-            values[f.name] = _env(f"OWLET_{f.name.upper()}", f.default, cast)
+    def from_env(cls, env=None, **overrides) -> "Settings":
+        """Read ``REDIS_URL`` and ``OWLET_<FIELD>`` variables (``owlet.settings`` rules); keyword overrides win."""
+        env = os.environ if env is None else env
+        values = {"redis_url": env.get("REDIS_URL") or cls.redis_url}
+        values.update(read_fields(cls, ENV_PREFIX, env, skip=ENV_SKIP))
         values.update(overrides)
         return cls(**values)
 

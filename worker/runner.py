@@ -7,6 +7,7 @@ state by the finish script), and a bad job never takes the worker down. Its coll
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -24,12 +25,14 @@ from worker.images import ImageStore
 from worker.jobs import Job, parse_job
 from worker.keys import Keys
 from worker.metrics import WorkerMetrics
+from worker.redis_retry import until_reachable
 from worker.streams import StreamWriter
 
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "Owlet hit an internal error while answering. Please try again."
 UNKNOWN_CONVERSATION = "This conversation no longer exists. Start a new conversation."
+SERVICE_RESTARTING = "The chat service was restarting while answering. Please try again in a moment."
 
 
 class EngineSlots(Protocol):
@@ -72,6 +75,9 @@ class JobRunner:
             self._fail(job_id, exc.user_message, type(exc).__name__)
         except ValueError as exc:  # the engine and SamplingParams raise user-facing ValueErrors
             self._fail(job_id, str(exc), "invalid")
+        except redis.RedisError:
+            log.exception("job %s: Redis failed", job_id)
+            self._fail(job_id, SERVICE_RESTARTING, "redis")
         except Exception:
             log.exception("job %s failed", job_id)
             self._fail(job_id, INTERNAL_ERROR, "internal")
@@ -105,7 +111,8 @@ class JobRunner:
             if delta:
                 writer.add("token", text=delta)
         result = handle.result(timeout=s.job_deadline_s)
-        self.jobs.record_service_time(time.monotonic() - started)
+        with contextlib.suppress(redis.RedisError):  # a statistic: never worth losing the answer over
+            self.jobs.record_service_time(time.monotonic() - started)
         self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:
             self.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)
@@ -140,11 +147,17 @@ class JobRunner:
         else:
             self._fail(job.job_id, result.error or INTERNAL_ERROR, "engine")
 
+    def _finish(self, job_id: str, event_type: str, **kwargs) -> bool:
+        """The terminal event, retried while Redis restarts: a finished answer is delivered, not dropped."""
+        return until_reachable(lambda: self.jobs.finish(job_id, event_type, only_state="started",
+                                                        only_worker=self.worker, **kwargs),
+                               self.settings.redis_reconnect_s, f"finishing job {job_id}")
+
     def _end(self, job_id: str, event_type: str, **kwargs) -> None:
-        if self.jobs.finish(job_id, event_type, only_state="started", only_worker=self.worker, **kwargs):
+        if self._finish(job_id, event_type, **kwargs):
             self.metrics.job_finished(event_type)
 
     def _fail(self, job_id: str, message: str, kind: str) -> None:
-        if self.jobs.finish(job_id, "error", only_state="started", only_worker=self.worker, message=message):
+        if self._finish(job_id, "error", message=message):
             self.metrics.job_finished("error")
             self.metrics.error(kind)

@@ -6,6 +6,7 @@ service work-conserving even when no UI process is submitting.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 
@@ -23,8 +24,12 @@ from worker.runner import JobRunner
 log = logging.getLogger(__name__)
 
 
-def build_engine():
-    """``engine.LLMEngine`` configured from the environment (``EngineConfig.from_env``)."""
+def build_engine(settings: Settings):
+    """``engine.LLMEngine`` configured from the environment (``EngineConfig.from_env``), or the engine named by
+    ``OWLET_ENGINE_FACTORY`` ("module:callable"; the page benchmark's model-free stub)."""
+    if settings.engine_factory:
+        module, _, name = settings.engine_factory.partition(":")
+        return getattr(importlib.import_module(module), name)()
     from engine import EngineConfig, LLMEngine
 
     return LLMEngine(EngineConfig.from_env())
@@ -39,7 +44,7 @@ class WorkerRuntime:
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.metrics = WorkerMetrics(worker)
-        self.engine = engine if engine is not None else build_engine()
+        self.engine = engine if engine is not None else build_engine(settings)
         self._active: set[str] = set()  # job ids submitted to the engine and not finished
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
@@ -120,6 +125,7 @@ class WorkerRuntime:
 
     def _cancel_loop(self) -> None:
         """Relay cancel flags to the engine; polling keeps one Redis round trip per period for all jobs."""
+        redis_down = False  # log an outage once, not 20 tracebacks a second
         while not self._stop.wait(self.settings.cancel_poll_s):
             with self._lock:
                 jobs = sorted(self._active - self._aborted)
@@ -130,9 +136,12 @@ class WorkerRuntime:
                     for job in jobs:
                         p.exists(self.keys.cancel(job))
                     flags = p.execute()
-            except redis.RedisError:
-                log.exception("cancel poll failed")
+            except redis.RedisError as exc:
+                if not redis_down:
+                    log.warning("cancel poll failed (%s); retrying until Redis answers", exc)
+                redis_down = True
                 continue
+            redis_down = False
             for job, flagged in zip(jobs, flags):
                 if flagged:
                     self.engine.abort(job)

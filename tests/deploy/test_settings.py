@@ -1,0 +1,65 @@
+"""One parser, one set of rules: the engine, the worker and the page read the same value the same way."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from owlet.settings import SettingError, parse_bool, parse_value
+from ui.config import UIConfig
+from worker.config import Settings
+
+# A boolean field of each settings object, and the variable it is read from.
+BOOLEANS = [
+    (lambda env: EngineConfig.from_env({"OWLET_MODEL": "m", **env}).session_cache, "OWLET_SESSION_CACHE"),
+    (lambda env: Settings.from_env(env).fifo, "OWLET_FIFO"),
+    (lambda env: UIConfig.from_env(env).share, "OWLET_UI_SHARE"),
+]
+
+
+@pytest.mark.parametrize("read, name", BOOLEANS)
+@pytest.mark.parametrize("raw, value", [("on", True), ("ON", True), ("yes", True), ("1", True), ("true", True),
+                                        ("off", False), ("No", False), ("0", False), ("false", False)])
+def test_every_layer_reads_booleans_alike(read, name, raw, value):
+    assert read({name: raw}) is value
+
+
+@pytest.mark.parametrize("read, name", BOOLEANS)
+@pytest.mark.parametrize("raw", ["maybe", "2", "enabled"])
+def test_a_bad_boolean_is_an_error_everywhere(read, name, raw):
+    with pytest.raises(SettingError, match=name):
+        read({name: raw})
+
+
+@pytest.mark.parametrize("read, name", [
+    (lambda env: EngineConfig.from_env({"OWLET_MODEL": "m", **env}), "OWLET_MAX_RUNNING"),
+    (lambda env: Settings.from_env(env), "OWLET_USER_QUEUE_CAP"),
+    (lambda env: UIConfig.from_env(env), "OWLET_UI_MAX_THREADS"),
+])
+def test_a_bad_number_names_the_variable_everywhere(read, name):
+    with pytest.raises(SettingError, match=f"{name}='lots' is not an integer"):
+        read({name: "lots"})
+
+
+def test_empty_means_unset_and_none_clears_an_optional_number():
+    assert Settings.from_env({"OWLET_USER_QUEUE_CAP": ""}).user_queue_cap == Settings.user_queue_cap
+    config = EngineConfig.from_env({"OWLET_MODEL": "m", "OWLET_DEFAULT_DEADLINE_S": "none",
+                                    "OWLET_MAX_MODEL_LEN": "2048", "OWLET_SESSION_BUDGET_MB": "12.5"})
+    assert (config.default_deadline_s, config.max_model_len, config.session_budget_mb) == (None, 2048, 12.5)
+    with pytest.raises(SettingError, match="OWLET_MAX_RUNNING"):
+        EngineConfig.from_env({"OWLET_MODEL": "m", "OWLET_MAX_RUNNING": "none"})  # not optional
+
+
+def test_parse_value_follows_the_annotation():
+    assert parse_value("X", " 7 ", "int") == 7 and parse_value("X", "0.5", "float | None") == 0.5
+    assert parse_value("X", "text", "str") == "text" and parse_bool("X", " Off ") is False
+
+
+def test_the_worker_and_the_engine_agree_on_max_running_for_celery_threads(monkeypatch):
+    from worker.celery_app import create_app
+
+    monkeypatch.setenv("OWLET_MAX_RUNNING", "6")
+    monkeypatch.delenv("OWLET_WORKER_CONCURRENCY", raising=False)
+    assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 8
+    monkeypatch.setenv("OWLET_MAX_RUNNING", "six")
+    with pytest.raises(SettingError, match="OWLET_MAX_RUNNING"):
+        create_app(Settings.from_env({}), with_runtime=True)
