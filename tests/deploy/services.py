@@ -56,26 +56,34 @@ class Service:
             self.proc.wait(timeout=5)
 
 
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout_s: float = 5.0, token: str | None = None) -> tuple[int, str]:
+    """GET ``url``; with ``token``, as an operator (``Authorization: Bearer``, see ui/ops.py)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 
 
-def wait_for_workers(page_url: str, count: int, services: list[Service], timeout_s: float = 180.0) -> dict:
-    """Wait until the page's /healthz lists ``count`` live workers; fail early if a service dies."""
+def wait_for_workers(page_url: str, count: int, services: list[Service], timeout_s: float = 180.0,
+                     token: str | None = None) -> dict:
+    """Wait until the page's /healthz reports ``count`` live workers; fail early if a service dies.
+
+    A stranger's /healthz says only ``{"ok": ...}`` (ok: Redis answers and a worker is alive), so counting
+    more than one worker needs the operator's metrics ``token``."""
+    assert count == 1 or token, "only an operator's /healthz names the workers"
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         for service in services:
             service.check_alive()
         with contextlib.suppress(OSError):
-            status, body = http_get(page_url.rstrip("/") + "/healthz")
+            status, body = http_get(page_url.rstrip("/") + "/healthz", token=token)
             last = body
-            if status == 200 and len(json.loads(body)["workers"]) >= count:
-                return json.loads(body)
+            health = json.loads(body) if status == 200 else {}
+            if health.get("ok") and len(health.get("workers", [None])) >= count:
+                return health
         time.sleep(0.5)
     raise AssertionError(f"no {count} live workers after {timeout_s:.0f} s; last /healthz: {last}; logs:\n"
                          + "\n".join(f"--- {s.name}\n{s.output()[-2000:]}" for s in services))

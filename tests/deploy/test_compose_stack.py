@@ -22,7 +22,9 @@ from tests.ui.page_client import ask, bubble_text
 from tests.ui.stack import free_port, make_image
 
 pytestmark = pytest.mark.timeout(480)
-COMPOSE_ENV = {"OWLET_DEVICE": "cpu"}  # what a GPU-less host puts in .env
+# What a GPU-less host puts in .env, and the operator's token for /metrics and a detailed /healthz.
+METRICS_TOKEN = "compose-test-metrics-token"
+COMPOSE_ENV = {"OWLET_DEVICE": "cpu", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN}
 
 
 def container_env(service: dict, dockerfile_env: dict, redis_port: int, project_dir) -> dict[str, str]:
@@ -89,7 +91,8 @@ def test_every_compose_service_starts_answers_is_scraped_and_scales(tmp_path):
         assert [m["role"] for m in chat] == ["user", "assistant"] and bubble_text(chat[-1]).strip(), chat
         assert "First token" in status, status
 
-        code, page_metrics = http_get(url + "metrics")
+        assert http_get(url + "metrics")[0] == 401, "a stranger must not read the page's metrics"
+        code, page_metrics = http_get(url + "metrics", token=METRICS_TOKEN)
         assert code == 200 and "owlet_workers_alive 1.0" in page_metrics, page_metrics[:2000]
         assert 'owlet_ui_turns_total{outcome="done"} 1.0' in page_metrics
         code, worker_metrics = http_get(f"http://127.0.0.1:{metrics1}/metrics")
@@ -98,9 +101,9 @@ def test_every_compose_service_starts_answers_is_scraped_and_scales(tmp_path):
 
         # `docker compose up --scale worker=2`: a second replica joins and is counted.
         worker2, metrics2 = start_worker(2)
-        health = wait_for_workers(url, 2, started, timeout_s=240)
+        health = wait_for_workers(url, 2, started, timeout_s=240, token=METRICS_TOKEN)
         assert set(health["workers"]) == {"owlet@owlet-worker-1", "owlet@owlet-worker-2"}
-        assert "owlet_workers_alive 2.0" in http_get(url + "metrics")[1]
+        assert "owlet_workers_alive 2.0" in http_get(url + "metrics", token=METRICS_TOKEN)[1]
         assert http_get(f"http://127.0.0.1:{metrics2}/metrics")[0] == 200
         client.close()
     finally:
@@ -111,7 +114,10 @@ def test_every_compose_service_starts_answers_is_scraped_and_scales(tmp_path):
 def test_flower_service_finds_its_celery_app_from_any_folder(tmp_path):
     """Flower is an optional profile whose image adds the flower package; its `-A` target must resolve."""
     flower = load_compose(ROOT / "docker-compose.yml", COMPOSE_ENV)["services"]["flower"]
-    argv = flower["command"]
+    # `sh -c "<refuse without a login>; exec celery -A worker.main flower ..."`: Flower never starts open.
+    shell = flower["command"]
+    assert shell[:2] == ["sh", "-c"] and "FLOWER_BASIC_AUTH" in shell[2], shell
+    argv = shell[2].split("exec ", 1)[1].split()
     assert argv[:3] == ["celery", "-A", "worker.main"] and argv[3] == "flower"
     probe = ("from celery.app.utils import find_app; app = find_app(%r); "
              "print(type(app).__name__, app.main)" % argv[2])

@@ -32,7 +32,10 @@ def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_pa
     outputs, (_box, chat, status) = ask(client, "What colour is the shape?", make_image(tmp_path / "red.png"))
     answers = [bubble_text(o[1][-1]) for o in outputs if o[1] and o[1][-1]["role"] == "assistant"]
     growing = [a for a in answers if a and not a.startswith("⏳")]
-    assert any(a.startswith("⏳ Queued") or a.startswith("⏳ Thinking") for a in answers), answers[:3]
+    # The first update waits up to 50 ms for the job's first events (ui/handlers.FIRST_UPDATE_S), so on a quiet
+    # machine it may already carry tokens; otherwise it is the queue status.
+    first = answers[0]
+    assert first.startswith(("⏳ Queued", "⏳ Thinking")) or bubble_text(chat[-1]).startswith(first), answers[:3]
     assert len(set(growing)) >= 3, "the answer should arrive as several partial updates"
     assert all(b.startswith(a) for a, b in zip(growing, growing[1:])), "partials must only grow"
     assert [m["role"] for m in chat] == ["user", "assistant"]
