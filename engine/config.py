@@ -27,6 +27,10 @@ class EngineConfig:
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
+    # Decode batch storage: slots (K/V and conv states preallocated per running row, written in place) |
+    # dynamic (DynamicCache, concatenated each step) | auto (slots where the model supports them).
+    decode_cache: str = "auto"
+    kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
     def __post_init__(self):
@@ -39,6 +43,8 @@ class EngineConfig:
             raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.decode_cache not in ("auto", "slots", "dynamic"):
+            raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

@@ -18,8 +18,6 @@ from collections import deque
 
 import torch
 
-from . import kv_cache
-from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .handle import RequestHandle
@@ -30,6 +28,7 @@ from .request import Request, Status
 from .sampler import make_generator, sample_next_tokens
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .slot_batch import make_decode_batch
 from .session_store import SessionStore
 
 log = logging.getLogger("owlet.engine")
@@ -44,7 +43,8 @@ class LLMEngine:
                                      max_images=config.max_images_per_request)
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
-        self.batch = DecodeBatch(self.runner.device)
+        self.batch = make_decode_batch(config, self.runner, self.max_model_len)
+        self.max_model_len = min(self.max_model_len, getattr(self.batch, "max_len", self.max_model_len))
         self.sessions = SessionStore.for_runner(config, self.runner)
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
@@ -218,7 +218,7 @@ class LLMEngine:
         req.num_computed = req.cached_tokens = 0
 
     def _decode(self) -> None:
-        undo = kv_cache.undo_point(self.batch.cache)
+        undo = self.batch.undo_point()
         try:
             logits, cache = self.runner.decode(self.batch)
         except torch.OutOfMemoryError:
@@ -242,7 +242,7 @@ class LLMEngine:
 
     def _decode_out_of_memory(self, undo) -> None:
         """Roll the batch back, free idle sessions; if that freed nothing, shed the newest half of the batch."""
-        kv_cache.rollback(self.batch.cache, undo)
+        self.batch.rollback(undo)
         self._counters["oom_events"] += 1
         if self.sessions.evict_all() == 0:
             shed = self.batch.requests[(len(self.batch) + 1) // 2:] or self.batch.requests

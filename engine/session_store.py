@@ -144,7 +144,7 @@ class SessionStore:
         else:
             row = batch.requests.index(req)
             assert int(batch.seq_lens[row]) == length, "batch row length disagrees with the request's tokens"
-            snap = kv_cache.snapshot_row(batch.cache, row, length)
+            snap = batch.snapshot(req)
         checkpoints = {}
         if snap.conv:
             checkpoints[length] = snap.conv
