@@ -388,6 +388,11 @@ def parse_args(argv=None):
                    help="torch CPU threads, 0 for torch's choice. Default 1: on a shared 2-core machine two "
                         "intra-op threads spin against other processes (measured 7x slower decode)")
     p.add_argument("--cache-dir", default=None, help="where bench checkpoints are cached (default .cache/bench-models)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the workload: where one decode step's time goes (see bench/step_profile.py)")
+    p.add_argument("--profile-context", type=int, default=1000, help="--profile: prompt tokens per row")
+    p.add_argument("--profile-steps", type=int, default=20, help="--profile: decode steps timed per cache")
+    p.add_argument("--profile-pool-mb", type=float, default=1024, help="--profile: slot pool budget")
     return p.parse_args(argv)
 
 
@@ -409,6 +414,15 @@ def main(argv=None) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=dtype).to(args.device).eval()
     processor = AutoProcessor.from_pretrained(ckpt)
     processor.tokenizer.padding_side = "left"  # generate() batches must be left-padded
+    if args.profile:
+        from bench.step_profile import run_profile
+
+        del model
+        print(machine_line(args.device, dtype))
+        headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""),
+                    **run_profile(ckpt, dtype, args)}
+        print("RESULT " + json.dumps(headline))
+        return headline
     requests = make_workload(args.requests, min_new, max_new, SHAPES[shape]["image_sides"])
     for r in requests:
         r.prompt_tokens = len(processor.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True,

@@ -30,6 +30,9 @@ class EngineConfig:
     # Decode batch storage: slots (K/V and conv states preallocated per running row, written in place) |
     # dynamic (DynamicCache, concatenated each step) | auto (slots where the model supports them).
     decode_cache: str = "auto"
+    # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
+    # same, captured as CUDA graphs). Off until a device run shows it token-exact and faster.
+    decode_graphs: str = "off"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -43,6 +46,8 @@ class EngineConfig:
             raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.decode_graphs not in ("off", "static", "cuda"):
+            raise ValueError(f"decode_graphs must be off, static or cuda, got {self.decode_graphs!r}")
         if self.decode_cache not in ("auto", "slots", "dynamic"):
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:

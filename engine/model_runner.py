@@ -130,5 +130,7 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, batch) -> torch.Tensor:
         """One decode step for every row of ``batch``; returns logits [B, vocab] and advances nothing."""
+        if getattr(batch, "static_step", None) is not None:  # static shapes / CUDA graphs (engine/cuda_graphs.py)
+            return batch.static_step(batch), batch.cache
         out = self.model(**batch.step_inputs(), logits_to_keep=1)
         return out.logits[:, -1], out.cache

@@ -22,6 +22,7 @@ class SlotBatch:
         self.seq_lens: torch.Tensor | None = None  # [B] tokens in each row's slot
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
         self._positions = torch.arange(pool.slot_len, device=device)
+        self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode uses it)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -108,6 +109,8 @@ def make_decode_batch(config, runner, max_model_len: int):
 
     mode = config.decode_cache
     if mode == "dynamic" or (mode == "auto" and not supports(runner.text_config)):
+        if config.decode_graphs != "off":
+            raise ValueError("decode_graphs needs the slot cache (decode_cache='slots' on a supported model)")
         return DecodeBatch(runner.device)
     if not supports(runner.text_config):
         raise ValueError("decode_cache='slots' supports full-attention and LFM2 conv layers only; this model has "
@@ -125,4 +128,9 @@ def make_decode_batch(config, runner, max_model_len: int):
         raise ValueError(f"the KV pool budget ({budget / 2**20:.2f} MB) holds only {slot_len} tokens per slot for "
                          f"max_running={config.max_running}; raise kv_pool_mb or lower max_running")
     pool = SlotPool(runner.text_config, config.max_running, slot_len, runner.device, runner.dtype)
-    return SlotBatch(pool, runner.device)
+    batch = SlotBatch(pool, runner.device)
+    if config.decode_graphs != "off":
+        from .cuda_graphs import StaticDecode
+
+        batch.static_step = StaticDecode(runner.model, pool, capture=config.decode_graphs == "cuda")
+    return batch

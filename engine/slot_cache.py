@@ -58,6 +58,7 @@ class SlotPool:
 
     def __init__(self, text_config, num_slots: int, slot_len: int, device, dtype):
         self.num_slots, self.slot_len = num_slots, slot_len
+        self.device = torch.device(device)
         self.types = layer_types(text_config)
         heads, head_dim = _kv_shape(text_config)
         conv_len = getattr(text_config, "conv_L_cache", 3)
@@ -165,15 +166,20 @@ class SlotCache(Cache):
         self._heads = torch.arange(heads, device=device)
 
     def bind(self, seq_lens: torch.Tensor) -> None:
-        """Point at slots ``0 .. len(seq_lens)-1``; row i's new token goes to position ``seq_lens[i]``."""
-        self.batch = int(seq_lens.shape[0])
-        self.kv_len = int(seq_lens.max()) + 1
-        self.rows = self._rows_all[:self.batch, None]  # [B, 1] broadcasts against heads [H]
+        """Point at slots ``0 .. len(seq_lens)-1``; row i's new token goes to position ``seq_lens[i]``, and
+        attention spans the longest row + 1."""
+        self.bind_static(int(seq_lens.shape[0]), int(seq_lens.max()) + 1, seq_lens[:, None])
+
+    def bind_static(self, rows: int, kv_len: int, write_at: torch.Tensor) -> None:
+        """Point at slots ``0 .. rows-1`` with attention over ``kv_len`` positions; ``write_at`` [rows, 1] holds
+        each row's write position (a static tensor when the step is a captured graph)."""
+        self.batch, self.kv_len = rows, kv_len
+        self.rows = self._rows_all[:rows, None]  # [B, 1] broadcasts against heads [1, H]
         self.heads = self._heads[None, :]
-        self.write_at = seq_lens[:, None]
+        self.write_at = write_at
         for i, layer in enumerate(self.layers):
             if isinstance(layer, LinearAttentionLayer):
-                layer.conv_states[0] = self.pool.conv[i][:self.batch]
+                layer.conv_states[0] = self.pool.conv[i][:rows]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len - 1

@@ -89,3 +89,29 @@ def test_image_rows_mixed_with_text_rows(family, make_engine, runners):
     run_until_done(engine)
     for (m, n), h in zip(reqs, handles):
         assert h.result(0).token_ids == reference_tokens(runners(family), m, n)
+
+
+def test_static_shape_decode_matches_generate(family, make_engine, runners):
+    """The capturable step (padded row buckets, bucketed positions) run eagerly on CPU: same tokens."""
+    engine = make_engine(family, max_running=5, decode_graphs="static")
+    step = engine.batch.static_step
+    step.kv_block = 32  # small blocks so the attended span changes bucket during the test
+    reqs = workload()
+    handles = []
+    for messages, n in reqs:
+        handles.append(engine.add_request(messages, greedy(n)))
+        engine.step()
+    run_until_done(engine)
+    for (messages, n), h in zip(reqs, handles):
+        assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
+    assert step.shape_for(3, 40) == (4, 64) and step.shape_for(5, 10) == (5, 32)
+    assert len(step._static) >= 3, "several (rows, positions) shapes should have been used"
+
+
+def test_graph_capture_needs_cuda(make_engine):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="CUDA"):
+        make_engine("llava", decode_graphs="cuda")
+    with pytest.raises(ValueError, match="slot cache"):
+        make_engine("llava", decode_graphs="static", decode_cache="dynamic")
