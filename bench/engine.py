@@ -108,6 +108,10 @@ class WayResult:
     # (a static batch keeps computing rows whose request already has its tokens).
     decode_steps: int = 0
     decode_rows: int = 0
+    # Engine only: the "batch of one" tail — decode steps that ran a single row, and their
+    # wall time (the end of a burst, when the last long answers run alone).
+    single_row_steps: int = 0
+    single_row_s: float = 0.0
 
     @property
     def makespan_s(self) -> float:
@@ -277,6 +281,16 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
     from engine import SamplingParams
 
     before = engine.stats()
+    steps: list[tuple[float, int]] = []  # (seconds, rows) of every decode forward
+    decode = engine.runner.decode
+
+    def timed_decode(batch):
+        t = time.perf_counter()
+        try:
+            return decode(batch)
+        finally:
+            steps.append((time.perf_counter() - t, len(batch)))
+    engine.runner.decode = timed_decode
     start = time.perf_counter()
     lags: list[tuple[int, float]] = []
     results, finished = {}, {}
@@ -296,9 +310,12 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
         waiters[-1].start()
     for w in waiters:
         w.join()
+    engine.runner.decode = decode
     after = engine.stats()
     out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
-                    decode_rows=after["decode_rows"] - before["decode_rows"])
+                    decode_rows=after["decode_rows"] - before["decode_rows"],
+                    single_row_steps=sum(rows == 1 for _, rows in steps),
+                    single_row_s=sum(s for s, rows in steps if rows == 1))
     for i, lag in lags:
         r = results[i]
         if r.error:
@@ -475,6 +492,10 @@ def main(argv=None) -> dict:
             engine.stop()
 
     print_table(results, requests)
+    for r in results:
+        if r.way == "engine":
+            print(f"  {r.pattern} engine: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
+                  f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan)")
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
@@ -486,6 +507,9 @@ def main(argv=None) -> dict:
                 headline[f"vs_{way}{suffix}"] = round(by_way["engine"].tokens_per_s / by_way[way].tokens_per_s, 2)
         for way, r in by_way.items():
             headline[f"{way}_tok_s{suffix}"] = round(r.tokens_per_s, 1)
+        if "engine" in by_way:
+            headline[f"engine_single_row_tail_pct{suffix}"] = round(
+                100 * by_way["engine"].single_row_s / by_way["engine"].makespan_s, 1)
     print("RESULT " + json.dumps(headline))
     return headline
 
