@@ -30,6 +30,9 @@ class EngineConfig:
     # Decode batch storage: slots (K/V and conv states preallocated per running row, written in place) |
     # dynamic (DynamicCache, concatenated each step) | auto (slots where the model supports them).
     decode_cache: str = "auto"
+    # Requests that reach the engine together (in one step's intake) are queued longest max_new_tokens first, so
+    # a burst's long answers start early instead of running alone at its end; across steps order stays FIFO.
+    admit_longest_first: bool = True
     # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
     # same, captured as CUDA graphs). Off until a device run shows it token-exact and faster.
     decode_graphs: str = "off"

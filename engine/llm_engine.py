@@ -167,6 +167,8 @@ class LLMEngine:
             new = list(self._inbox)
             self._inbox.clear()
             aborts, self._aborts = self._aborts, set()
+        if self.config.admit_longest_first:  # only within this intake: no request overtakes an earlier arrival
+            new.sort(key=lambda r: -r.params.max_new_tokens)
         for req in new:
             self.scheduler.add(req)
         now = time.monotonic()

@@ -115,3 +115,18 @@ def test_graph_capture_needs_cuda(make_engine):
         make_engine("llava", decode_graphs="cuda")
     with pytest.raises(ValueError, match="slot cache"):
         make_engine("llava", decode_graphs="static", decode_cache="dynamic")
+
+
+@pytest.mark.parametrize("longest_first", [True, False])
+def test_admission_order_within_one_intake(make_engine, longest_first):
+    """Requests that arrive together start longest budget first (if enabled); a later arrival never overtakes."""
+    engine = make_engine("llava", max_running=1, admit_longest_first=longest_first)
+    started = []
+    restore = engine.sessions.restore
+    engine.sessions.restore = lambda req: (started.append(req.params.max_new_tokens), restore(req))[1]
+    hs = [engine.add_request(chat(f"question {i}"), greedy(n)) for i, n in enumerate((2, 6, 4))]
+    engine.step()
+    hs.append(engine.add_request(chat("late and long"), greedy(9)))
+    run_until_done(engine)
+    assert all(h.result(0).error is None for h in hs)
+    assert started == ([6, 4, 2, 9] if longest_first else [2, 6, 4, 9])
