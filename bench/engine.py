@@ -112,6 +112,7 @@ class WayResult:
     # wall time (the end of a burst, when the last long answers run alone).
     single_row_steps: int = 0
     single_row_s: float = 0.0
+    padding_share: float = 0.0  # share of the K/V positions decode attention spanned that were padding
 
     @property
     def makespan_s(self) -> float:
@@ -286,10 +287,13 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
 
     def timed_decode(batch):
         t = time.perf_counter()
+        attended, needed = len(batch) * (batch.padded_len + 1), int(batch.seq_lens.sum()) + len(batch)
         try:
             return decode(batch)
         finally:
             steps.append((time.perf_counter() - t, len(batch)))
+            padding.append((attended, needed))
+    padding: list[tuple[int, int]] = []  # per step: K/V positions attention spans, and those rows really have
     engine.runner.decode = timed_decode
     start = time.perf_counter()
     lags: list[tuple[int, float]] = []
@@ -315,7 +319,8 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
     out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
                     decode_rows=after["decode_rows"] - before["decode_rows"],
                     single_row_steps=sum(rows == 1 for _, rows in steps),
-                    single_row_s=sum(s for s, rows in steps if rows == 1))
+                    single_row_s=sum(s for s, rows in steps if rows == 1),
+                    padding_share=1 - sum(n for _, n in padding) / max(1, sum(a for a, _ in padding)))
     for i, lag in lags:
         r = results[i]
         if r.error:
@@ -495,7 +500,8 @@ def main(argv=None) -> dict:
     for r in results:
         if r.way == "engine":
             print(f"  {r.pattern} engine: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
-                  f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan)")
+                  f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan); {100 * r.padding_share:.0f}% of "
+                  f"the K/V positions decode attention spanned were padding")
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}

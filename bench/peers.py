@@ -224,7 +224,7 @@ def main(argv=None) -> dict:
             [len(t) == n for t, n in zip(tokens_out["hf_cb"], budgets)]
     agree = sum(a == b for a, b in zip(tokens_out["owlet"], tokens_out["hf_cb"]))
     rate = {w: total / min(t) for w, t in times.items()}
-    print(f"\n{"way":38} {'best s':>7} {'tok/s':>8} {'owlet x':>8}")
+    print(f"\n{'way':38} {'best s':>7} {'tok/s':>8} {'owlet x':>8}")
     labels = {"owlet": "owlet engine", "hf_cb": f"transformers CB (paged|sdpa, {best_tokens} tok)"}
     for way in ("hf_cb", "owlet"):
         print(f"{labels[way]:38} {min(times[way]):7.1f} {rate[way]:8.1f} {rate['owlet'] / rate[way]:7.2f}x")
