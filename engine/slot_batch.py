@@ -110,8 +110,11 @@ def make_decode_batch(config, runner, max_model_len: int):
     mode = config.decode_cache
     # The registry row says what the runner needs: slots carry plain 1D positions and full/conv layers only, and
     # a family with its own runner (mPLUG-Owl3) keeps the cache it was verified with.
+    from .families import cache_layer_kinds
+
     family = getattr(runner, "family", None)
-    plain = family is None or (family.runner is None and family.positions == "linear")
+    plain = (family is None or (family.runner is None and family.positions == "linear")) \
+        and cache_layer_kinds(runner.text_config) <= {"full", "conv"}  # e.g. Mistral's sliding_window
     if mode == "dynamic" or (mode == "auto" and not (plain and supports(runner.text_config))):
         if config.decode_graphs != "off":
             raise ValueError("decode_graphs needs the slot cache (decode_cache='slots' on a supported model)")
