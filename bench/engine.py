@@ -108,6 +108,11 @@ class WayResult:
     # (a static batch keeps computing rows whose request already has its tokens).
     decode_steps: int = 0
     decode_rows: int = 0
+    # Engine only: the "batch of one" tail — decode steps that ran a single row, and their
+    # wall time (the end of a burst, when the last long answers run alone).
+    single_row_steps: int = 0
+    single_row_s: float = 0.0
+    padding_share: float = 0.0  # share of the K/V positions decode attention spanned that were padding
 
     @property
     def makespan_s(self) -> float:
@@ -277,6 +282,19 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
     from engine import SamplingParams
 
     before = engine.stats()
+    steps: list[tuple[float, int]] = []  # (seconds, rows) of every decode forward
+    decode = engine.runner.decode
+
+    def timed_decode(batch):
+        t = time.perf_counter()
+        attended, needed = len(batch) * (batch.padded_len + 1), int(batch.seq_lens.sum()) + len(batch)
+        try:
+            return decode(batch)
+        finally:
+            steps.append((time.perf_counter() - t, len(batch)))
+            padding.append((attended, needed))
+    padding: list[tuple[int, int]] = []  # per step: K/V positions attention spans, and those rows really have
+    engine.runner.decode = timed_decode
     start = time.perf_counter()
     lags: list[tuple[int, float]] = []
     results, finished = {}, {}
@@ -296,9 +314,13 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
         waiters[-1].start()
     for w in waiters:
         w.join()
+    engine.runner.decode = decode
     after = engine.stats()
     out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
-                    decode_rows=after["decode_rows"] - before["decode_rows"])
+                    decode_rows=after["decode_rows"] - before["decode_rows"],
+                    single_row_steps=sum(rows == 1 for _, rows in steps),
+                    single_row_s=sum(s for s, rows in steps if rows == 1),
+                    padding_share=1 - sum(n for _, n in padding) / max(1, sum(a for a, _ in padding)))
     for i, lag in lags:
         r = results[i]
         if r.error:
@@ -380,6 +402,11 @@ def parse_args(argv=None):
                    help="torch CPU threads, 0 for torch's choice. Default 1: on a shared 2-core machine two "
                         "intra-op threads spin against other processes (measured 7x slower decode)")
     p.add_argument("--cache-dir", default=None, help="where bench checkpoints are cached (default .cache/bench-models)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the workload: where one decode step's time goes (see bench/step_profile.py)")
+    p.add_argument("--profile-context", type=int, default=1000, help="--profile: prompt tokens per row")
+    p.add_argument("--profile-steps", type=int, default=20, help="--profile: decode steps timed per cache")
+    p.add_argument("--profile-pool-mb", type=float, default=1024, help="--profile: slot pool budget")
     return p.parse_args(argv)
 
 
@@ -403,6 +430,15 @@ def main(argv=None) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=dtype).to(args.device).eval()
     processor = AutoProcessor.from_pretrained(ckpt)
     processor.tokenizer.padding_side = "left"  # generate() batches must be left-padded
+    if args.profile:
+        from bench.step_profile import run_profile
+
+        del model
+        print(machine_line(args.device, dtype))
+        headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""),
+                    **run_profile(ckpt, dtype, args)}
+        print("RESULT " + json.dumps(headline))
+        return headline
     requests = make_workload(args.requests, min_new, max_new, SHAPES[shape]["image_sides"])
     for r in requests:
         r.prompt_tokens = len(processor.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True,
@@ -455,6 +491,11 @@ def main(argv=None) -> dict:
             engine.stop()
 
     print_table(results, requests)
+    for r in results:
+        if r.way == "engine":
+            print(f"  {r.pattern} engine: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
+                  f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan); {100 * r.padding_share:.0f}% of "
+                  f"the K/V positions decode attention spanned were padding")
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
@@ -466,6 +507,9 @@ def main(argv=None) -> dict:
                 headline[f"vs_{way}{suffix}"] = round(by_way["engine"].tokens_per_s / by_way[way].tokens_per_s, 2)
         for way, r in by_way.items():
             headline[f"{way}_tok_s{suffix}"] = round(r.tokens_per_s, 1)
+        if "engine" in by_way:
+            headline[f"engine_single_row_tail_pct{suffix}"] = round(
+                100 * by_way["engine"].single_row_s / by_way["engine"].makespan_s, 1)
     print("RESULT " + json.dumps(headline))
     return headline
 

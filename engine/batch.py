@@ -94,3 +94,14 @@ class DecodeBatch:
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self), 1)], dim=1)
         self.seq_lens = self.seq_lens + 1
         self.last_tokens = torch.tensor(next_tokens, device=self.device)
+
+    def snapshot(self, request) -> kv_cache.CacheSnapshot:
+        """``request``'s row as a batch-1 snapshot (its last ``seq_len`` positions)."""
+        row = self.requests.index(request)
+        return kv_cache.snapshot_row(self.cache, row, int(self.seq_lens[row]))
+
+    def undo_point(self) -> kv_cache.StepUndo:
+        return kv_cache.undo_point(self.cache)
+
+    def rollback(self, undo: kv_cache.StepUndo) -> None:
+        kv_cache.rollback(self.cache, undo)

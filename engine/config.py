@@ -33,6 +33,16 @@ class EngineConfig:
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
+    # Decode batch storage: slots (K/V and conv states preallocated per running row, written in place) |
+    # dynamic (DynamicCache, concatenated each step) | auto (slots where the model supports them).
+    decode_cache: str = "auto"
+    # Requests that reach the engine together (in one step's intake) are queued longest max_new_tokens first, so
+    # a burst's long answers start early instead of running alone at its end; across steps order stays FIFO.
+    admit_longest_first: bool = True
+    # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
+    # same, captured as CUDA graphs). Off until a device run shows it token-exact and faster.
+    decode_graphs: str = "off"
+    kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
     def __post_init__(self):
@@ -47,6 +57,10 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.session_host_budget_mb < 0:
             raise ValueError("session_host_budget_mb must be >= 0")
+        if self.decode_graphs not in ("off", "static", "cuda"):
+            raise ValueError(f"decode_graphs must be off, static or cuda, got {self.decode_graphs!r}")
+        if self.decode_cache not in ("auto", "slots", "dynamic"):
+            raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

@@ -18,8 +18,6 @@ from collections import deque
 
 import torch
 
-from . import kv_cache
-from .batch import DecodeBatch
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .families import make_runner
@@ -31,6 +29,7 @@ from .request import Request, Status
 from .sampler import make_generator, sample_next_tokens
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .slot_batch import make_decode_batch
 from .session_store import SessionStore
 
 log = logging.getLogger("owlet.engine")
@@ -45,7 +44,8 @@ class LLMEngine:
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
-        self.batch = DecodeBatch(self.runner.device)
+        self.batch = make_decode_batch(config, self.runner, self.max_model_len)
+        self.max_model_len = min(self.max_model_len, getattr(self.batch, "max_len", self.max_model_len))
         self.sessions = getattr(self.runner, "session_store_class", SessionStore).for_runner(config, self.runner)
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens, prefix_cache=self.sessions)
         self._inbox: deque[Request] = deque()
@@ -169,6 +169,8 @@ class LLMEngine:
             new = list(self._inbox)
             self._inbox.clear()
             aborts, self._aborts = self._aborts, set()
+        if self.config.admit_longest_first:  # only within this intake: no request overtakes an earlier arrival
+            new.sort(key=lambda r: -r.params.max_new_tokens)
         for req in new:
             self.scheduler.add(req)
         now = time.monotonic()
@@ -216,7 +218,7 @@ class LLMEngine:
         self.scheduler.retry(req)
 
     def _decode(self) -> None:
-        undo = kv_cache.undo_point(self.batch.cache)
+        undo = self.batch.undo_point()
         try:
             logits, cache = self.runner.decode(self.batch)
         except torch.OutOfMemoryError:
@@ -240,7 +242,7 @@ class LLMEngine:
 
     def _decode_out_of_memory(self, undo) -> None:
         """Roll the batch back, free idle sessions; if that freed nothing, shed the newest half of the batch."""
-        kv_cache.rollback(self.batch.cache, undo)
+        self.batch.rollback(undo)
         self._counters["oom_events"] += 1
         if self.sessions.evict_all() == 0:
             shed = self.batch.requests[(len(self.batch) + 1) // 2:] or self.batch.requests

@@ -224,6 +224,8 @@ class ModelRunner:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
 
         It advances nothing itself: the engine samples, then ``DecodeBatch.advance`` records the step."""
+        if getattr(batch, "static_step", None) is not None:  # static shapes / CUDA graphs (engine/cuda_graphs.py)
+            return batch.static_step(batch), batch.cache
         inputs = batch.step_inputs()
         if self.family.positions == "mrope":  # the same position on every rotary axis for generated text
             inputs["position_ids"] = inputs["position_ids"][None].expand(3, -1, -1)

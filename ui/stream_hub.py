@@ -137,9 +137,7 @@ class StreamHub:
         idle = [s for s in subs if not s.ended and now - s.last_event_at >= self.idle_check_s]
         if not idle:
             return
-        from worker import reaper  # the sweep that ends jobs of dead workers and expired queue slots
-
-        reaper.sweep_if_due(self.client.dispatcher)
+        self.client.reaper.sweep_if_due()  # ends jobs of dead workers and expired queue slots
         keys = self.client.keys
         with self.client.r.pipeline(transaction=False) as p:
             for s in idle:

@@ -13,15 +13,18 @@ from dataclasses import dataclass
 import redis
 
 from engine.sampling_params import SamplingParams
-from worker import heartbeat, reaper
+from worker import heartbeat
 from worker.celery_app import create_app
 from worker.config import Settings
-from worker.dispatcher import Dispatcher
 from worker.errors import ImageMissing, InvalidInput, UnknownJob
+from worker.fair_dispatch import FairDispatch
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
+from worker.job_states import JobStates, new_job_id
 from worker.jobs import Job, Message
 from worker.keys import Keys
+from worker.queue_readouts import QueueReadouts
+from worker.reaper import Reaper
 from worker.streams import TERMINAL, read_events
 
 @dataclass(frozen=True)
@@ -39,7 +42,10 @@ class OwletClient:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.r = redis.Redis.from_url(settings.redis_url)
-        self.dispatcher = Dispatcher(self.r, settings, create_app(settings))
+        self.readouts = QueueReadouts(self.r, self.keys)
+        self.jobs = JobStates(self.r, self.keys, settings, self.readouts)
+        self.fair = FairDispatch(self.r, self.keys, self.jobs, create_app(settings))
+        self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
 
@@ -107,11 +113,11 @@ class OwletClient:
         messages += (Message("user", text, image_sha),)
         if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
             raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
-        job_id = Dispatcher.new_job_id()
+        job_id = new_job_id()
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
-        self.dispatcher.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,
-                                image=image, image_sha=image_sha)
-        self.dispatcher.dispatch()
+        self.jobs.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,
+                         image=image, image_sha=image_sha)
+        self.fair.dispatch()
         return Submitted(job_id, conv, image_sha)
 
     def events(self, job_id: str, last_id: str = "0") -> Iterator[tuple[str, dict]]:
@@ -127,7 +133,7 @@ class OwletClient:
         vanished = []
 
         def on_idle() -> bool:
-            reaper.sweep_if_due(self.dispatcher)
+            self.reaper.sweep_if_due()
             if not self.r.exists(key):
                 vanished.append(True)
                 return False
@@ -144,18 +150,18 @@ class OwletClient:
         owner = self.r.hget(self.keys.job(job_id), "user")
         if owner is None or owner.decode() != user_id:
             raise UnknownJob()
-        return self.dispatcher.cancel(job_id)
+        return self.jobs.cancel(job_id)
 
     def queue_position(self, job_id: str) -> int | None:
-        return self.dispatcher.position(job_id)
+        return self.jobs.position(job_id)
 
     def eta_s(self, position: int | None) -> float | None:
         """Seconds until a job at ``position`` should start (the one queue ETA; None while unknown)."""
-        return self.dispatcher.eta_s(position)
+        return self.readouts.eta_s(position)
 
     def queue_stats(self) -> dict:
         """Queue aggregates for operators: queued, waiting_clients, oldest_wait_s, in_flight."""
-        return self.dispatcher.queue_stats()
+        return self.readouts.queue_stats()
 
     def identity_key(self) -> bytes:
         """The server-only key that signs anonymous identities when the operator configured none: made once,
@@ -176,11 +182,11 @@ class OwletClient:
             return {"redis": False, "workers": []}
         workers = heartbeat.alive(self.r, self.keys)
         return {"redis": True, "workers": [vars(w) for w in workers.values()],
-                "queued": self.dispatcher.queued_total(), **self.dispatcher.affinity_stats()}
+                "queued": self.readouts.queued_total(), **self.readouts.affinity_stats()}
 
     def dispatch(self) -> int:
         """Run one dispatch pass now (normally triggered by submits and by workers)."""
-        return self.dispatcher.dispatch()
+        return self.fair.dispatch()
 
     def close(self, purge: bool = False) -> None:
         """Close the connection; ``purge`` first deletes every key under this client's prefix (tests and

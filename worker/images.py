@@ -21,7 +21,7 @@ class ImageStore:
     def put(self, data: bytes) -> str:
         """Validate and store ``data``; returns its sha256. Storing the same bytes twice only refreshes the TTL.
 
-        The page does not use this: it stores an image only as part of an admitted turn (``Dispatcher.enqueue``).
+        The page does not use this: it stores an image only as part of an admitted turn (``JobStates.enqueue``).
         """
         sha = self.check(data)
         key = self.keys.image(sha)

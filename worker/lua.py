@@ -140,7 +140,7 @@ end
 # ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
 #   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
 #   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s
-# Returns {position} or {negative code} (see ``Dispatcher.REFUSALS``).
+# Returns {position} or {negative code} (see ``job_states.REFUSALS``).
 SUBMIT = _ADMIT + _COMMON + r"""
 local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local job, user, q, group, qg, conv, new_conv = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]

@@ -3,7 +3,7 @@
 Every path ends the job's stream with exactly one terminal event (written atomically with the job's
 state by the finish script), and a bad job never takes the worker down. Its collaborators are explicit fields
 (the runtime builds one ``JobRunner`` at start-up), and every job state change goes through a named
-``Dispatcher`` method: ``claim``, ``finish``.
+``JobStates`` method (``worker.job_states``): ``claim``, ``finish``.
 """
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import redis
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from worker.config import Settings
-from worker.dispatcher import Dispatcher
 from worker.errors import InvalidInput, NotYourConversation, OwletError
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
+from worker.job_states import JobStates
 from worker.jobs import Job, parse_job
 from worker.keys import Keys
 from worker.metrics import WorkerMetrics
+from worker.queue_readouts import QueueReadouts
 from worker.redis_retry import until_reachable
 from worker.streams import StreamWriter
 
@@ -50,7 +51,8 @@ class JobRunner:
     settings: Settings
     r: redis.Redis  # the job's payload and cancel flag, and its event stream
     keys: Keys
-    jobs: Dispatcher  # job state transitions (claim, finish) and the service-time average
+    jobs: JobStates  # job state transitions (claim, finish)
+    readouts: QueueReadouts  # the service-time average each finished run is folded into
     convs: ConversationStore  # who owns the conversation
     images: ImageStore  # image bytes by sha256
     slots: EngineSlots  # hands requests to the engine and frees their slots
@@ -112,7 +114,7 @@ class JobRunner:
                 writer.add("token", text=delta)
         result = handle.result(timeout=s.job_deadline_s)
         with contextlib.suppress(redis.RedisError):  # a statistic: never worth losing the answer over
-            self.jobs.record_service_time(time.monotonic() - started)
+            self.readouts.record_service_time(time.monotonic() - started)
         self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:
             self.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)

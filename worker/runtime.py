@@ -12,13 +12,16 @@ import threading
 
 import redis
 
-from worker import heartbeat, reaper
+from worker import heartbeat
 from worker.config import Settings
-from worker.dispatcher import Dispatcher
+from worker.fair_dispatch import FairDispatch
 from worker.history import ConversationStore
 from worker.images import ImageStore
+from worker.job_states import JobStates
 from worker.keys import Keys
 from worker.metrics import WorkerMetrics
+from worker.queue_readouts import QueueReadouts
+from worker.reaper import Reaper
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,10 @@ class WorkerRuntime:
         self.settings, self.worker = settings, worker
         self.keys = Keys(settings.key_prefix)
         self.r = redis.Redis.from_url(settings.redis_url)
-        self.dispatcher = Dispatcher(self.r, settings, celery_app)
+        self.readouts = QueueReadouts(self.r, self.keys)
+        self.jobs = JobStates(self.r, self.keys, settings, self.readouts)
+        self.fair = FairDispatch(self.r, self.keys, self.jobs, celery_app)
+        self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.metrics = WorkerMetrics(worker)
@@ -52,8 +58,8 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
-        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.dispatcher,
-                                convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
+        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.jobs,
+                                readouts=self.readouts, convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,15 +117,15 @@ class WorkerRuntime:
         while not self._stop.is_set():
             try:
                 self._beat()
-                reaper.sweep_if_due(self.dispatcher, self.settings.heartbeat_interval_s / 2)
-                self.dispatcher.dispatch()
+                self.reaper.sweep_if_due(self.settings.heartbeat_interval_s / 2)
+                self.fair.dispatch()
             except Exception:  # a Redis hiccup must not stop the heartbeat for good
                 log.exception("heartbeat tick failed")
             self._wake_dispatch.wait(self.settings.heartbeat_interval_s)
             if self._wake_dispatch.is_set() and not self._stop.is_set():
                 self._wake_dispatch.clear()
                 try:
-                    self.dispatcher.dispatch()
+                    self.fair.dispatch()
                 except Exception:
                     log.exception("dispatch failed")
 

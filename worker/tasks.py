@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from worker.dispatcher import RUN_JOB_TASK
+from worker.fair_dispatch import RUN_JOB_TASK
 
 
 def register_tasks(app: Celery) -> None:

@@ -18,8 +18,9 @@ from transformers import AutoTokenizer, DynamicCache
 
 from ..byte_lru import ByteLRU
 from ..config import EngineConfig
+from ..families import by_architecture
 from ..model_runner import resolve_device, resolve_dtype
-from .config import OwlConfig
+from .config import ARCHITECTURE, OwlConfig
 from .model import ImageKV
 from .processor import OwlProcessor
 from .session import OwlSessionStore
@@ -63,7 +64,8 @@ class OwlRunner:
     image_placeholder = None  # the chat template writes the image token itself (``<|image|>``)
 
     def __init__(self, config: EngineConfig, family=None):
-        self.family = family  # the registry row (engine/families.py) that chose this runner
+        # The registry row (engine/families.py): it also tells the engine to keep the DynamicCache decode path.
+        self.family = family or by_architecture()[ARCHITECTURE]
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.cfg = OwlConfig.from_folder(config.model)

@@ -115,7 +115,7 @@ class Event:
 def cancel_jobs(client) -> None:
     """End every job still waiting or running in an OwletClient's namespace (test clean-up)."""
     for key in client.r.scan_iter(match=client.keys.job("*"), count=1000):
-        client.dispatcher.cancel(key.decode()[len(client.keys.job("")):])
+        client.jobs.cancel(key.decode()[len(client.keys.job("")):])
 
 
 def stack_client(stack):

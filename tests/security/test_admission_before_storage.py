@@ -79,7 +79,7 @@ def keys_of(client) -> set[bytes]:
 
 def cancel_all(client) -> None:
     for key in client.r.scan_iter(match=client.keys.job("*")):
-        client.dispatcher.cancel(key.decode()[len(client.keys.job("")):])
+        client.jobs.cancel(key.decode()[len(client.keys.job("")):])
 
 
 def jpeg(seed: int) -> bytes:
@@ -151,7 +151,7 @@ def test_a_full_redis_says_busy_and_leaves_nothing_half_written():
         with pytest.raises(ServiceBusy):
             client.submit("anon:b", None, "now", image=jpeg(5))
         assert set(filler.scan_iter(match="oom:*")) == before, "nothing half-written"
-        assert client.dispatcher.cancel(job), "jobs already admitted can still be ended when Redis is full"
+        assert client.jobs.cancel(job), "jobs already admitted can still be ended when Redis is full"
         assert client.job_state(job) == "cancelled"
         client.close()
         filler.close()

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from worker.dispatcher import Dispatcher
 from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UnknownJob, UserCapReached
 from worker.jobs import Job, Message
 
@@ -17,10 +16,9 @@ def submit(client, user, text="hi", conv=None):
 
 
 def pop_all(client, capacity=10_000):
-    d = client.dispatcher
     order = []
-    while (popped := d.scripts.call(d.scripts.pop, capacity, repr(time.time()))):
-        order.append(popped[0].decode())
+    while (popped := client.jobs.pop(capacity)):
+        order.append(popped[0])
     return order
 
 
@@ -36,7 +34,7 @@ def test_submit_records_turn_and_queued_event(client):
 def test_queued_event_carries_an_eta_once_service_times_are_known(client, fake_capacity):
     first, _ = submit(client, "ann")
     assert next(iter(client.events(first)))[1]["eta_s"] is None  # no service time measured yet
-    client.dispatcher.record_service_time(2.0)
+    client.readouts.record_service_time(2.0)
     fake_capacity(4)
     client.dispatch()  # slots are free now, but the eta only depends on position x service / slots
     job, _ = submit(client, "bob")
@@ -109,7 +107,7 @@ def test_user_cap_and_global_cap(redis_url, settings):
         with pytest.raises(ServiceBusy) as exc:
             submit(c, "cid")
         assert exc.value.user_message == "The service is busy, try again in a moment."
-        assert c.dispatcher.queued_total() == 3
+        assert c.readouts.queued_total() == 3
     finally:
         for k in c.r.scan_iter(match=settings.key_prefix + "*"):
             c.r.delete(k)
@@ -122,7 +120,7 @@ def test_cancel_queued_job_ends_stream_and_frees_the_queue(client):
     assert [e["type"] for _, e in client.events(job)] == ["queued", "cancelled"]
     assert client.queue_position(job) is None
     assert client.queue_position(other) == 1
-    assert client.dispatcher.queued_total() == 1
+    assert client.readouts.queued_total() == 1
     assert client.cancel("ann", job) is False  # already ended
     # the conversation is free again for the next question
     client.submit_turn("ann", conv, "again")
@@ -166,7 +164,7 @@ def test_concurrent_dispatchers_pop_each_job_exactly_once(client):
     for t in threads:
         t.join()
     assert sorted(got) == sorted(jobs)
-    assert client.dispatcher.queued_total() == 0
+    assert client.readouts.queued_total() == 0
 
 
 def test_reader_that_attaches_late_gets_everything(client):
@@ -204,7 +202,7 @@ def test_blocking_read_outlives_the_socket_timeout(client):
 
 
 def test_raw_enqueue_dispatches_with_dispatch_number(client, fake_capacity):
-    d: Dispatcher = client.dispatcher
+    d = client.jobs
     job = Job("j1", "ann", "c1", 0, (Message("user", "x"),))
     d.enqueue(job, None)
     fake_capacity(1)

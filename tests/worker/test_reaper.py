@@ -12,9 +12,8 @@ from worker.heartbeat import Heartbeat, publish
 
 
 def claim(client, job_id, worker):
-    d = client.dispatcher
     n = client.r.hget(client.keys.job(job_id), "dispatch_n").decode()
-    return d.scripts.call(d.scripts.claim, job_id, int(n), worker, repr(time.time()), 1000)
+    return client.jobs.claim(job_id, int(n), worker)
 
 
 def beat(client, worker, capacity=1):
@@ -32,13 +31,13 @@ def event_types(client, job):
 def test_job_that_cannot_start_in_time_ends_with_error(client):
     conv = client.new_conversation("ann")
     job = client.submit_turn("ann", conv, "hi")
-    assert reaper.sweep(client.dispatcher)["timed_out"] == 0
+    assert client.reaper.sweep()["timed_out"] == 0
     later = time.time() + client.settings.queue_timeout_s + 1
-    assert reaper.sweep(client.dispatcher, now=later)["timed_out"] == 1
+    assert client.reaper.sweep(now=later)["timed_out"] == 1
     events = [e for _, e in client.events(job)]
     assert [e["type"] for e in events] == ["queued", "error"]
     assert events[-1]["message"] == reaper.QUEUE_TIMEOUT
-    assert client.dispatcher.queued_total() == 0
+    assert client.readouts.queued_total() == 0
     client.submit_turn("ann", conv, "again")  # the conversation is not stuck pending
 
 
@@ -48,7 +47,7 @@ def test_dead_worker_job_is_redispatched_once_then_failed(client):
     beat(client, "a@x")
     assert client.dispatch() == 1 and claim(client, job, "a@x") == 1
     die(client, "a@x")
-    assert reaper.sweep(client.dispatcher)["requeued"] == 1
+    assert client.reaper.sweep()["requeued"] == 1
     entries = client.r.xrange(client.keys.stream(job))
     assert [f[b"type"] for _, f in entries] == [b"queued", b"started", b"queued"]
     assert client.job_state(job) == "queued" and client.queue_position(job) == 1
@@ -57,7 +56,7 @@ def test_dead_worker_job_is_redispatched_once_then_failed(client):
     beat(client, "b@x")
     assert client.dispatch() == 1 and claim(client, job, "b@x") == 1
     die(client, "b@x")
-    assert reaper.sweep(client.dispatcher)["failed"] == 1
+    assert client.reaper.sweep()["failed"] == 1
     evs = [e for _, e in client.events(job)]
     assert [e["type"] for e in evs] == ["queued", "started", "queued", "started", "error"]
     assert evs[2]["restart"] is True and evs[-1]["message"] == reaper.LOST_AFTER_RETRY
@@ -72,7 +71,7 @@ def test_job_sent_to_a_dead_workers_direct_queue_is_redispatched(client):
     client.dispatch()
     client.r.hset(client.keys.job(job), "target", "a@x")  # as if routed there by affinity
     die(client, "a@x")
-    assert reaper.sweep(client.dispatcher)["requeued"] == 1
+    assert client.reaper.sweep()["requeued"] == 1
     assert client.job_state(job) == "queued"
 
 
@@ -84,7 +83,7 @@ def test_running_job_past_its_deadline_ends_with_error(client):
     claim(client, job, "a@x")
     later = time.time() + client.settings.job_deadline_s + 3 * client.settings.heartbeat_ttl_s + 1
     beat(client, "a@x")
-    assert reaper.sweep(client.dispatcher, now=later)["timed_out"] == 1
+    assert client.reaper.sweep(now=later)["timed_out"] == 1
     evs = [e for _, e in client.events(job)]
     assert evs[-1]["type"] == "error" and evs[-1]["message"] == reaper.RUN_TIMEOUT
 
@@ -98,7 +97,7 @@ def test_finish_is_exactly_once(client):
     from worker.history import turn_json
 
     answer = turn_json("assistant", "red", job_id=job)
-    d = client.dispatcher
+    d = client.jobs
     assert d.finish(job, "done", answer_turn=answer, holder="a@x", only_state="started", only_worker="a@x")
     assert not d.finish(job, "done", answer_turn=answer, holder="a@x")
     assert not d.finish(job, "error", message="late")
@@ -115,6 +114,6 @@ def test_answer_is_not_appended_after_its_question_was_truncated_away(client):
     client.truncate("ann", conv, 0)  # retry/edit while it runs: the job gets its cancel flag
     from worker.history import turn_json
 
-    assert client.dispatcher.finish(job, "done", answer_turn=turn_json("assistant", "late", job_id=job),
+    assert client.jobs.finish(job, "done", answer_turn=turn_json("assistant", "late", job_id=job),
                                     only_state="started", only_worker="a@x")
     assert client.history("ann", conv) == []

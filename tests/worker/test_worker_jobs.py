@@ -88,7 +88,7 @@ def test_cancel_frees_the_slot_and_ends_with_cancelled(live):
 
 def _raw_job(client, payload, job_id=None, user="ann", conv="c"):
     job_id = job_id or hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-    client.dispatcher.enqueue_raw(job_id, user, conv, payload if isinstance(payload, str) else json.dumps(payload))
+    client.jobs.enqueue_raw(job_id, user, conv, payload if isinstance(payload, str) else json.dumps(payload))
     client.dispatch()
     return job_id
 

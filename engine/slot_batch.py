@@ -1,0 +1,144 @@
+"""SlotBatch: the running sequences over a preallocated ``SlotPool`` — the same interface as ``DecodeBatch``.
+
+Row ``i`` of the batch lives in slot ``i``. ``add`` copies a freshly prefilled batch-1 cache into the next free
+slot; ``filter`` refills each freed slot with the last row (one row's copy per finished request, instead of
+re-concatenating the whole cache every step). A decode step's inputs are built from the row lengths alone:
+``position_ids`` are the lengths, and the ``[B, 1, 1, T]`` mask marks positions ``< length + 1`` of each row, so
+a short row never reads another row's padding as its own — it only skips the tail positions it does not have.
+"""
+from __future__ import annotations
+
+import torch
+
+from .slot_cache import SlotCache, SlotPool
+
+
+class SlotBatch:
+    def __init__(self, pool: SlotPool, device: torch.device):
+        self.pool = pool
+        self.device = device
+        self.cache = SlotCache(pool)
+        self.requests: list = []
+        self.seq_lens: torch.Tensor | None = None  # [B] tokens in each row's slot
+        self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
+        self._positions = torch.arange(pool.slot_len, device=device)
+        self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode uses it)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def padded_len(self) -> int:
+        """Positions a step's attention spans: the longest row (the others mask their tail)."""
+        return 0 if not self.requests else int(self.seq_lens.max())
+
+    @property
+    def max_len(self) -> int:
+        """Tokens one row can reach (prompt + output): the slot length."""
+        return self.pool.slot_len
+
+    def add(self, request, cache, length: int, last_token: int) -> None:
+        """Copy a batch-1 cache holding ``length`` tokens into the next slot; its next input is ``last_token``."""
+        slot = len(self.requests)
+        assert slot < self.pool.num_slots, "more running rows than slots (max_running)"
+        assert length < self.pool.slot_len, "a row longer than its slot (the engine caps max_len at slot_len)"
+        self.pool.copy_in(slot, cache, length)
+        row_len = torch.tensor([length], device=self.device)
+        row_tok = torch.tensor([last_token], device=self.device)
+        if self.seq_lens is None or not self.requests:
+            self.seq_lens, self.last_tokens = row_len, row_tok
+        else:
+            self.seq_lens = torch.cat([self.seq_lens, row_len])
+            self.last_tokens = torch.cat([self.last_tokens, row_tok])
+        self.requests.append(request)
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep rows ``keep``. Kept rows above the new size move down into the freed slots below it, so each
+        finished request costs at most one row's copy; the batch's row order changes accordingly."""
+        if len(keep) == len(self):
+            return
+        n, keep_set = len(keep), set(keep)
+        holes = [i for i in range(n) if i not in keep_set]
+        movers = [i for i in sorted(keep) if i >= n]
+        lens = self.seq_lens.tolist()
+        mapping = list(range(n))  # slot -> the old row that lives there now
+        for hole, src in zip(holes, movers):
+            self.pool.move(src, hole, lens[src])
+            mapping[hole] = src
+        idx = torch.tensor(mapping, device=self.device, dtype=torch.long)
+        self.requests = [self.requests[i] for i in mapping]
+        self.seq_lens, self.last_tokens = self.seq_lens[idx], self.last_tokens[idx]
+
+    def step_inputs(self) -> dict:
+        """Model kwargs for one decode step over every row."""
+        self.cache.bind(self.seq_lens)
+        valid = self._positions[None, :self.cache.kv_len] <= self.seq_lens[:, None]  # [B, T]
+        return dict(
+            input_ids=self.last_tokens[:, None],
+            attention_mask=valid[:, None, None, :],
+            position_ids=self.seq_lens[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
+
+    def advance(self, cache, next_tokens: list[int]) -> None:
+        """Record a finished decode step: every row gained one cached token (written in place)."""
+        self.seq_lens = self.seq_lens + 1
+        self.last_tokens = torch.tensor(next_tokens, device=self.device)
+
+    def snapshot(self, request):
+        row = self.requests.index(request)
+        return self.pool.snapshot(row, int(self.seq_lens[row]))
+
+    def undo_point(self):
+        return self.pool.undo_point(len(self))
+
+    def rollback(self, undo) -> None:
+        self.pool.rollback(undo)
+
+
+_CPU_DEFAULT_POOL_MB = 512
+
+
+def make_decode_batch(config, runner, max_model_len: int):
+    """The decode batch the config asks for: ``SlotBatch`` over a pool sized once from the memory budget, or the
+    ``DecodeBatch`` over a concatenated DynamicCache (``decode_cache="dynamic"``, and what ``auto`` falls back to
+    for models the slot path does not support)."""
+    from .batch import DecodeBatch
+    from .slot_cache import bytes_per_slot_token, supports
+
+    mode = config.decode_cache
+    # The registry row says what the runner needs: slots carry plain 1D positions and full/conv layers only, and
+    # a family with its own runner (mPLUG-Owl3) keeps the cache it was verified with.
+    from .families import cache_layer_kinds
+
+    family = getattr(runner, "family", None)
+    plain = (family is None or (family.runner is None and family.positions == "linear")) \
+        and cache_layer_kinds(runner.text_config) <= {"full", "conv"}  # e.g. Mistral's sliding_window
+    if mode == "dynamic" or (mode == "auto" and not (plain and supports(runner.text_config))):
+        if config.decode_graphs != "off":
+            raise ValueError("decode_graphs needs the slot cache (decode_cache='slots' on a supported model)")
+        return DecodeBatch(runner.device)
+    if not (plain and supports(runner.text_config)):
+        raise ValueError("decode_cache='slots' needs a family on the generic runner with plain positions and only "
+                         "full-attention or LFM2 conv layers; this model has layers "
+                         f"{sorted(set(getattr(runner.text_config, 'layer_types', None) or []))}: use 'auto'")
+    per_token = bytes_per_slot_token(runner.text_config, runner.dtype) * config.max_running
+    if config.kv_pool_mb is not None:
+        budget = int(config.kv_pool_mb * 2**20)
+    elif runner.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(runner.device)
+        budget = int(free * 0.5)
+    else:
+        budget = _CPU_DEFAULT_POOL_MB * 2**20
+    slot_len = min(max_model_len, budget // max(per_token, 1))
+    if slot_len < min(64, max_model_len):
+        raise ValueError(f"the KV pool budget ({budget / 2**20:.2f} MB) holds only {slot_len} tokens per slot for "
+                         f"max_running={config.max_running}; raise kv_pool_mb or lower max_running")
+    pool = SlotPool(runner.text_config, config.max_running, slot_len, runner.device, runner.dtype)
+    batch = SlotBatch(pool, runner.device)
+    if config.decode_graphs != "off":
+        from .cuda_graphs import StaticDecode
+
+        batch.static_step = StaticDecode(runner.model, pool, capture=config.decode_graphs == "cuda")
+    return batch

@@ -1,0 +1,132 @@
+"""The preallocated slot cache: same tokens as generate() and as the DynamicCache path, written in place."""
+import pytest
+import torch
+
+from engine import greedy
+from engine.batch import DecodeBatch
+from engine.slot_batch import SlotBatch
+from engine.slot_cache import supports
+
+from .helpers import chat, image, reference_tokens, run_until_done
+from .test_exactness import workload
+from .test_sessions import converse
+
+
+@pytest.mark.parametrize("mode", ["slots", "dynamic"])
+def test_both_decode_caches_match_generate(family, make_engine, runners, mode):
+    """Rows of very different lengths finish at different steps (slot refills) while others arrive."""
+    engine = make_engine(family, max_running=3, decode_cache=mode)
+    assert isinstance(engine.batch, SlotBatch if mode == "slots" else DecodeBatch)
+    reqs = workload()
+    handles = []
+    for i, (messages, n) in enumerate(reqs):
+        handles.append(engine.add_request(messages, greedy(n)))
+        engine.step()
+    run_until_done(engine)
+    for (messages, n), h in zip(reqs, handles):
+        assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
+
+
+def test_slots_are_written_in_place(family, make_engine):
+    """No step reallocates the pool: every buffer keeps its storage, and the batch view is a view of it."""
+    engine = make_engine(family, max_running=4, decode_cache="slots")
+    pool = engine.batch.pool
+    pointers = {i: t.data_ptr() for d in (pool.keys, pool.values, pool.conv) for i, t in d.items()}
+    before = [t.clone() for t in pool.keys.values()]
+    handles = [engine.add_request(m, greedy(n)) for m, n in workload()[:4]]
+    for _ in range(6):
+        engine.step()
+        assert {i: t.data_ptr() for d in (pool.keys, pool.values, pool.conv) for i, t in d.items()} == pointers
+    assert any(not torch.equal(b, a) for b, a in zip(before, pool.keys.values())), "nothing was written"
+    inputs = engine.batch.step_inputs()
+    layer = next(i for i, t in enumerate(pool.types) if t != "conv")
+    view, _ = inputs["cache"].layers[layer].buf_keys, None
+    assert view.data_ptr() == pool.keys[layer].data_ptr()
+    assert inputs["attention_mask"].shape == (len(engine.batch), 1, 1, int(engine.batch.seq_lens.max()) + 1)
+    run_until_done(engine)
+    assert all(h.result(0).error is None for h in handles)
+
+
+def test_sessions_save_and_restore_through_slots(family, make_engine, runners):
+    slots = make_engine(family, decode_cache="slots")
+    prompts, results = converse(slots, "conv-slots")
+    assert all(r.stats.cache_source == "session" for r in results[1:])
+    for p, r in zip(prompts, results):
+        assert r.token_ids == reference_tokens(runners(family), p, 8)
+
+
+def test_rows_longer_than_the_pool_stop_at_its_length(make_engine):
+    """A small pool caps the context: the request ends with LENGTH at the slot length, it never overflows."""
+    engine = make_engine("llava", decode_cache="slots", kv_pool_mb=0.1, max_running=2)
+    assert engine.max_model_len == engine.batch.pool.slot_len < 2048
+    h = engine.add_request(chat("hi"), greedy(engine.max_model_len))
+    run_until_done(engine)
+    r = h.result(0)
+    assert r.error is None and r.stats.prompt_tokens + len(r.token_ids) <= engine.batch.pool.slot_len
+
+
+def test_too_small_pool_is_a_clear_error(make_engine):
+    with pytest.raises(ValueError, match="kv_pool_mb"):
+        make_engine("llava", decode_cache="slots", kv_pool_mb=0.001)
+
+
+def test_unsupported_layers_fall_back_to_dynamic(runners):
+    """Sliding-window or M-RoPE models keep the DynamicCache path under auto."""
+    config = runners("llava").text_config
+    assert supports(config)
+    sliding = type(config)(**{**config.to_dict(), "layer_types": ["sliding_attention"] * config.num_hidden_layers,
+                              "sliding_window": 16})
+    assert not supports(sliding)
+    mrope = type(config)(**{**config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                    "mrope_section": [2, 3, 3]}})
+    assert not supports(mrope)
+
+
+def test_image_rows_mixed_with_text_rows(family, make_engine, runners):
+    engine = make_engine(family, max_running=2, decode_cache="slots")
+    reqs = [(chat("Describe it.", image(5, (96, 64))), 9), (chat("hi"), 3), (chat("and this?", image(6)), 5)]
+    handles = [engine.add_request(m, greedy(n)) for m, n in reqs]
+    run_until_done(engine)
+    for (m, n), h in zip(reqs, handles):
+        assert h.result(0).token_ids == reference_tokens(runners(family), m, n)
+
+
+def test_static_shape_decode_matches_generate(family, make_engine, runners):
+    """The capturable step (padded row buckets, bucketed positions) run eagerly on CPU: same tokens."""
+    engine = make_engine(family, max_running=5, decode_graphs="static")
+    step = engine.batch.static_step
+    step.kv_block = 32  # small blocks so the attended span changes bucket during the test
+    reqs = workload()
+    handles = []
+    for messages, n in reqs:
+        handles.append(engine.add_request(messages, greedy(n)))
+        engine.step()
+    run_until_done(engine)
+    for (messages, n), h in zip(reqs, handles):
+        assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
+    assert step.shape_for(3, 40) == (4, 64) and step.shape_for(5, 10) == (5, 32)
+    assert len(step._static) >= 3, "several (rows, positions) shapes should have been used"
+
+
+def test_graph_capture_needs_cuda(make_engine):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="CUDA"):
+        make_engine("llava", decode_graphs="cuda")
+    with pytest.raises(ValueError, match="slot cache"):
+        make_engine("llava", decode_graphs="static", decode_cache="dynamic")
+
+
+@pytest.mark.parametrize("longest_first", [True, False])
+def test_admission_order_within_one_intake(make_engine, longest_first):
+    """Requests that arrive together start longest budget first (if enabled); a later arrival never overtakes."""
+    engine = make_engine("llava", max_running=1, admit_longest_first=longest_first)
+    started = []
+    restore = engine.sessions.restore
+    engine.sessions.restore = lambda req: (started.append(req.params.max_new_tokens), restore(req))[1]
+    hs = [engine.add_request(chat(f"question {i}"), greedy(n)) for i, n in enumerate((2, 6, 4))]
+    engine.step()
+    hs.append(engine.add_request(chat("late and long"), greedy(9)))
+    run_until_done(engine)
+    assert all(h.result(0).error is None for h in hs)
+    assert started == ([6, 4, 2, 9] if longest_first else [2, 6, 4, 9])

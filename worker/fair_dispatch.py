@@ -1,0 +1,67 @@
+"""Fair dispatch: per-user queues in Redis, served round robin, handed to Celery only while workers have room.
+
+Any process may call :meth:`FairDispatch.dispatch` at any time: the client calls it after each submit,
+workers call it when a job finishes and on every heartbeat tick. Popping is the POP transition of
+``worker.job_states``, so concurrent dispatchers never lose or duplicate a job; a Celery message that
+arrives for a job that was meanwhile re-dispatched is ignored by its dispatch number.
+
+Affinity: a follow-up turn goes to the direct queue of the worker that ran the conversation's last
+turn (it holds the KV cache) while that worker's heartbeat is alive and it is not saturated.
+Otherwise it goes to the shared queue and whichever worker takes it recomputes from history.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from celery.utils.nodenames import worker_direct
+
+from worker import heartbeat
+from worker.job_states import JobStates
+from worker.keys import Keys
+
+RUN_JOB_TASK = "owlet.run_job"
+
+
+@dataclass(frozen=True)
+class FairDispatch:
+    r: redis.Redis
+    keys: Keys
+    jobs: JobStates
+    celery: Celery
+
+    def dispatch(self, max_jobs: int = 1000) -> int:
+        """Move waiting jobs to Celery, round robin across users, while alive workers have free slots."""
+        workers = heartbeat.alive(self.r, self.keys)
+        capacity = sum(w.capacity for w in workers.values())
+        assigned: dict[str, int] = {}
+        sent = 0
+        while sent < max_jobs:
+            popped = self.jobs.pop(capacity)
+            if popped is None:
+                break
+            job_id, dispatch_n, conv = popped
+            target = self._affinity_target(conv, workers, assigned)
+            self.r.hset(self.keys.job(job_id), "target", target or "")
+            queue = worker_direct(target) if target else self.keys.celery_queue
+            self.celery.send_task(RUN_JOB_TASK, args=[job_id, dispatch_n], queue=queue)
+            sent += 1
+        return sent
+
+    def _affinity_target(self, conv: str, workers: dict, assigned: dict[str, int]) -> str | None:
+        """The worker holding ``conv``'s cache if alive and not saturated; None for the shared queue.
+
+        Only follow-up turns (a holder exists) count towards the affinity hit rate.
+        """
+        holder = self.r.get(self.keys.holder(conv)) if conv else None
+        if holder is None:
+            return None
+        holder = holder.decode()
+        beat = workers.get(holder)
+        if beat is not None and beat.load + assigned.get(holder, 0) < beat.capacity:
+            assigned[holder] = assigned.get(holder, 0) + 1
+            self.r.hincrby(self.keys.stats, "affinity_hits", 1)
+            return holder
+        self.r.hincrby(self.keys.stats, "affinity_misses", 1)
+        return None

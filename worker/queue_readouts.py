@@ -1,0 +1,62 @@
+"""Queue read-outs: the one ETA, the service-time average it rests on, and the aggregates /metrics may show.
+
+Nothing here changes a job's state (that is ``worker.job_states``); these are plain reads of the counters the
+Lua scripts keep, plus the moving average of service times that workers fold in as jobs finish.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from worker import heartbeat
+from worker.keys import Keys
+
+
+@dataclass(frozen=True)
+class QueueReadouts:
+    r: redis.Redis
+    keys: Keys
+
+    def record_service_time(self, seconds: float) -> None:
+        """Fold one job's run time into a moving average (a lost update between workers is harmless)."""
+        old = self.r.get(self.keys.service_time)
+        new = seconds if old is None else 0.8 * float(old) + 0.2 * seconds
+        self.r.set(self.keys.service_time, repr(new))
+
+    def seconds_per_position(self) -> float | None:
+        """Expected seconds each queue position adds: mean service time over the live workers' slots."""
+        service = self.r.get(self.keys.service_time)
+        if service is None:
+            return None
+        capacity = sum(w.capacity for w in heartbeat.alive(self.r, self.keys).values())
+        return float(service) / capacity if capacity else None
+
+    def eta_s(self, position: int | None) -> float | None:
+        """The one queue ETA: seconds until a job at ``position`` should start (None while unknown)."""
+        per_position = self.seconds_per_position()
+        return None if position is None or per_position is None else round(position * per_position, 1)
+
+    def queued_total(self) -> int:
+        return int(self.r.get(self.keys.queued_count) or 0)
+
+    def queue_stats(self, now: float | None = None) -> dict:
+        """Aggregates only (no identities, no addresses): what /metrics may show about the queue."""
+        now = time.time() if now is None else now
+        with self.r.pipeline(transaction=False) as p:
+            p.get(self.keys.queued_count)
+            p.llen(self.keys.ring)
+            p.zrange(self.keys.queued_since, 0, 0, withscores=True)
+            p.zcard(self.keys.inflight)
+            queued, groups, oldest, inflight = p.execute()
+        return {"queued": int(queued or 0), "waiting_clients": int(groups),
+                "oldest_wait_s": max(0.0, now - oldest[0][1]) if oldest else 0.0, "in_flight": int(inflight)}
+
+    def affinity_stats(self) -> dict:
+        """The counters in ``stats`` (affinity hits and misses, reaped, redispatched) and the affinity hit rate."""
+        raw = self.r.hgetall(self.keys.stats)
+        stats = {k.decode(): int(v) for k, v in raw.items()}
+        hits, misses = stats.get("affinity_hits", 0), stats.get("affinity_misses", 0)
+        stats["affinity_hit_rate"] = hits / (hits + misses) if hits + misses else None
+        return stats
