@@ -105,7 +105,11 @@ def main() -> None:
                    # a stub worker starved of CPU on a busy machine must not be declared dead mid-answer
                    OWLET_HEARTBEAT_TTL_S="60",
                    OWLET_UI_MAX_NEW_TOKENS_CAP=str(max(1024, args.tokens)),
-                   OWLET_UI_MAX_THREADS=str(max(64, 2 * args.users)))
+                   OWLET_UI_MAX_THREADS=str(max(64, 2 * args.users)),
+                   # Every simulated user comes from 127.0.0.1: lift the per-address limits (tests/security and
+                   # bench/abuse.py measure those) so this measures the page's streaming cost alone.
+                   OWLET_UI_ADDRESS_MAX_EVENTS=str(2 * args.users), OWLET_UI_ADDRESS_MAX_DECODES=str(args.users),
+                   OWLET_GROUP_JOB_CAP=str(4 * args.users), OWLET_GROUP_SUBMIT_LIMIT="100000")
         client = OwletClient(settings=settings)
         worker = WorkerProcess(env, work, concurrency=args.users + 4)
         page = None
