@@ -13,31 +13,19 @@ import redis
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.security.attack import LIMITS, METRICS_TOKEN
-from tests.ui.stack import ARTIFACTS, free_port, load_launcher, tiny_model
+from tests.ui.stack import free_port, running_stack, tiny_model
 
 
 @pytest.fixture(scope="session")
 def stack():
-    launcher = load_launcher()
-    with running_redis() as redis_url:
-        prefix = unique_prefix("sec")
-        env = {"OWLET_KEY_PREFIX": prefix, "OWLET_UI_MAX_NEW_TOKENS": "16", "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
-               "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
-               "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "4",
-               "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
-               "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
-               "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
-        s = launcher.Stack(redis_url, str(tiny_model()), "127.0.0.1", free_port(), [], worker_concurrency=6,
-                           log_dir=ARTIFACTS / "security-stack-logs", extra_env=env)
-        with s:
-            s.wait_ready(timeout_s=180)
-            s.prefix = prefix
-            yield s
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(match=prefix + "*", count=1000))
-        if keys:
-            r.delete(*keys)
-        r.close()
+    env = {"OWLET_UI_MAX_NEW_TOKENS": "16", "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
+           "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
+           "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "4",
+           "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
+           "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
+           "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
+    with running_stack("security", tiny_model(), env, worker_concurrency=6) as s:
+        yield s
 
 
 @pytest.fixture

@@ -5,8 +5,10 @@ The tiny model's answers are gibberish, so tests check structure (streaming, sta
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,3 +40,31 @@ def make_image(path: Path, colour=(200, 30, 30), size=(96, 64)) -> Path:
 
     Image.new("RGB", size, colour).save(path)
     return path
+
+
+@contextlib.contextmanager
+def running_stack(label: str, model: Path, env: dict[str, str], worker_concurrency: int) -> Iterator:
+    """A started stack (launcher.Stack) in its own key namespace, ready to serve; its keys are deleted after.
+
+    ``env`` adds settings for the worker and the page; ``stack.prefix`` is the namespace. Logs go to
+    ``artifacts/<label>-stack-logs``.
+    """
+    import redis
+
+    from tests.redis_server import running_redis, unique_prefix
+
+    launcher = load_launcher()
+    with running_redis() as redis_url:
+        prefix = unique_prefix(label)
+        stack = launcher.Stack(redis_url, str(model), "127.0.0.1", free_port(), [],
+                               worker_concurrency=worker_concurrency, log_dir=ARTIFACTS / f"{label}-stack-logs",
+                               extra_env={"OWLET_KEY_PREFIX": prefix, **env})
+        with stack:
+            stack.wait_ready(timeout_s=180)
+            stack.prefix = prefix
+            yield stack
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()

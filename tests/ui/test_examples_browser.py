@@ -9,10 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-import redis
 
-from tests.redis_server import running_redis, unique_prefix
-from tests.ui.stack import ARTIFACTS, free_port, load_launcher
+from tests.ui.stack import ARTIFACTS, running_stack
 from tests.ui.test_browser import BOT, CHROMIUM, LAUNCH_ARGS, USER, ask
 from training.demo_model import DEFAULT_MODEL_DIR
 from training.example_scenes import EXAMPLES
@@ -23,20 +21,9 @@ pytestmark = [pytest.mark.timeout(300),
 
 @pytest.fixture(scope="module")
 def demo_stack():
-    launcher = load_launcher()
-    with running_redis() as redis_url:
-        prefix = unique_prefix("ui-examples")
-        env = {"OWLET_KEY_PREFIX": prefix, "OWLET_HEARTBEAT_INTERVAL_S": "0.25", "OWLET_HEARTBEAT_TTL_S": "3"}
-        stack = launcher.Stack(redis_url, str(DEFAULT_MODEL_DIR), "127.0.0.1", free_port(), [], worker_concurrency=4,
-                               log_dir=ARTIFACTS / "ui-examples-stack-logs", extra_env=env)
-        with stack:
-            stack.wait_ready(timeout_s=180)
-            yield stack
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(match=prefix + "*", count=1000))
-        if keys:
-            r.delete(*keys)
-        r.close()
+    env = {"OWLET_HEARTBEAT_INTERVAL_S": "0.25", "OWLET_HEARTBEAT_TTL_S": "3"}
+    with running_stack("ui-examples", DEFAULT_MODEL_DIR, env, worker_concurrency=4) as stack:
+        yield stack
 
 
 @pytest.fixture
