@@ -120,12 +120,13 @@ def _parse_auth_var(name: str, raw: str):
         raise SettingError(f"{name}: {exc}") from None
 
 
-def _parse_formats(name: str, raw: str) -> tuple[str, ...]:
-    return tuple(s.strip().upper() for s in raw.split(",") if s.strip())
-
-
 def _parse_list(name: str, raw: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
     return tuple(s.strip() for s in raw.split(",") if s.strip())
+
+
+def _parse_formats(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(s.upper() for s in _parse_list(name, raw))
 
 
 _CUSTOM = {"auth": _parse_auth_var, "allowed_formats": _parse_formats, "trusted_proxies": _parse_list}
