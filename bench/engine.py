@@ -287,12 +287,13 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
 
     def timed_decode(batch):
         t = time.perf_counter()
-        attended, needed = len(batch) * (batch.padded_len + 1), int(batch.seq_lens.sum()) + len(batch)
+        needed = int(batch.seq_lens.sum()) + len(batch)
         try:
             return decode(batch)
         finally:
             steps.append((time.perf_counter() - t, len(batch)))
-            padding.append((attended, needed))
+            # What the step's attention read: the slot batch records it (varlen runs or one padded call).
+            padding.append((getattr(batch, "last_attended", 0) or len(batch) * (batch.padded_len + 1), needed))
     padding: list[tuple[int, int]] = []  # per step: K/V positions attention spans, and those rows really have
     engine.runner.decode = timed_decode
     start = time.perf_counter()

@@ -42,6 +42,9 @@ class EngineConfig:
     # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
     # same, captured as CUDA graphs). Off until a device run shows it token-exact and faster.
     decode_graphs: str = "off"
+    # Decode attention over slots: varlen (each run of rows attends only up to its own longest row; see
+    # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
+    decode_attention: str = "varlen"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -59,6 +62,8 @@ class EngineConfig:
             raise ValueError("session_host_budget_mb must be >= 0")
         if self.decode_graphs not in ("off", "static", "cuda"):
             raise ValueError(f"decode_graphs must be off, static or cuda, got {self.decode_graphs!r}")
+        if self.decode_attention not in ("varlen", "padded"):
+            raise ValueError(f"decode_attention must be varlen or padded, got {self.decode_attention!r}")
         if self.decode_cache not in ("auto", "slots", "dynamic"):
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .slot_cache import SlotCache, SlotPool
+from .varlen_attention import attended_positions, plan_segments
 
 
 class SlotBatch:
@@ -23,6 +24,10 @@ class SlotBatch:
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
         self._positions = torch.arange(pool.slot_len, device=device)
         self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode uses it)
+        # Varlen decode attention (engine/varlen_attention.py): the cost of one more attention call in
+        # row-positions, or None for one padded call over the longest row.
+        self.segment_call_cost: int | None = None
+        self.last_attended = 0  # row-positions the last step's attention read (benchmarks report padding with it)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -73,13 +78,20 @@ class SlotBatch:
         """Model kwargs for one decode step over every row."""
         self.cache.bind(self.seq_lens)
         valid = self._positions[None, :self.cache.kv_len] <= self.seq_lens[:, None]  # [B, T]
-        return dict(
+        inputs = dict(
             input_ids=self.last_tokens[:, None],
             attention_mask=valid[:, None, None, :],
             position_ids=self.seq_lens[:, None],
             cache=self.cache,
             use_cache=True,
         )
+        if self.segment_call_cost is None:
+            self.last_attended = len(self) * self.cache.kv_len
+        else:
+            runs = plan_segments([n + 1 for n in self.seq_lens.tolist()], self.segment_call_cost)
+            inputs["owlet_segments"] = runs
+            self.last_attended = attended_positions(runs)
+        return inputs
 
     def advance(self, cache, next_tokens: list[int]) -> None:
         """Record a finished decode step: every row gained one cached token (written in place)."""
@@ -137,6 +149,11 @@ def make_decode_batch(config, runner, max_model_len: int):
                          f"max_running={config.max_running}; raise kv_pool_mb or lower max_running")
     pool = SlotPool(runner.text_config, config.max_running, slot_len, runner.device, runner.dtype)
     batch = SlotBatch(pool, runner.device)
+    if config.decode_attention == "varlen" and config.decode_graphs == "off":  # graphs need one static shape
+        from . import varlen_attention
+
+        if varlen_attention.install(runner.model, runner.text_config):
+            batch.segment_call_cost = varlen_attention.CALL_COST.get(runner.device.type, varlen_attention.CALL_COST["cuda"])
     if config.decode_graphs != "off":
         from .cuda_graphs import StaticDecode
 
