@@ -16,7 +16,7 @@ from ui.chat_view import assistant_message, message_text, parse_input, render_hi
 from ui.client_gate import AddressSlots, SlotRefused
 from ui.identity import IdentityRequired, identify, issuer_for, parse_networks
 from ui.job_follower import follow_job
-from ui.pacing import UpdatePacer
+from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.stream_hub import StreamHub
 from ui.uploads import DecodePool, UploadLimits, UploadRejected
 
@@ -59,6 +59,11 @@ class ChatHandlers:
         self.hub = StreamHub(client, tick_s=config.stream_read_tick_s)
         self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
                                  config.stream_min_updates_per_s)
+        self._lag_watch = None  # the task that lets the pacer follow the event loop's load (started on first use)
+
+    def _watch_load(self) -> None:
+        if self._lag_watch is None or self._lag_watch.done():
+            self._lag_watch = asyncio.get_running_loop().create_task(watch_loop_lag(self.pacer))
 
     def _caller(self, request, browser_id):
         """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
@@ -215,6 +220,7 @@ class ChatHandlers:
         answer that is done by then is sent once, complete, with no lock and unlock.
         """
         started = time.monotonic()
+        self._watch_load()
         user = caller.user
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))

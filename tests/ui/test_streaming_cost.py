@@ -3,11 +3,12 @@ reader for many streams, events in order, terminal events end a subscription, a 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from tests.redis_server import running_redis, unique_prefix
-from ui.pacing import UpdatePacer
+from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.stream_hub import UNKNOWN_JOB, StreamHub
 from worker.client import OwletClient
 from worker.config import Settings
@@ -28,6 +29,42 @@ def test_pacer_shares_the_page_budget_fairly_within_bounds():
     for _ in range(300):
         pacer.leave()
     assert pacer.live == 0 and pacer.interval_s() == pytest.approx(1 / 20)
+
+
+def test_pacer_budget_follows_event_loop_lag_within_its_bounds():
+    """A lagging loop lowers the page budget (each stream updates less often, never below the floor); a
+    punctual one brings it back to the configured cap, never above."""
+    pacer = UpdatePacer(max_total_per_s=400, max_per_stream_per_s=20, min_per_stream_per_s=4)
+    for _ in range(32):
+        pacer.join()
+    for _ in range(3):
+        pacer.observe_lag(0.2)
+    assert pacer.budget < 400 * 0.6 and 1 / pacer.interval_s() < 400 / 32
+    for _ in range(50):
+        pacer.observe_lag(0.5)
+    assert pacer.budget == pytest.approx(32 * 4) and pacer.interval_s() == pytest.approx(1 / 4)  # the floor
+    pacer.observe_lag(0.015)  # in between: no change
+    assert pacer.budget == pytest.approx(32 * 4)
+    for _ in range(50):
+        pacer.observe_lag(0.001)
+    assert pacer.budget == 400 and pacer.interval_s() == pytest.approx(1 / 12.5)
+
+
+def test_loop_lag_watcher_feeds_the_pacer():
+    """The watcher measures a real loop: a callback that blocks it for 0.3 s shows up as lag."""
+    async def scenario():
+        pacer = UpdatePacer(max_total_per_s=400, max_per_stream_per_s=20, min_per_stream_per_s=4)
+        lags = []
+        observe = pacer.observe_lag
+        pacer.observe_lag = lambda lag: (lags.append(lag), observe(lag))
+        watch = asyncio.get_running_loop().create_task(watch_loop_lag(pacer, period_s=0.01))
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # the loop is stuck: the sleeper wakes late
+        await asyncio.sleep(0.05)
+        watch.cancel()
+        return lags
+    lags = asyncio.run(scenario())
+    assert len(lags) >= 3 and max(lags) >= 0.25, lags
 
 
 @pytest.fixture
