@@ -7,10 +7,12 @@ greedy decoding, and each conversation's own earlier answers stay in its history
 Out-of-domain probes (training/recipe.py: pictures that are not scenes, off-topic questions from a held-out
 pool, text-only chats; 2 turns each) check that the model gives its one refusal, `OOD_REPLY`.
 
-Two ways to answer:
+Three ways to answer:
 - `generate` (default): Hugging Face `generate()`, one batch per turn index, left padded;
 - `engine`: through Owlet's `LLMEngine` as the server runs it: `--users` conversations at a time, each a
-  session (the session cache reuses its earlier turns), their turns batched together by the engine.
+  session (the session cache reuses its earlier turns), their turns batched together by the engine;
+- `teacher-forced`: like `generate`, but the history holds the true answers instead of the model's own (the
+  older offline figure, kept for comparison: it hides how one wrong answer can mislead the next turn).
 
 Prints tables per question type, per turn and per probe family, then one line:
 RESULT {"accuracy", "min_type_accuracy", "ood_reply_rate", "in_domain_refusal_rate", ...}.
@@ -59,8 +61,11 @@ def probe_examples(probes: int) -> list[Example]:
     return [ood_probe(i, TURNS_PER_PROBE) for i in range(probes)]
 
 
-def chat_so_far(example: Example, answers: list[str], k: int) -> list[dict]:
-    """The chat for turn k: earlier questions with this conversation's own answers, then question k."""
+def chat_so_far(example: Example, answers: list[str], k: int, teacher_forced: bool = False) -> list[dict]:
+    """The chat for turn k: earlier questions with this conversation's own answers (or, teacher-forced, the
+    true ones), then question k."""
+    if teacher_forced:
+        return to_messages(example.image, example.turns[:k + 1], answered=k)
     history = [Turn(t.qtype, t.question, a) for t, a in zip(example.turns, answers)]
     return to_messages(example.image, history + [example.turns[k]], answered=k)
 
@@ -78,14 +83,14 @@ def answer_batch(model, processor, chats: list[list[dict]]) -> list[str]:
 
 
 def answer_with_generate(model, processor, examples: list[Example], batch_size: int = 50,
-                         progress: bool = False) -> list[list[str]]:
+                         progress: bool = False, teacher_forced: bool = False) -> list[list[str]]:
     """Every turn of every example answered by `generate()`, one batch per turn index."""
     answers: list[list[str]] = [[] for _ in examples]
     for first in range(0, len(examples), batch_size):
         rows = range(first, min(first + batch_size, len(examples)))
         for k in range(max(len(examples[i].turns) for i in rows)):
             live = [i for i in rows if k < len(examples[i].turns)]
-            chats = [chat_so_far(examples[i], answers[i], k) for i in live]
+            chats = [chat_so_far(examples[i], answers[i], k, teacher_forced) for i in live]
             for i, answer in zip(live, answer_batch(model, processor, chats)):
                 answers[i].append(answer)
         if progress:
@@ -135,10 +140,11 @@ def score(scenes: list[Example], scene_answers: list[list[str]], probes: list[Ex
     }
 
 
-def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0) -> dict:
+def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0,
+             teacher_forced: bool = False) -> dict:
     """Generate-mode report on `scenes` held-out dialogues and `probes` out-of-domain probes."""
     scene_set, probe_set = scene_examples(scenes), probe_examples(probes)
-    answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress)
+    answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress, teacher_forced)
     return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
 
 
@@ -162,7 +168,7 @@ def print_report(report: dict, show_failures: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--mode", choices=("generate", "engine"), default="generate")
+    parser.add_argument("--mode", choices=("generate", "engine", "teacher-forced"), default="generate")
     parser.add_argument("--scenes", type=int, default=500)
     parser.add_argument("--probes", type=int, default=140, help="out-of-domain probes (20 per family by default)")
     parser.add_argument("--batch-size", type=int, default=50, help="generate mode: conversations per batch")
@@ -178,7 +184,8 @@ def main() -> None:
         report = evaluate_engine(args.model, args.scenes, args.probes, args.users, progress=True)
     else:
         model, processor = load(args.model)
-        report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes)
+        report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes,
+                          teacher_forced=args.mode == "teacher-forced")
     print_report(report, args.show_failures)
     rate = report["ood_reply_rate"]
     result = {"mode": args.mode, "accuracy": round(report["accuracy"], 4),

@@ -1,7 +1,7 @@
 """The shipped demo checkpoint: loads offline like any checkpoint, fits the size budget, and answers well.
 
-The quality gate is the issue's fast check: >= 90 % exact match on 100 fresh held-out scenes
-(4 turns each, the image on the first turn only). The full 500-scene figure is in the model card.
+The quality gate is the fast check: >= 95 % exact match on 100 fresh held-out scenes (4 turns each, the image on
+the first turn only; the shipped weights give 98.25 %). The full 500-scene figures are in the model card.
 """
 
 import torch
@@ -26,4 +26,4 @@ def test_accuracy_on_100_held_out_scenes(demo_model_dir, monkeypatch):
     assert type(model).__name__ == "Lfm2VlForConditionalGeneration"
     report = evaluate(model, processor, scenes=100, batch_size=100)
     assert report["questions"] == 400
-    assert report["accuracy"] >= 0.90, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
+    assert report["accuracy"] >= 0.95, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
