@@ -390,6 +390,8 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny model and short budgets: a quick run")
     p.add_argument("--shape", choices=["small", "lfm2-vl-1.6b"], default="small")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="every way runs this dtype (auto: the engine's rule, bf16 on CPUs with native bf16)")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-running", type=int, default=16, help="engine batch size = static batch size")
     p.add_argument("--patterns", default="burst,poisson", help="comma list of burst, poisson")
@@ -425,7 +427,7 @@ def main(argv=None) -> dict:
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     shape = "tiny" if args.tiny else args.shape
     min_new, max_new = (4, 16) if args.tiny else (8, 128)
-    dtype = resolve_dtype("auto", torch.device(args.device))
+    dtype = resolve_dtype(args.dtype, torch.device(args.device))
     cache_dir = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models"
     ckpt = bench_checkpoint(shape, cache_dir)
     model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=dtype).to(args.device).eval()
