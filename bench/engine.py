@@ -113,6 +113,9 @@ class WayResult:
     single_row_steps: int = 0
     single_row_s: float = 0.0
     padding_share: float = 0.0  # share of the K/V positions decode attention spanned that were padding
+    # Engine only: wall time inside the model's prefill (vision included) and decode forwards.
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def makespan_s(self) -> float:
@@ -296,6 +299,15 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
             padding.append((getattr(batch, "last_attended", 0) or len(batch) * (batch.padded_len + 1), needed))
     padding: list[tuple[int, int]] = []  # per step: K/V positions attention spans, and those rows really have
     engine.runner.decode = timed_decode
+    prefill, prefill_s = engine.runner.prefill, []
+
+    def timed_prefill(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return prefill(*args, **kwargs)
+        finally:
+            prefill_s.append(time.perf_counter() - t)
+    engine.runner.prefill = timed_prefill
     start = time.perf_counter()
     lags: list[tuple[int, float]] = []
     results, finished = {}, {}
@@ -315,13 +327,14 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
         waiters[-1].start()
     for w in waiters:
         w.join()
-    engine.runner.decode = decode
+    engine.runner.decode, engine.runner.prefill = decode, prefill
     after = engine.stats()
     out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
                     decode_rows=after["decode_rows"] - before["decode_rows"],
                     single_row_steps=sum(rows == 1 for _, rows in steps),
                     single_row_s=sum(s for s, rows in steps if rows == 1),
-                    padding_share=1 - sum(n for _, n in padding) / max(1, sum(a for a, _ in padding)))
+                    padding_share=1 - sum(n for _, n in padding) / max(1, sum(a for a, _ in padding)),
+                    prefill_s=sum(prefill_s), decode_s=sum(s for s, _ in steps))
     for i, lag in lags:
         r = results[i]
         if r.error:
@@ -499,6 +512,8 @@ def main(argv=None) -> dict:
             print(f"  {r.pattern} engine: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
                   f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan); {100 * r.padding_share:.0f}% of "
                   f"the K/V positions decode attention spanned were padding")
+            print(f"  {r.pattern} engine: {r.prefill_s:.1f}s in prefill forwards (vision included) and "
+                  f"{r.decode_s:.1f}s in {r.decode_steps} decode forwards, of a {r.makespan_s:.1f}s makespan")
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
