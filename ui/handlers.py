@@ -56,7 +56,8 @@ class ChatHandlers:
         self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
         # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
-        self.hub = StreamHub(client, tick_s=config.stream_read_tick_s)
+        self.hub = StreamHub(client, tick_s=config.stream_read_tick_s,
+                             outage_grace_s=client.settings.redis_reconnect_s)
         self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
                                  config.stream_min_updates_per_s)
         self._lag_watch = None  # the task that lets the pacer follow the event loop's load (started on first use)

@@ -71,9 +71,13 @@ def _apply(progress: Progress, event: dict) -> None:
     elif kind == "started":
         progress.state, progress.status = "running", ""
         progress.queue_wait_s = now
+    elif kind == "notice":  # e.g. the page is reconnecting to Redis: shown until the stream moves on
+        progress.status = event.get("message") or ""
     elif kind == "token":
         if progress.state == "queued":  # a replayed stream may start with tokens
             progress.state, progress.status = "running", ""
+        elif progress.status == wording.RECONNECTING:
+            progress.status = ""
         if progress.first_token_s is None:
             progress.first_token_s = now
         progress.answer += event.get("text") or ""

@@ -10,6 +10,12 @@ arrives within one round trip.
 While a stream is silent, the hub does what ``OwletClient.events`` does for a lone reader: it notices a
 stream that vanished or a job that ended without a terminal event, and runs the reaper sweep (so a dead
 worker or an expired queue slot still ends the stream when no worker is alive to notice).
+
+When Redis goes away (a restart), the answers keep being generated and their streams are kept (append-only
+file), so the hub does not end them at once: it tells each follower the page is reconnecting and keeps trying
+from each stream's last id for ``outage_grace_s``. Once Redis is back, every answer resumes where it stopped and
+ends with its own terminal event — the user is never told "try again" while the job is in fact still running.
+Only an outage longer than the grace ends the streams with a sentence, so no stream waits forever.
 """
 from __future__ import annotations
 
@@ -45,9 +51,11 @@ class Subscription:
 
 
 class StreamHub:
-    def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0):
+    def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0,
+                 outage_grace_s: float = 60.0):
         assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
         self.client, self.tick_s, self.block_ms, self.idle_check_s = client, tick_s, block_ms, idle_check_s
+        self.outage_grace_s = outage_grace_s
         self._subs: dict[str, Subscription] = {}  # by stream key
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -84,6 +92,8 @@ class StreamHub:
     # -- the hub thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
         last_idle_check = time.monotonic()
+        down_since = None  # when Redis stopped answering (None: it answers)
+        told: set[str] = set()  # streams already told about this outage
         while not self._stop.is_set():
             with self._lock:
                 subs = list(self._subs.values())
@@ -94,12 +104,22 @@ class StreamHub:
             started = time.monotonic()
             try:
                 self._read(subs)
+                if down_since is not None:
+                    log.warning("stream hub: Redis is back after %.1f s", started - down_since)
+                    down_since, told = None, set()
                 if started - last_idle_check >= self.idle_check_s:
                     last_idle_check = started
                     self._check_idle(subs)
-            except redis.RedisError as exc:  # Redis down: end every stream with a sentence, never a hang
-                log.warning("stream hub read failed: %r", exc)
-                self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
+            except redis.RedisError as exc:  # Redis down: wait for it a while, then end with a sentence
+                if down_since is None:
+                    log.warning("stream hub read failed: %r; waiting up to %.0f s for Redis", exc, self.outage_grace_s)
+                    down_since = started
+                if started - down_since < self.outage_grace_s:
+                    fresh = [s for s in subs if s.key not in told]
+                    told.update(s.key for s in fresh)
+                    self._notify(fresh, {"type": "notice", "message": wording.RECONNECTING})
+                else:
+                    self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
                 self._stop.wait(0.5)
             except Exception:  # a bug here must not leave every page waiting forever
                 log.exception("stream hub failed")
@@ -162,6 +182,10 @@ class StreamHub:
                 if not s.ended:
                     s.ended = True
                     self._hand_over([(s, [], True)])
+
+    def _notify(self, subs: list[Subscription], event: dict) -> None:
+        """A non-terminal event for each live subscription (the stream goes on)."""
+        self._hand_over([(s, [dict(event, t=time.time())], False) for s in subs if not s.ended])
 
     def _end_all(self, subs: list[Subscription], event: dict) -> None:
         batches = []

@@ -4,7 +4,7 @@ Four users each finish a first turn, then all ask a long second question; while 
 Redis server is stopped, kept down for a few seconds, and started again from its append-only file. The
 page and the worker are not restarted. Afterwards:
 
-- every second turn ended with its answer or with a clear "try again" message, never a traceback;
+- every second turn ended with its whole answer: the page said it was reconnecting and resumed each stream;
 - every conversation still has its completed first turn;
 - every user's next question is answered (nothing stays "answering");
 - every job in Redis is in a terminal state.
@@ -65,15 +65,15 @@ def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_o
         seconds = [job.result(timeout=300) for job in jobs]
         for _box, chat, status in seconds:
             last = bubble_text(chat[-1])
+            # The page waits out the restart (OWLET_REDIS_RECONNECT_S, 60 s) and resumes every stream from
+            # where it stopped: each answer ends complete, nobody is told to try again while it is being made.
             answered = chat[-1]["role"] == "assistant" and "First token" in status
-            told = "try again" in (last + status).lower()
-            assert answered or told, (status, last[-300:])
+            assert answered, (status, last[-300:])
             assert "Traceback" not in last + status and "Error(" not in last + status, (status, last[-300:])
         worker.check_alive()
         page.check_alive()
 
-        # A user told "try again in a moment" may have asked while the worker was still delivering that answer
-        # (it retries its final event until Redis is back): that moment is over once every job has ended.
+        # Every job has ended by now (the page followed each to its terminal event); check it in Redis too.
         r = redis.Redis.from_url(store.url)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and any(

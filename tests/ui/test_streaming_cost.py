@@ -3,11 +3,13 @@ reader for many streams, events in order, terminal events end a subscription, a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
 
-from tests.redis_server import running_redis, unique_prefix
+from tests.redis_server import OwnedRedis, running_redis, unique_prefix
+from ui import wording
 from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.stream_hub import UNKNOWN_JOB, StreamHub
 from worker.client import OwletClient
@@ -110,3 +112,54 @@ def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(clien
     for job in ("a", "b"):
         assert got[job] == [f"token:{i}" for i in range(20)] + ["done:x"]
     assert got["c"] == ["error:" + UNKNOWN_JOB]
+
+
+def _follow_through_outage(tmp_path, grace_s: float, down_s: float) -> tuple[list[str], bool]:
+    """Follow one stream on a Redis of the test's own, stop that Redis for ``down_s``, start it again from its
+    append-only file and finish the stream. Returns what the follower got and whether it ended."""
+    store = OwnedRedis(tmp_path / "redis")
+    c = OwletClient(settings=Settings.from_env(redis_url=store.url, key_prefix=unique_prefix("outage")))
+    key = c.keys.stream("job")
+
+    async def scenario():
+        hub = StreamHub(c, tick_s=0.01, block_ms=50, idle_check_s=0.3, outage_grace_s=grace_s)
+        got, ended = [], asyncio.Event()
+
+        def deliver(events, is_end):
+            got.extend(e["type"] + ":" + e.get("text", e.get("message", "")) for e in events)
+            if is_end:
+                ended.set()
+        sub = hub.subscribe("job", deliver)
+        c.r.xadd(key, encode("token", text="before"))
+        await asyncio.sleep(1.2)  # past the append-only file's once-a-second fsync
+        await asyncio.to_thread(store.stop)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(store.start)
+        if not ended.is_set():  # the worker goes on where it was, as after a real restart
+            c.r.xadd(key, encode("token", text="after"))
+            c.r.xadd(key, encode("done", text="before after"))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ended.wait(), timeout=10)
+        hub.unsubscribe(sub)
+        hub.close()
+        return got, ended.is_set()
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        c.close(purge=True)
+        store.stop()
+
+
+def test_a_redis_restart_within_the_grace_resumes_the_answer(tmp_path):
+    """Nobody is told "try again" while their answer is still being made: the follower hears the page is
+    reconnecting, then gets the rest of the stream and its own terminal event."""
+    got, ended = _follow_through_outage(tmp_path, grace_s=30, down_s=2.0)
+    assert ended
+    assert got == ["token:before", "notice:" + wording.RECONNECTING, "token:after", "done:before after"], got
+
+
+def test_an_outage_longer_than_the_grace_ends_the_stream_with_a_sentence(tmp_path):
+    got, ended = _follow_through_outage(tmp_path, grace_s=1.0, down_s=3.0)
+    assert ended
+    assert got == ["token:before", "notice:" + wording.RECONNECTING, "error:" + wording.SERVICE_DOWN], got
