@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ui import wording
+from worker.redis_retry import UNREACHABLE
 from worker.streams import TERMINAL, decode
 
 log = logging.getLogger("owlet.ui")
@@ -110,7 +111,7 @@ class StreamHub:
                 if started - last_idle_check >= self.idle_check_s:
                     last_idle_check = started
                     self._check_idle(subs)
-            except redis.RedisError as exc:  # Redis down: wait for it a while, then end with a sentence
+            except UNREACHABLE as exc:  # Redis down or restarting: wait for it a while, then end with a sentence
                 if down_since is None:
                     log.warning("stream hub read failed: %r; waiting up to %.0f s for Redis", exc, self.outage_grace_s)
                     down_since = started
@@ -120,6 +121,10 @@ class StreamHub:
                     self._notify(fresh, {"type": "notice", "message": wording.RECONNECTING})
                 else:
                     self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
+                self._stop.wait(0.5)
+            except redis.RedisError as exc:  # any other Redis failure: end every stream with a sentence at once
+                log.warning("stream hub read failed: %r", exc)
+                self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
                 self._stop.wait(0.5)
             except Exception:  # a bug here must not leave every page waiting forever
                 log.exception("stream hub failed")
