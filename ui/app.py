@@ -18,8 +18,8 @@ INTRO = ("Attach an image with 📎 (or drop it in), ask a question, and keep as
          "Attach another image at any time to switch pictures.")
 # What the bundled demo model (models/owlet-shapes-vl) can answer; anything else gets a short refusal.
 DEMO_NOTE = ("*The bundled demo model knows only simple pictures of coloured shapes (circles, squares, triangles, "
-             "stars): ask about colours, counts, positions, the largest shape, or for a description. "
-             "Try an example below.*")
+             "stars): ask about colours, counts, positions, the largest shape, or for a description; anything else "
+             "gets a short \"I only know about shapes\" reply. Try an example below.*")
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 CSS = """
 #owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
