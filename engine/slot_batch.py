@@ -76,7 +76,8 @@ class SlotBatch:
 
     def step_inputs(self) -> dict:
         """Model kwargs for one decode step over every row."""
-        self.cache.bind(self.seq_lens)
+        lens = self.seq_lens.tolist()  # one device read serves the cache's span and the varlen plan
+        self.cache.bind_static(len(lens), max(lens) + 1, self.seq_lens[:, None])
         valid = self._positions[None, :self.cache.kv_len] <= self.seq_lens[:, None]  # [B, T]
         inputs = dict(
             input_ids=self.last_tokens[:, None],
@@ -88,7 +89,7 @@ class SlotBatch:
         if self.segment_call_cost is None:
             self.last_attended = len(self) * self.cache.kv_len
         else:
-            runs = plan_segments([n + 1 for n in self.seq_lens.tolist()], self.segment_call_cost)
+            runs = plan_segments([n + 1 for n in lens], self.segment_call_cost)
             inputs["owlet_segments"] = runs
             self.last_attended = attended_positions(runs)
         return inputs

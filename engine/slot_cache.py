@@ -165,14 +165,10 @@ class SlotCache(Cache):
         self._rows_all = torch.arange(pool.num_slots, device=device)
         self._heads = torch.arange(heads, device=device)
 
-    def bind(self, seq_lens: torch.Tensor) -> None:
-        """Point at slots ``0 .. len(seq_lens)-1``; row i's new token goes to position ``seq_lens[i]``, and
-        attention spans the longest row + 1."""
-        self.bind_static(int(seq_lens.shape[0]), int(seq_lens.max()) + 1, seq_lens[:, None])
-
     def bind_static(self, rows: int, kv_len: int, write_at: torch.Tensor) -> None:
-        """Point at slots ``0 .. rows-1`` with attention over ``kv_len`` positions; ``write_at`` [rows, 1] holds
-        each row's write position (a static tensor when the step is a captured graph)."""
+        """Point at slots ``0 .. rows-1`` with attention over ``kv_len`` positions (the longest row + 1, or a
+        bucket's size); ``write_at`` [rows, 1] holds each row's write position (a static tensor when the step is a
+        captured graph)."""
         self.batch, self.kv_len = rows, kv_len
         self.rows = self._rows_all[:rows, None]  # [B, 1] broadcasts against heads [1, H]
         self.heads = self._heads[None, :]
