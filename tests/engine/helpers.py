@@ -39,3 +39,17 @@ def run_until_done(engine, max_steps: int = 10_000) -> None:
         engine.step()
         steps += 1
         assert steps < max_steps, "engine did not drain"
+
+
+def serve_staggered(engine, requests, steps_after=lambda i: i % 3 + 1) -> list:
+    """Submit ``(messages, max_new_tokens)`` requests greedily one by one, with ``steps_after(i)`` engine steps
+    after request i (so arrivals land while earlier requests are mid-decode), run to the end; the handles."""
+    from engine import greedy
+
+    handles = []
+    for i, (messages, n) in enumerate(requests):
+        handles.append(engine.add_request(messages, greedy(n)))
+        for _ in range(steps_after(i)):
+            engine.step()
+    run_until_done(engine)
+    return handles

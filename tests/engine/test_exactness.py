@@ -1,9 +1,8 @@
 """Continuous batching must not change what the model says: fp32 greedy tokens equal per-request generate()."""
-import pytest
 
 from engine import FinishReason, greedy
 
-from .helpers import chat, image, reference_tokens, run_until_done
+from .helpers import chat, image, reference_tokens, run_until_done, serve_staggered
 
 QUESTIONS = ["What colour is it?", "Describe the image in detail, please.", "Is there a circle?",
              "How many shapes are there, and where is the largest one?", "hi", "Tell me a story about owls. " * 4,
@@ -22,12 +21,7 @@ def workload():
 def test_staggered_arrivals_match_generate(family, make_engine, runners):
     engine = make_engine(family, max_running=4)
     reqs = workload()
-    handles = []
-    for i, (messages, n) in enumerate(reqs):
-        handles.append(engine.add_request(messages, greedy(n)))
-        for _ in range(i % 3 + 1):  # arrivals land while earlier requests are mid-decode
-            engine.step()
-    run_until_done(engine)
+    handles = serve_staggered(engine, reqs)
     assert engine.stats()["mean_batch_occupancy"] > 1.5, "requests were not batched together"
     for (messages, n), h in zip(reqs, handles):
         result = h.result(timeout=0)

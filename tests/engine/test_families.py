@@ -9,7 +9,7 @@ import torch
 
 from engine import greedy
 
-from .helpers import chat, image, run_until_done
+from .helpers import chat, image, run_until_done, serve_staggered
 
 FAMILIES = ["qwen2vl", "qwen2_5vl", "qwen3vl", "gemma3", "mistral3", "idefics3", "smolvlm", "internvl"]
 QUESTIONS = ["What colour is it?", "Describe the image in detail, please.", "Is there a circle?",
@@ -80,12 +80,7 @@ def test_bos_comes_from_the_tokenizer_when_the_template_writes_none(make_engine,
 def test_staggered_batch_matches_generate(fam, make_engine, runners):
     engine = make_engine(fam, max_running=6)
     reqs = workload()
-    handles = []
-    for i, (messages, n) in enumerate(reqs):
-        handles.append(engine.add_request(messages, greedy(n)))
-        for _ in range(i % 2 + 1):
-            engine.step()
-    run_until_done(engine)
+    handles = serve_staggered(engine, reqs, steps_after=lambda i: i % 2 + 1)
     assert engine.stats()["mean_batch_occupancy"] > 1.5, "requests were not batched together"
     for (messages, n), h in zip(reqs, handles):
         assert h.result(timeout=0).token_ids == reference(runners(fam), messages, n)

@@ -6,7 +6,7 @@ from engine.slot_batch import SlotBatch
 from engine.varlen_attention import NAME, attended_positions, plan_segments, varlen_attention
 from transformers import AttentionInterface
 
-from .helpers import reference_tokens, run_until_done
+from .helpers import reference_tokens, run_until_done, serve_staggered
 from .test_exactness import workload
 
 
@@ -67,12 +67,7 @@ def test_varlen_decode_matches_generate(family, make_engine, runners, monkeypatc
         return varlen_attention(*args, owlet_segments=owlet_segments, **kwargs)
     monkeypatch.setitem(AttentionInterface._global_mapping, NAME, spy)
     reqs = workload()
-    handles = []
-    for i, (messages, n) in enumerate(reqs):
-        handles.append(engine.add_request(messages, greedy(n)))
-        for _ in range(i % 3 + 1):
-            engine.step()
-    run_until_done(engine)
+    handles = serve_staggered(engine, reqs)
     for (messages, n), h in zip(reqs, handles):
         assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
     assert sum(read) < sum(padded), "no step attended fewer positions than the padded batch"

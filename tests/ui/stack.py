@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.redis_server import free_port  # tests also import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -22,11 +23,6 @@ def load_launcher():
     spec.loader.exec_module(module)
     return module
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model() -> Path:

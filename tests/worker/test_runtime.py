@@ -4,24 +4,18 @@ Covers paths that need precise control: run deadlines, cancel before start, dupl
 """
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
 
 from engine import EngineConfig, LLMEngine
+from tests.redis_server import free_port
 from tests.worker.live import collect, types
 from tests.worker.test_worker_jobs import LONG
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.celery_app import create_app
 from worker.client import OwletClient
 from worker.runtime import WorkerRuntime
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
