@@ -26,9 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.queue_worker import job_times, queue_worker, warm_up  # noqa: E402
 from tests.redis_server import running_redis, unique_prefix  # noqa: E402
-from tests.worker.worker_process import WorkerProcess, worker_env  # noqa: E402
-from training.tiny_checkpoint import ensure_tiny_checkpoint  # noqa: E402
 from worker.client import OwletClient  # noqa: E402
 from worker.config import Settings  # noqa: E402
 from worker.errors import OwletError  # noqa: E402
@@ -59,19 +58,9 @@ def shipped_cap_admits(redis_url: str, flood: int) -> int:
 
 
 def run_mode(redis_url: str, mode: str, args, log_dir: Path) -> dict:
-    settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("bench-abuse"), fifo=mode == "fifo",
-                                 user_queue_cap=args.flood + 10, global_queue_cap=args.flood + 50,
-                                 group_job_cap=args.flood + 10, group_submit_limit=10 * args.flood)
-    client = OwletClient(settings=settings)
-    worker = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=args.slots),
-                           log_dir, concurrency=args.slots + 2)
-    try:
-        worker.wait_ready(client)
+    with queue_worker(redis_url, "bench-abuse", args.flood, args.slots, log_dir, fifo=mode == "fifo") as client:
         sampling = {"max_new_tokens": args.tokens, "ignore_eos": True}
-        for _ in range(2):  # warm up with full batches: the first measured batch pays no one-off costs
-            warm = [client.submit(f"warm{i}", None, f"Warm up {i}.", sampling=sampling).job for i in range(args.slots)]
-            for job in warm:
-                list(client.events(job))
+        warm_up(client, args.slots, sampling)
         jobs: list[tuple[str, str, float]] = []  # (who, job, submitted_at)
         for i in range(args.flood):
             user = f"anon:forged{i}"
@@ -81,15 +70,7 @@ def run_mode(redis_url: str, mode: str, args, log_dir: Path) -> dict:
             user = f"anon:honest{i}"
             sub = client.submit(user, None, "One question.", sampling=sampling, group=group_of(mode, user, address))
             jobs.append((f"honest{i + 1}", sub.job, time.time()))
-        rows = []
-        for who, job, submitted in jobs:
-            events = {e["type"]: e for _, e in client.events(job)}
-            assert "done" in events, f"job {job} did not finish: {events}"
-            rows.append({"who": who, "wait_s": events["started"]["t"] - submitted,
-                         "service_s": events["done"]["t"] - events["started"]["t"]})
-    finally:
-        worker.stop()
-        client.close(purge=True)
+        rows = [{"who": who, **job_times(client, job, submitted)} for who, job, submitted in jobs]
     service = statistics.median(r["service_s"] for r in rows)
     honest = {r["who"]: r["wait_s"] for r in rows if r["who"] != "attacker"}
     attacker = [r["wait_s"] for r in rows if r["who"] == "attacker"]

@@ -20,31 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.redis_server import running_redis, unique_prefix  # noqa: E402
-from tests.worker.worker_process import WorkerProcess, worker_env  # noqa: E402
-from training.tiny_checkpoint import ensure_tiny_checkpoint  # noqa: E402
-from worker.client import OwletClient  # noqa: E402
-from worker.config import Settings  # noqa: E402
+from bench.queue_worker import job_times, queue_worker, warm_up  # noqa: E402
+from tests.redis_server import running_redis  # noqa: E402
 
 LIGHT_USERS = ("light1", "light2", "light3", "light4")
 
 
 def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
-    settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("bench-fair"), fifo=fifo,
-                                 user_queue_cap=args.heavy_jobs + 10, global_queue_cap=args.heavy_jobs + 50,
-                                 group_job_cap=args.heavy_jobs + 10, group_submit_limit=10 * args.heavy_jobs)
-    client = OwletClient(settings=settings)
-    worker = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=args.slots),
-                           log_dir, concurrency=args.slots + 2)
-    try:
-        worker.wait_ready(client)
+    with queue_worker(redis_url, "bench-fair", args.heavy_jobs, args.slots, log_dir, fifo=fifo) as client:
         sampling = {"max_new_tokens": args.tokens, "ignore_eos": True}
-        # warm up with a full batch, so the first measured batch does not pay one-off costs (kernels, caches)
-        for _ in range(2):
-            warm = [client.submit_turn(f"warm{i}", client.new_conversation(f"warm{i}"), f"Warm up {i}.",
-                                       sampling=sampling) for i in range(args.slots)]
-            for job in warm:
-                list(client.events(job))
+        warm_up(client, args.slots, sampling)
         jobs: list[tuple[str, str, float]] = []  # (user, job, submitted_at)
         for i in range(args.heavy_jobs):
             conv = client.new_conversation("heavy")
@@ -52,18 +37,9 @@ def run_mode(redis_url: str, fifo: bool, args, log_dir: Path) -> dict:
         for user in LIGHT_USERS:
             conv = client.new_conversation(user)
             jobs.append((user, client.submit_turn(user, conv, "One question.", sampling=sampling), time.time()))
-        rows = []
-        for user, job, submitted in jobs:
-            events = {e["type"]: e for _, e in client.events(job)}
-            assert "done" in events, f"job {job} did not finish: {events}"
-            rows.append({"user": user, "submitted": submitted, "started": events["started"]["t"],
-                         "wait_s": events["started"]["t"] - submitted,
-                         "service_s": events["done"]["t"] - events["started"]["t"],
-                         "completion_s": events["done"]["t"] - submitted})
-        return summarise(rows)
-    finally:
-        worker.stop()
-        client.close(purge=True)
+        rows = [{"user": user, "submitted": submitted, **job_times(client, job, submitted)}
+                for user, job, submitted in jobs]
+    return summarise(rows)
 
 
 def summarise(rows: list[dict]) -> dict:
