@@ -13,7 +13,7 @@ import redis
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.security.attack import LIMITS, METRICS_TOKEN
-from tests.ui.stack import free_port, running_stack, tiny_model
+from tests.ui.stack import free_port, launched_page, running_stack, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,6 @@ def quiet_page():
     """A real page on a real Redis with no worker: every admitted job stays queued and its answer stream
     stays open, so holding slots and caps is deterministic. Yields (url, OwletClient)."""
     from ui.config import UIConfig
-    from ui.server import build
     from worker.client import OwletClient
     from worker.config import Settings
 
@@ -51,10 +50,5 @@ def quiet_page():
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
                           address_max_events=LIMITS["events"], max_threads=8, metrics_token=METRICS_TOKEN,
                           max_upload_bytes=LIMITS["upload_bytes"], queue_poll_s=0.5)
-        page, launch_kwargs, client, _metrics = build(config, client)
-        page.launch(prevent_thread_lock=True, **launch_kwargs)
-        try:
-            yield f"http://127.0.0.1:{config.port}/", client
-        finally:
-            page.close()
-            client.close(purge=True)
+        with launched_page(config, client) as (url, client):
+            yield url, client

@@ -10,9 +10,8 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.security.attack import METRICS_TOKEN, ask, gradio_client
-from tests.ui.stack import free_port
+from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.server import build
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,13 +44,8 @@ def page_with_login():
     with running_redis() as redis_url:
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("sec-auth"),
                           auth=(("alice", "wonderland"),), metrics_token=METRICS_TOKEN)
-        page, launch_kwargs, client, _metrics = build(config)
-        page.launch(prevent_thread_lock=True, **launch_kwargs)
-        try:
-            yield f"http://127.0.0.1:{config.port}/"
-        finally:
-            page.close()
-            client.close(purge=True)
+        with launched_page(config) as (url, _client):
+            yield url
 
 
 def test_with_auth_nothing_but_login_and_healthz_answers(page_with_login):

@@ -64,3 +64,18 @@ def running_stack(label: str, model: Path, env: dict[str, str], worker_concurren
         if keys:
             r.delete(*keys)
         r.close()
+
+
+@contextlib.contextmanager
+def launched_page(config, client=None, purge: bool = True) -> Iterator[tuple[str, object]]:
+    """The page for ``config`` built and launched in this process (no worker); yields (url, its OwletClient).
+    ``purge``: delete the client's keys afterwards (not possible when its Redis is unreachable)."""
+    from ui.server import build
+
+    page, launch_kwargs, client, _metrics = build(config, client)
+    page.launch(prevent_thread_lock=True, **launch_kwargs)
+    try:
+        yield f"http://127.0.0.1:{config.port}/", client
+    finally:
+        page.close()
+        client.close(purge=purge)

@@ -8,9 +8,8 @@ import urllib.request
 import pytest
 
 from tests.redis_server import running_redis, unique_prefix
-from tests.ui.stack import free_port
+from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.server import build
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,13 +31,8 @@ def page_without_workers():
     with running_redis() as redis_url:
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uiops"),
                           metrics_token=TOKEN)
-        page, launch_kwargs, client, _metrics = build(config)
-        page.launch(prevent_thread_lock=True, **launch_kwargs)
-        try:
-            yield f"http://127.0.0.1:{config.port}/", client
-        finally:
-            page.close()
-            client.close(purge=True)
+        with launched_page(config) as (url, client):
+            yield url, client
 
 
 def test_healthz_is_503_without_a_worker_and_metrics_still_render(page_without_workers):
@@ -73,13 +67,8 @@ def test_metrics_need_the_bearer_token(page_without_workers):
 
 def test_redis_down_gives_503_and_redis_up_zero():
     config = UIConfig(port=free_port(), redis_url=f"redis://127.0.0.1:{free_port()}/0", metrics_token=TOKEN)
-    page, launch_kwargs, client, _metrics = build(config)
-    page.launch(prevent_thread_lock=True, **launch_kwargs)
-    try:
-        status, body = get(f"http://127.0.0.1:{config.port}/healthz")
+    with launched_page(config, purge=False) as (url, _client):
+        status, body = get(url + "healthz")
         assert status == 503 and json.loads(body)["reason"] == "Redis is not reachable"
-        status, text = get(f"http://127.0.0.1:{config.port}/metrics")
+        status, text = get(url + "metrics")
         assert status == 200 and "owlet_redis_up 0.0" in text
-    finally:
-        page.close()
-        client.close()
