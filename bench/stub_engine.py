@@ -2,10 +2,12 @@
 
 The real Celery worker loads it through ``OWLET_ENGINE_FACTORY=bench.stub_engine:from_env``, so the job's
 events (queued, started, token, done) reach the job's Redis Stream by the real path (submit and claim
-scripts, the runner's XADD per delta, the finish script), at almost no CPU cost in the worker.
+scripts, the runner's coalesced token writes (``worker.deltas``), the finish script), at almost no CPU cost in
+the worker beyond the real path's own.
 
-Each token's text is the wall-clock millisecond it was emitted, followed by a space (``"1764464405123 "``), so
-a client that sees the token can tell how long it took to reach it, with no side channel. Answers are
+Each token's text is the wall-clock millisecond it was due, followed by a space (``"1764464405123 "``), so
+a client that sees the token can tell how long it took to reach it (the worker's pick-up and coalescing
+included), with no side channel. Answers are
 ``max_new_tokens`` long; ``OWLET_STUB_TOKENS_PER_S`` sets the rate per answer (default 40).
 """
 from __future__ import annotations
@@ -18,7 +20,11 @@ from engine.outputs import FinalResult, FinishReason, RequestStats
 
 
 class StubHandle:
-    """Iterate for the text deltas; ``result()`` for the final answer (the worker's runner contract)."""
+    """The engine handle's contract (``take``, ``wait``, iteration, ``result``) for a schedule of tokens.
+
+    Token i is due ``i / tokens_per_s`` after the request arrived, and its text is the wall-clock millisecond
+    it was due: a worker thread that picks it up late makes that lateness visible as latency downstream.
+    """
 
     def __init__(self, request_id: str, n_tokens: int, tokens_per_s: float, deadline_s: float | None):
         self.request_id, self.n_tokens, self.interval = request_id, n_tokens, 1.0 / tokens_per_s
@@ -27,23 +33,42 @@ class StubHandle:
         self._text: list[str] = []
         self._reason = FinishReason.LENGTH
         self._started = time.monotonic()
+        self._wall_start = time.time()
         self._first: float | None = None
 
+    def _ended(self) -> bool:
+        if self.aborted.is_set():
+            self._reason = FinishReason.CANCELLED
+            return True
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self._reason = FinishReason.DEADLINE
+            return True
+        return len(self._text) >= self.n_tokens
+
+    def take(self) -> tuple[list[str], bool]:
+        """Wait for the next due token (or the end), then return every token due by now."""
+        while not self._ended():
+            due = min(self.n_tokens, int((time.monotonic() - self._started) / self.interval) + 1)
+            if due > len(self._text):
+                fresh = [f"{int((self._wall_start + i * self.interval) * 1000)} " for i in range(len(self._text), due)]
+                if self._first is None:
+                    self._first = time.monotonic() - self._started
+                self._text.extend(fresh)
+                return fresh, self._ended()
+            self.aborted.wait(self._started + due * self.interval - time.monotonic())
+        return [], True
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` (less if aborted); True if the answer is over."""
+        self.aborted.wait(timeout)
+        return self._ended()
+
     def __iter__(self):
-        next_at = time.monotonic()
-        for _ in range(self.n_tokens):
-            if self.aborted.wait(max(0.0, next_at - time.monotonic())):
-                self._reason = FinishReason.CANCELLED
+        while True:
+            deltas, ended = self.take()
+            yield from deltas
+            if ended:
                 return
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self._reason = FinishReason.DEADLINE
-                return
-            next_at += self.interval
-            delta = f"{int(time.time() * 1000)} "
-            if self._first is None:
-                self._first = time.monotonic() - self._started
-            self._text.append(delta)
-            yield delta
 
     def result(self, timeout: float | None = None) -> FinalResult:
         n = len(self._text)
@@ -102,6 +127,12 @@ class _Forget:
 
     def __iter__(self):
         return iter(self._handle)
+
+    def take(self) -> tuple[list[str], bool]:
+        return self._handle.take()
+
+    def wait(self, timeout: float) -> bool:
+        return self._handle.wait(timeout)
 
     def result(self, timeout: float | None = None) -> FinalResult:
         try:

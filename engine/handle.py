@@ -43,6 +43,25 @@ class RequestHandle:
                 return
             yield item
 
+    def take(self) -> tuple[list[str], bool]:
+        """Wait for at least one delta (or the end), then take every delta already pushed, without waiting.
+
+        Returns ``(deltas, ended)``. A caller that publishes deltas (the worker) calls this once per interval,
+        so tokens that arrived together cross in one write instead of one wake-up and one write each.
+        """
+        items = [self._deltas.get()]
+        while True:
+            try:
+                items.append(self._deltas.get_nowait())
+            except queue.Empty:
+                break
+        ended = items[-1] is _END  # nothing is pushed after the end marker
+        return [item for item in items if item is not _END], ended
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, or less if the request finishes meanwhile; True if it finished."""
+        return self._done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> FinalResult:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.request_id} still running after {timeout}s")

@@ -36,6 +36,9 @@ class Settings:
     history_max_chars: int = 32_000
     turn_max_chars: int = 8_000
     stream_maxlen: int = 10_000  # token events per job stream (approximate trim)
+    # At most one token event per job per this many seconds: tokens that arrive meanwhile share one write
+    # (worker.deltas). 0.05 s matches the page's fastest per-answer update rate (20 a second).
+    stream_coalesce_s: float = 0.05
     stream_ttl_s: int = 3600  # how long a finished job's stream stays readable
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 4.0  # a worker silent for this long is presumed dead
@@ -65,3 +68,4 @@ class Settings:
         assert self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval"
         assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"
         assert self.max_attempts >= 1, "max_attempts must be at least 1"
+        assert 0 <= self.stream_coalesce_s <= 1, "stream_coalesce_s is seconds between token writes (0 to 1)"

@@ -18,6 +18,7 @@ import redis
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from worker.config import Settings
+from worker.deltas import coalesced_deltas
 from worker.errors import InvalidInput, NotYourConversation, OwletError
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
@@ -103,15 +104,14 @@ class JobRunner:
         handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv)
         writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
         last = None
-        for delta in handle:
+        for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):
             now = time.monotonic()
             if last is None:
                 self.metrics.ttft_s.observe(now - started)
-            else:
-                self.metrics.tpot_s.observe(now - last)
+            else:  # the gap per token of this write (tokens that arrived together share it)
+                self.metrics.tpot_s.observe((now - last) / n_deltas)
             last = now
-            if delta:
-                writer.add("token", text=delta)
+            writer.add("token", text=text)
         result = handle.result(timeout=s.job_deadline_s)
         with contextlib.suppress(redis.RedisError):  # a statistic: never worth losing the answer over
             self.readouts.record_service_time(time.monotonic() - started)
