@@ -247,11 +247,16 @@ class ChatHandlers:
                 finished = p.finished
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
+                    shown_now = base + [assistant_message(bubble)]
+                    if not locked:  # the first update locks the box and stores the job (Stop cancels it)
+                        locked = True
+                        yield _box(True), shown_now, p.status, session
+                        continue
                     # Once locked, the same plain empty value keeps the box so, and Gradio's diff of it is
                     # empty. (gr.skip() would make Gradio rebuild the component and its config on every
-                    # update: the costliest part of an update before.)
-                    box, locked = (EMPTY_BOX if locked else _box(True)), True
-                    yield box, base + [assistant_message(bubble)], p.status, session
+                    # update: the costliest part of an update before.) The session state has not changed
+                    # since: skipping it spares Gradio a state write and a config rebuild per update.
+                    yield EMPTY_BOX, shown_now, p.status, gr.skip()
                     continue
                 session = {**session, "job": None}
                 # Never locked: only the submitted text needs clearing, which a plain value does.

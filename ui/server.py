@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
-from ui.gradio_costs import calm_idle_queue, skip_missing_matplotlib
+from ui.gradio_costs import calm_idle_queue, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
@@ -39,6 +39,7 @@ def make_client(config):
 def build(config, client=None):
     """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
     skip_missing_matplotlib()
+    share_component_schemas()
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))

@@ -163,3 +163,23 @@ def test_an_outage_longer_than_the_grace_ends_the_stream_with_a_sentence(tmp_pat
     got, ended = _follow_through_outage(tmp_path, grace_s=1.0, down_s=3.0)
     assert ended
     assert got == ["token:before", "notice:" + wording.RECONNECTING, "error:" + wording.SERVICE_DOWN], got
+
+
+def test_component_updates_share_one_api_schema_equal_to_pydantics():
+    """The box is locked and unlocked with a component update every turn; Gradio builds a new instance and its
+    API schema each time. ``share_component_schemas`` computes that schema once per class and data model."""
+    import gradio as gr
+    from gradio.components.multimodal_textbox import MultimodalData
+
+    from ui.gradio_costs import share_component_schemas
+
+    share_component_schemas()
+    share_component_schemas()  # idempotent: the method is wrapped once
+    locked = gr.MultimodalTextbox(interactive=False, submit_btn=False, stop_btn=True, render=False)
+    unlocked = gr.MultimodalTextbox(interactive=True, render=False)
+    assert locked.api_info() is unlocked.api_info(), "one schema for every instance of the class"
+    expected = MultimodalData.model_json_schema()
+    expected["additional_description"] = expected.pop("description", None)
+    assert unlocked.api_info() == expected
+    chat = gr.Chatbot(render=False)
+    assert chat.api_info() is not unlocked.api_info() and chat.api_info() == gr.Chatbot(render=False).api_info()
