@@ -20,7 +20,7 @@ from engine.outputs import FinalResult, FinishReason, RequestStats
 
 
 class StubHandle:
-    """The engine handle's contract (``take``, ``wait``, iteration, ``result``) for a schedule of tokens.
+    """What the worker uses of an engine handle (``take``, ``wait``, ``result``), for a schedule of tokens.
 
     Token i is due ``i / tokens_per_s`` after the request arrived, and its text is the wall-clock millisecond
     it was due: a worker thread that picks it up late makes that lateness visible as latency downstream.
@@ -62,13 +62,6 @@ class StubHandle:
         """Sleep up to ``timeout`` (less if aborted); True if the answer is over."""
         self.aborted.wait(timeout)
         return self._ended()
-
-    def __iter__(self):
-        while True:
-            deltas, ended = self.take()
-            yield from deltas
-            if ended:
-                return
 
     def result(self, timeout: float | None = None) -> FinalResult:
         n = len(self._text)
@@ -124,9 +117,6 @@ class _Forget:
 
     def __init__(self, handle: StubHandle, engine: StubEngine):
         self._handle, self._engine = handle, engine
-
-    def __iter__(self):
-        return iter(self._handle)
 
     def take(self) -> tuple[list[str], bool]:
         return self._handle.take()

@@ -10,7 +10,6 @@ order, are exactly the deltas, joined.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 

@@ -108,8 +108,10 @@ class JobRunner:
             now = time.monotonic()
             if last is None:
                 self.metrics.ttft_s.observe(now - started)
-            else:  # the gap per token of this write (tokens that arrived together share it)
-                self.metrics.tpot_s.observe((now - last) / n_deltas)
+            else:  # one observation per token, as before coalescing: the tokens of one write share its gap
+                gap = (now - last) / n_deltas
+                for _ in range(n_deltas):
+                    self.metrics.tpot_s.observe(gap)
             last = now
             writer.add("token", text=text)
         result = handle.result(timeout=s.job_deadline_s)
