@@ -7,7 +7,8 @@ may wait in Gradio's queue before new ones are told the page is busy.
 
 Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
 cache is cleaned on a schedule (``ui.app``), ``/metrics`` needs a bearer token (``ui.ops``), and the client
-address is the socket peer unless the operator names trusted proxies.
+address is the socket peer unless the operator names trusted proxies. Gradio's own traffic monitoring
+(``/monitoring``, public by default) is off.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from starlette.middleware import Middleware
 from ui.app import CSS, build_page
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
-from ui.gradio_costs import calm_idle_queue, share_component_schemas, skip_missing_matplotlib
+from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
@@ -46,6 +47,7 @@ def build(config, client=None):
     page = build_page(ChatHandlers(client, config, metrics), config)
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
+    drop_queue_analytics(page)
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,
@@ -58,6 +60,9 @@ def build(config, client=None):
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
                     "middleware": [Middleware(LoginRequired)] if config.auth else []},
         show_error=False,
+        # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
+        # /metrics, behind a token.
+        enable_monitoring=False,
         quiet=True,
         footer_links=[],
         css=CSS,

@@ -72,3 +72,34 @@ def test_redis_down_gives_503_and_redis_up_zero():
         assert status == 503 and json.loads(body)["reason"] == "Redis is not reachable"
         status, text = get(url + "metrics")
         assert status == 200 and "owlet_redis_up 0.0" in text
+
+
+def test_gradios_monitoring_is_off_and_its_per_event_summary_never_built():
+    """Gradio's /monitoring endpoints would show any visitor the traffic per endpoint, and its queue rebuilt a
+    pandas summary of up to 10,000 event records at the end of every event (ui.gradio_costs)."""
+    from gradio_client import Client
+
+    from ui.server import build
+
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uimon"),
+                          metrics_token=TOKEN)
+        page, launch_kwargs, client, _metrics = build(config)
+        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        try:
+            url = f"http://127.0.0.1:{config.port}/"
+            visitor = Client(url, verbose=False)
+            token = visitor.predict(None, api_name="/identity")
+            for _ in range(3):  # queued events that end at once: an empty message is refused with a sentence
+                _box, _chat, status = visitor.predict({"text": "", "files": []}, 16, token, api_name="/chat")
+                assert status.startswith("Type a question"), status
+            visitor.close()
+            assert page._queue.events_recorded >= 3, "the events went through Gradio's queue"
+            assert page._queue.cached_event_analytics_summary == {"functions": {}}, "summary never rebuilt"
+            assert len(page._queue.event_analytics) <= 1
+            for path in ("monitoring", "monitoring/summary", "gradio_api/monitoring", "gradio_api/monitoring/summary"):
+                status_code, _body = get(url + path, token=None)
+                assert status_code in (403, 404), (path, status_code)
+        finally:
+            page.close()
+            client.close(purge=True)
