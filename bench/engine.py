@@ -108,6 +108,7 @@ class WayResult:
     # (a static batch keeps computing rows whose request already has its tokens).
     decode_steps: int = 0
     decode_rows: int = 0
+    prefill_rows: int = 0  # prompt token rows the prefill forwards computed (a static batch pads to its longest)
     # Engine only: the "batch of one" tail — decode steps that ran a single row, and their
     # wall time (the end of a burst, when the last long answers run alone).
     single_row_steps: int = 0
@@ -270,6 +271,7 @@ def run_generate(model, processor, requests, arrivals, batch_size: int, way: str
         lengths, clock = _generate(model, processor, [requests[i] for i in batch], max(budgets))
         result.decode_steps += len(clock.stamps) - 1  # the first token comes from the prefill
         result.decode_rows += (len(clock.stamps) - 1) * len(batch)
+        result.prefill_rows += len(batch) * max(requests[i].prompt_tokens for i in batch)  # left-padded
         for i, budget, length in zip(batch, budgets, lengths):
             used = min(budget, length)  # a row past its own budget is padding work, not output
             result.outcomes.append(Outcome(requests[i].index, arrivals[i], clock.stamps[0] - start,
@@ -331,6 +333,7 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
     after = engine.stats()
     out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
                     decode_rows=after["decode_rows"] - before["decode_rows"],
+                    prefill_rows=after["prefill_tokens"] - before["prefill_tokens"],
                     single_row_steps=sum(rows == 1 for _, rows in steps),
                     single_row_s=sum(s for s, rows in steps if rows == 1),
                     padding_share=1 - sum(n for _, n in padding) / max(1, sum(a for a, _ in padding)),
@@ -380,6 +383,20 @@ def print_table(results: list[WayResult], requests: list[BenchRequest]) -> None:
         useful = f"{100 * needed / r.decode_rows:6.0f}%" if r.decode_rows else f"{'-':>7}"
         print(f"{r.pattern:8} {r.way:10} {r.tokens_per_s:8.1f} {r.requests_per_s:7.2f} {r.ttft_percentile(0.5):8.2f}s "
               f"{r.ttft_percentile(0.95):8.2f}s {r.makespan_s:8.1f}s {r.decode_steps:6d} {useful} {ratio}")
+
+
+def work_ceiling(engine: WayResult, static: WayResult) -> str:
+    """How far ahead of static batching the counted work alone lets the engine be: static's decode forwards
+    and (padded) prompt rows, priced at the engine's own measured cost per decode forward and per prompt row,
+    against the engine's forward time. An estimate that counts work, not a timing of static batching: past it,
+    a lead needs cheaper forwards, not better batching."""
+    per_step = engine.decode_s / engine.decode_steps
+    per_row = engine.prefill_s / engine.prefill_rows
+    priced = per_step * static.decode_steps + per_row * static.prefill_rows
+    return (f"{engine.pattern} work: static ran {static.decode_steps} decode forwards and {static.prefill_rows} prompt "
+            f"rows, the engine {engine.decode_steps} and {engine.prefill_rows}; priced at the engine's own cost per "
+            f"forward and per row, static's work is {priced:.1f}s against the engine's {engine.prefill_s + engine.decode_s:.1f}s "
+            f"of forwards: a lead of about {priced / (engine.prefill_s + engine.decode_s):.2f}x is what batching alone allows")
 
 
 def check_equal_work(requests, results: list[WayResult]) -> bool:
@@ -514,6 +531,9 @@ def main(argv=None) -> dict:
                   f"the K/V positions decode attention spanned were padding")
             print(f"  {r.pattern} engine: {r.prefill_s:.1f}s in prefill forwards (vision included) and "
                   f"{r.decode_s:.1f}s in {r.decode_steps} decode forwards, of a {r.makespan_s:.1f}s makespan")
+            static = next((s for s in results if s.pattern == r.pattern and s.way == "static"), None)
+            if static and r.decode_steps and r.prefill_rows:
+                print("  " + work_ceiling(r, static))
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
