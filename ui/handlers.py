@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 
 import gradio as gr
 
@@ -169,20 +170,30 @@ class ChatHandlers:
 
     # ---- retry and edit: truncate the stored history, then ask again --------------------------------
 
-    async def retry(self, max_new_tokens, session, browser_id, data: gr.RetryData, request: gr.Request):
+    # The event data is read as plain ``gr.EventData``, not ``gr.RetryData``/``gr.EditData``: those parse it
+    # inside Gradio, so an API call without it (or with a malformed one) failed there with Gradio's generic
+    # error before this code ran. Here it gets a sentence saying what to send.
+
+    async def retry(self, max_new_tokens, session, browser_id, data: gr.EventData, request: gr.Request):
         """Ask the retried question again: history is cut back to just before it."""
+        index, _ = _chat_event(data)
         async for update in self._guarded(request, browser_id, session, lambda caller: self._redo(
-                max_new_tokens, session, caller, _index(data.index), None)):
+                max_new_tokens, session, caller, index, None)):
             yield update
 
-    async def edit(self, max_new_tokens, session, browser_id, data: gr.EditData, request: gr.Request):
+    async def edit(self, max_new_tokens, session, browser_id, data: gr.EventData, request: gr.Request):
         """Replace an earlier question with its edited text and answer from there."""
+        index, value = _chat_event(data)
+        new_text = None if value is _MISSING else message_text(value)
         async for update in self._guarded(request, browser_id, session, lambda caller: self._redo(
-                max_new_tokens, session, caller, _index(data.index), message_text(data.value))):
+                max_new_tokens, session, caller, index if new_text is not None else None, new_text)):
             yield update
 
-    async def _redo(self, max_new_tokens, session, caller, index: int, new_text):
+    async def _redo(self, max_new_tokens, session, caller, index: int | None, new_text):
         session = dict(session or new_session())
+        if index is None:
+            yield _box(False), gr.skip(), wording.NEEDS_MESSAGE_INDEX, session
+            return
         conv = session.get("conversation")
         user = caller.user
         if not conv:
@@ -370,5 +381,18 @@ class ChatHandlers:
             m.ttft.observe(p.first_token_s)
 
 
-def _index(index) -> int:
-    return index[0] if isinstance(index, (list, tuple)) else int(index)
+_MISSING = object()
+
+
+def _chat_event(data) -> tuple[int | None, object]:
+    """(message index, message value) of a chatbot retry/edit event; index None when the event data has none
+    usable. Gradio sends ``{"index": 2, "value": ...}`` (the index may come as ``[row, column]``)."""
+    raw = getattr(data, "_data", None)
+    if not isinstance(raw, Mapping):
+        return None, _MISSING
+    index = raw.get("index")
+    if isinstance(index, (list, tuple)) and index:
+        index = index[0]
+    if isinstance(index, bool) or not isinstance(index, int):
+        index = None
+    return index, raw.get("value", _MISSING)

@@ -12,6 +12,8 @@ CANCELLED = "Stopped. The answer was cancelled."
 ANSWER_FAILED = "The answer failed."  # an error event without a message
 NOTHING_TO_RETRY = "Nothing to retry yet."
 NOT_YOUR_MESSAGE = "Only your own messages can be retried or edited."
+NEEDS_MESSAGE_INDEX = ("Retry and edit come from the chat's buttons: they need the event data {\"index\": N} of one of "
+                       "your messages (and \"value\", the new text, for edit). To ask something new, use /chat.")
 NEW_CONVERSATION = "New conversation."
 THINKING = "Thinking…"
 RESTARTED = "The worker answering you was lost; your question was put back in the queue."
