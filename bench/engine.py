@@ -39,7 +39,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -51,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from bench.machine import machine_line
 
 # Text / vision / processor shapes. "small" has 87M parameters; "lfm2-vl-1.6b" follows the
 # real model's text shape (hidden 2048, 16 layers, attention at 2, 5, 8, 10, 12, 14, 8 KV heads
@@ -358,16 +359,6 @@ def start_engine(ckpt: Path, dtype: torch.dtype, args):
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def machine_line(device: str, dtype: torch.dtype) -> str:
-    if device.startswith("cuda"):
-        where = torch.cuda.get_device_name(device)
-    else:
-        name = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-                    platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-        where = f"{name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
-    return f"machine: {where} | device {device} | dtype {str(dtype).replace('torch.', '')} | torch {torch.__version__}"
 
 
 def print_table(results: list[WayResult], requests: list[BenchRequest]) -> None:

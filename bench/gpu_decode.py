@@ -101,7 +101,8 @@ def main(argv=None) -> dict:
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from bench.engine import bench_checkpoint, machine_line
+    from bench.engine import bench_checkpoint
+    from bench.machine import machine_line
     from engine import EngineConfig, LLMEngine
 
     shape = "tiny" if args.tiny else "lfm2-vl-1.6b"

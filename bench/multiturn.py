@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from PIL import Image
 
-from bench.engine import SHAPES, bench_checkpoint, machine_line
+from bench.engine import bench_checkpoint
+from bench.machine import machine_line
 from engine import EngineConfig, LLMEngine, greedy
 from engine.model_runner import ModelRunner
 

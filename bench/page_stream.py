@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_description  # noqa: E402
 from tests.redis_server import running_redis, unique_prefix  # noqa: E402
 from tests.ui.stack import free_port, make_image  # noqa: E402
 from tests.worker.worker_process import WorkerProcess  # noqa: E402
@@ -184,9 +185,11 @@ def report(args, data: dict, stored: set[str], profile_path: Path | None) -> Non
         "bytes_per_update_p50": pct(stream["update_bytes"], 0.5),
         "final_text_identical": f"{complete}/{args.users}",
         "stream_wall_s": round(stream["wall_s"], 2), "short_turns": short["turns"],
+        "cpu": cpu_description(),
     }
     print(f"\npage process alone; {args.users} gradio_client users; stub worker at {args.rate:g} tokens/s; "
-          f"answers of {args.tokens} tokens; shared 2-core machine (noisy)\n")
+          f"answers of {args.tokens} tokens\nmachine: {result['cpu']}, shared by the page, the stub worker, "
+          f"Redis and the clients\n")
     rows = [("CPU per streamed update (ms)", result["cpu_ms_per_update"], f"<= {TARGETS['cpu_ms_per_update']}"),
             ("CPU per streamed answer (ms)", result["cpu_ms_per_stream_turn"], ""),
             ("CPU per short turn (ms)", result["cpu_ms_per_short_turn"], f"<= {TARGETS['cpu_ms_per_short_turn']}"),

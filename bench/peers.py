@@ -28,13 +28,13 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from bench.engine import _WORDS, SHAPES, _silence_eos, machine_line
+from bench.engine import _WORDS, SHAPES, _silence_eos
+from bench.machine import machine_line
 
 _CHECKPOINT_VERSION = 1
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from bench.engine import bench_checkpoint, machine_line
+from bench.engine import bench_checkpoint
+from bench.machine import machine_line
 from bench.step_profile import _long_prompt
 
 
