@@ -53,6 +53,8 @@ class UIConfig:
     max_image_side: int = limits.MAX_SIDE  # larger images are downscaled (keeps vision tokens bounded)
     allowed_formats: tuple[str, ...] = limits.ALLOWED_FORMATS
     max_text_chars: int = 4000
+    # Any request body but an upload: a question's JSON is a few KB, so more is refused unread (ui.body_limits).
+    max_request_bytes: int = 1024 * 1024
     upload_cache_ttl_s: int = 3600  # Gradio's upload cache: files older than this are deleted, checked as often
     decode_workers: int = 2  # threads of the pool that decodes uploads (never the handlers' shared pool)
     # Running it in public (see README "Running it in public").
@@ -80,6 +82,8 @@ class UIConfig:
         assert self.max_threads >= 1, "max_threads must be at least 1"
         assert self.queue_max_size >= 1, "queue_max_size must be at least 1"
         assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
+        assert self.max_request_bytes >= 16 * self.max_text_chars, \
+            "max_request_bytes must hold a question of max_text_chars (JSON-escaped)"
         assert self.max_image_side >= 32, "max_image_side must be at least 32 px"
         assert self.allowed_formats, "at least one image format must be allowed"
         assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"

@@ -6,15 +6,16 @@ serialised behind each other; ``max_threads`` bounds how many run at once and ``
 may wait in Gradio's queue before new ones are told the page is busy.
 
 Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
-cache is cleaned on a schedule (``ui.app``), ``/metrics`` needs a bearer token (``ui.ops``), and the client
-address is the socket peer unless the operator names trusted proxies. Gradio's own traffic monitoring
-(``/monitoring``, public by default) is off.
+cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``),
+``/metrics`` needs a bearer token (``ui.ops``), and the client address is the socket peer unless the operator
+names trusted proxies. Gradio's own traffic monitoring (``/monitoring``, public by default) is off.
 """
 from __future__ import annotations
 
 from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
+from ui.body_limits import PageBodyLimits
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
@@ -58,7 +59,9 @@ def build(config, client=None):
         # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
-                    "middleware": [Middleware(LoginRequired)] if config.auth else []},
+                    "middleware": [Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
+                                              max_upload_bytes=config.max_upload_bytes),
+                                   *([Middleware(LoginRequired)] if config.auth else [])]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

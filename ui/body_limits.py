@@ -1,0 +1,30 @@
+"""Refuse request bodies larger than any request the page makes, before they are read into memory.
+
+Gradio reads a JSON request body whole and parses it on the event loop that streams everyone's answers
+(``/gradio_api/queue/join``, the API's ``/call`` routes, ``/run/predict``); only uploads have a limit of their
+own (``max_file_size``, per file). Without a cap, one client sending a few hundred megabytes of JSON would hold
+that memory and stall every stream on the page while it is parsed. No request the page or an API client
+legitimately sends comes close: a question is at most ``max_text_chars`` characters and images travel through
+``/upload``. A declared ``Content-Length`` over the limit is refused at once with 413, unread; a chunked body
+is counted as it arrives and refused as soon as it passes the limit (Starlette's ``RequestBodyLimitMiddleware``
+does the counting and the 413).
+"""
+from __future__ import annotations
+
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+# Multipart framing and the form's other fields around an upload of at most ``max_upload_bytes``.
+UPLOAD_FRAMING_BYTES = 1024 * 1024
+
+
+class PageBodyLimits:
+    """``max_body_bytes`` for every request except uploads, which get ``max_upload_bytes`` plus framing."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int) -> None:
+        self.requests = RequestBodyLimitMiddleware(app, max_body_bytes)
+        self.uploads = RequestBodyLimitMiddleware(app, max_upload_bytes + UPLOAD_FRAMING_BYTES)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limited = self.uploads if scope["type"] == "http" and scope["path"].endswith("/upload") else self.requests
+        await limited(scope, receive, send)
