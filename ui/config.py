@@ -56,6 +56,11 @@ class UIConfig:
     # Any request body but an upload: a question's JSON is a few KB, so more is refused unread (ui.body_limits).
     max_request_bytes: int = 1024 * 1024
     upload_cache_ttl_s: int = 3600  # Gradio's upload cache: files older than this are deleted, checked as often
+    # Upload budgets (ui.upload_budget): bytes one address may upload per window, and bytes the whole page
+    # accepts over twice the cache TTL (what Gradio's upload cache can hold at most).
+    address_upload_bytes: int = 128 * 1024 * 1024
+    address_upload_window_s: float = 600.0
+    upload_cache_max_bytes: int = 4 * 1024 * 1024 * 1024
     decode_workers: int = 2  # threads of the pool that decodes uploads (never the handlers' shared pool)
     # Running it in public (see README "Running it in public").
     identity_key: str = ""  # OWLET_UI_IDENTITY_KEY signs anonymous identities; "" = a random key kept in Redis
@@ -89,6 +94,10 @@ class UIConfig:
         assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"
         assert self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive"
         assert self.upload_cache_ttl_s >= 60, "upload_cache_ttl_s must be at least 60 s"
+        assert self.address_upload_bytes >= self.max_upload_bytes, "address_upload_bytes must allow one upload"
+        assert self.upload_cache_max_bytes >= self.address_upload_bytes, \
+            "upload_cache_max_bytes must allow one address's budget"
+        assert self.address_upload_window_s > 0, "address_upload_window_s must be positive"
         assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"

@@ -6,22 +6,25 @@ serialised behind each other; ``max_threads`` bounds how many run at once and ``
 may wait in Gradio's queue before new ones are told the page is busy.
 
 Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
-cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``),
-``/metrics`` needs a bearer token (``ui.ops``), and the client address is the socket peer unless the operator
-names trusted proxies. Gradio's own traffic monitoring (``/monitoring``, public by default) is off.
+cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``), uploads
+have byte budgets per address and in total (``ui.upload_budget``), ``/metrics`` needs a bearer token
+(``ui.ops``), and the client address is the socket peer unless the operator names trusted proxies. Gradio's
+own traffic monitoring (``/monitoring``, public by default) is off.
 """
 from __future__ import annotations
 
 from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
-from ui.body_limits import PageBodyLimits
+from ui.body_limits import UPLOAD_FRAMING_BYTES, PageBodyLimits
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
+from ui.identity import parse_networks
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
+from ui.upload_budget import UploadBudget, UploadLedger
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -36,6 +39,12 @@ def make_client(config):
     if config.key_prefix:
         overrides["key_prefix"] = config.key_prefix
     return OwletClient(settings=Settings.from_env(**overrides))
+
+
+def upload_ledger(config) -> UploadLedger:
+    """Upload budgets per address and for the page; a cached file lives up to twice the cache TTL."""
+    return UploadLedger(config.address_upload_bytes, config.address_upload_window_s,
+                        config.upload_cache_max_bytes, 2 * config.upload_cache_ttl_s)
 
 
 def build(config, client=None):
@@ -59,9 +68,14 @@ def build(config, client=None):
         # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
+                    # Outermost first: oversized bodies, then strangers without a login, then upload budgets
+                    # (so nobody unauthenticated can spend the page's upload budget).
                     "middleware": [Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
-                                   *([Middleware(LoginRequired)] if config.auth else [])]},
+                                   *([Middleware(LoginRequired)] if config.auth else []),
+                                   Middleware(UploadBudget, ledger=upload_ledger(config),
+                                              max_upload_request_bytes=config.max_upload_bytes + UPLOAD_FRAMING_BYTES,
+                                              trusted_proxies=parse_networks(config.trusted_proxies))]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

@@ -1,0 +1,122 @@
+"""How many upload bytes one client address, and the whole page, may send in a window of time.
+
+Gradio writes every upload to its cache on disk and keeps it until the cache is cleaned (``delete_cache``:
+files older than ``upload_cache_ttl_s``, checked that often, so a file lives up to twice that). Each file is
+capped (``max_file_size``), but nothing capped how many: one client posting random 10 MB files as fast as the
+network allows would fill the disk within minutes, and then nobody's upload, and on a shared host nothing
+else, works. So the page keeps a ledger of the bytes it accepted:
+
+- per client address, at most ``address_upload_bytes`` per ``address_upload_window_s`` (a visitor uploads one
+  picture per conversation; the default allows dozens of full-size ones every ten minutes);
+- in total, at most ``upload_cache_max_bytes`` over twice the cache TTL, which bounds what the cache holds.
+
+An upload over either budget gets 429 with a ``Retry-After`` before its body is read. An upload must declare
+its size (``Content-Length``, which browsers and ``gradio_client`` always send): the budget is charged
+before the body is read, never after it is on disk. The ledger is per page process (like ``AddressSlots``).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ui.identity import client_address
+
+
+class UploadLedger:
+    """Sliding-window byte budgets: one per address and one for the page (thread-safe)."""
+
+    def __init__(self, address_bytes: int, address_window_s: float, total_bytes: int, total_window_s: float,
+                 clock=time.monotonic):
+        assert address_bytes > 0 and total_bytes > 0 and address_window_s > 0 and total_window_s > 0
+        self.address_bytes, self.address_window_s = address_bytes, address_window_s
+        self.total_bytes, self.total_window_s = total_bytes, total_window_s
+        self._clock = clock
+        self._by_address: dict[str, deque] = {}
+        self._total: deque = deque()
+        self._total_sum = 0
+        self._sums: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def charge(self, address: str, size: int) -> tuple[str, float] | None:
+        """Record ``size`` bytes from ``address`` if both budgets allow it. Otherwise nothing is recorded and
+        the answer is (which budget, seconds until the upload would fit)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            entries = self._by_address.get(address, ())
+            held = self._sums.get(address, 0)
+            if held + size > self.address_bytes:
+                return "address", self._wait(entries, held + size - self.address_bytes, self.address_window_s, now)
+            if self._total_sum + size > self.total_bytes:
+                return "page", self._wait(self._total, self._total_sum + size - self.total_bytes,
+                                          self.total_window_s, now)
+            self._by_address.setdefault(address, deque()).append((now, size))
+            self._sums[address] = held + size
+            self._total.append((now, size))
+            self._total_sum += size
+            return None
+
+    def _expire(self, now: float) -> None:
+        while self._total and self._total[0][0] <= now - self.total_window_s:
+            self._total_sum -= self._total.popleft()[1]
+        for address in list(self._by_address):
+            entries = self._by_address[address]
+            while entries and entries[0][0] <= now - self.address_window_s:
+                self._sums[address] -= entries.popleft()[1]
+            if not entries:
+                del self._by_address[address], self._sums[address]
+
+    @staticmethod
+    def _wait(entries, excess: int, window_s: float, now: float) -> float:
+        """Seconds until the oldest entries holding ``excess`` bytes leave the window (the window if none)."""
+        freed = 0
+        for stamp, size in entries:
+            freed += size
+            if freed >= excess:
+                return max(0.0, stamp + window_s - now)
+        return window_s  # the upload alone is bigger than the budget left: a window from now at the latest
+
+
+class UploadBudget:
+    """ASGI middleware charging each upload's declared size to the ledger before its body is read."""
+
+    def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int, trusted_proxies=()):
+        self.app, self.ledger = app, ledger
+        self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
+        self.trusted_proxies = trusted_proxies
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/upload"):
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit():
+            return await PlainTextResponse("Uploads need a Content-Length header.", status_code=411)(
+                scope, receive, send)
+        size = int(declared)
+        if size <= self.max_upload_request_bytes:  # an oversized one is refused unread; nothing to charge
+            refused = self.ledger.charge(client_address(request, self.trusted_proxies), size)
+            if refused is not None:
+                which, wait_s = refused
+                retry = max(1, math.ceil(wait_s))
+                return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
+                                               headers={"Retry-After": str(retry)})(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def _refusal(which: str, ledger: UploadLedger, retry_s: int) -> str:
+    if which == "address":
+        return (f"Upload limit reached: at most {ledger.address_bytes // 2**20} MB of images per "
+                f"{_duration(ledger.address_window_s)} from one address. Try again in {_duration(retry_s)}.")
+    return f"The page is receiving too many uploads right now. Try again in {_duration(retry_s)}."
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds} s" if seconds < 120 else f"{math.ceil(seconds / 60)} min"
