@@ -18,12 +18,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 UPLOAD_FRAMING_BYTES = 1024 * 1024
 
 
+def upload_request_limit(max_upload_bytes: int) -> int:
+    """The largest upload request body accepted: one file of the upload limit and its multipart framing."""
+    return max_upload_bytes + UPLOAD_FRAMING_BYTES
+
+
 class PageBodyLimits:
-    """``max_body_bytes`` for every request except uploads, which get ``max_upload_bytes`` plus framing."""
+    """``max_body_bytes`` for every request except uploads, which get ``upload_request_limit``."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int) -> None:
         self.requests = RequestBodyLimitMiddleware(app, max_body_bytes)
-        self.uploads = RequestBodyLimitMiddleware(app, max_upload_bytes + UPLOAD_FRAMING_BYTES)
+        self.uploads = RequestBodyLimitMiddleware(app, upload_request_limit(max_upload_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limited = self.uploads if scope["type"] == "http" and scope["path"].endswith("/upload") else self.requests

@@ -16,7 +16,7 @@ from __future__ import annotations
 from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
-from ui.body_limits import UPLOAD_FRAMING_BYTES, PageBodyLimits
+from ui.body_limits import PageBodyLimits, upload_request_limit
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
@@ -74,7 +74,7 @@ def build(config, client=None):
                                               max_upload_bytes=config.max_upload_bytes),
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
-                                              max_upload_request_bytes=config.max_upload_bytes + UPLOAD_FRAMING_BYTES,
+                                              max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
                                               trusted_proxies=parse_networks(config.trusted_proxies))]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
