@@ -65,6 +65,7 @@ class UIConfig:
     # Running it in public (see README "Running it in public").
     identity_key: str = ""  # OWLET_UI_IDENTITY_KEY signs anonymous identities; "" = a random key kept in Redis
     trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For names the client address
+    ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
     address_max_decodes: int = 1  # image decodes one client address may run at once
@@ -102,6 +103,7 @@ class UIConfig:
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
+        assert 32 <= self.ipv6_prefix <= 128, "ipv6_prefix must be 32..128 bits"
         assert self.stream_min_interval_s > 0 and self.stream_min_updates_per_s > 0, "update rates must be positive"
         assert 1 / self.stream_min_interval_s >= self.stream_min_updates_per_s, \
             "stream_min_interval_s must allow stream_min_updates_per_s"

@@ -69,7 +69,7 @@ class ChatHandlers:
 
     def _caller(self, request, browser_id):
         """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
-        return identify(request, browser_id, self.issuer, self.trusted_proxies)
+        return identify(request, browser_id, self.issuer, self.trusted_proxies, self.config.ipv6_prefix)
 
     async def _guarded(self, request, browser_id, session, turn):
         """Run one answering event for its caller while that caller's address holds a free event slot.

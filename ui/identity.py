@@ -12,6 +12,9 @@ Browsers get a token on page load (kept in localStorage by ``gr.BrowserState``);
 The client group is what fairness and per-address limits count: the login for logged-in users, otherwise
 the client's address. The address is the socket's peer, unless that peer is a proxy the operator named in
 ``trusted_proxies``; then it is the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy.
+An IPv6 client counts as its whole network prefix (``ipv6_prefix`` bits, a /64 by default): one subscriber is
+handed at least a /64 and may use any address in it, so counting single IPv6 addresses would give one person
+2^64 shares of every per-address limit. An IPv4-mapped IPv6 peer (``::ffff:a.b.c.d``) counts as its IPv4.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 TOKEN_VERSION = "v1"
 UNKNOWN_ADDRESS = "unknown"
+DEFAULT_IPV6_PREFIX = 64
 
 
 class IdentityRequired(ValueError):
@@ -94,10 +98,28 @@ def _trusted(address: str, networks) -> bool:
     return any(ip in net for net in networks)
 
 
-def client_address(request, trusted_proxies=()) -> str:
-    """The client's address: the socket peer, or what trusted proxies say in ``X-Forwarded-For``."""
+def client_group_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
+    """What per-address limits count for `address`: the IPv4 address, or the IPv6 network it belongs to."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # not an IP (a test client, a Unix socket): counted as given
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/{ipv6_prefix}", strict=False))
+    return str(ip)
+
+
+def client_address(request, trusted_proxies=(), ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
+    """The client's address as limits count it (see client_group_address): the socket peer, or what trusted
+    proxies say in ``X-Forwarded-For``."""
     client = getattr(request, "client", None) if request is not None else None
     peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
+    return client_group_address(_client_ip(request, peer, trusted_proxies), ipv6_prefix)
+
+
+def _client_ip(request, peer: str, trusted_proxies) -> str:
     if not trusted_proxies or not _trusted(peer, trusted_proxies):
         return peer
     headers = getattr(request, "headers", None) or {}
@@ -113,9 +135,10 @@ def client_address(request, trusted_proxies=()) -> str:
     return peer
 
 
-def identify(request, token: object, issuer: IdentityIssuer, trusted_proxies=()) -> Caller:
+def identify(request, token: object, issuer: IdentityIssuer, trusted_proxies=(),
+             ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> Caller:
     """The caller of a page event; raises IdentityRequired when an anonymous caller has no valid token."""
-    address = client_address(request, trusted_proxies)
+    address = client_address(request, trusted_proxies, ipv6_prefix)
     username = getattr(request, "username", None) if request is not None else None
     if username:
         return Caller(f"user:{username}", f"login:{username}", address)

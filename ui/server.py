@@ -75,7 +75,8 @@ def build(config, client=None):
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              trusted_proxies=parse_networks(config.trusted_proxies))]},
+                                              trusted_proxies=parse_networks(config.trusted_proxies),
+                                              ipv6_prefix=config.ipv6_prefix)]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

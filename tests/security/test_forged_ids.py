@@ -57,6 +57,32 @@ def test_identities_minted_at_one_address_share_its_cap(quiet_page):
             e.done.wait(30)
 
 
+def test_rotating_ipv6_addresses_within_one_network_share_its_cap(quiet_page):
+    """One subscriber owns a whole /64 and may send every request from a fresh address in it."""
+    url, owlet = quiet_page
+    addresses = [f"2001:db8:77:1::{i + 1:x}" for i in range(6)]
+    held = []
+    try:
+        for i, address in enumerate(addresses):
+            with http(forwarded=address) as client:
+                token = identity(client, url)
+            held.append(Event(url, "chat", [{"text": f"rotate {i}", "files": []}, 16, token], forwarded=address))
+            held[-1].status()
+        statuses = [e.status() for e in held]
+        admitted = [s for s in statuses if s.startswith("Queued")]
+        assert len(admitted) == min(LIMITS["group_jobs"], LIMITS["events"]), statuses
+        assert all("from your network" in s for s in statuses if not s.startswith("Queued")), statuses
+        neighbour = "2001:db8:77:2::1"  # the next /64 is someone else, admitted at once
+        with http(forwarded=neighbour) as client:
+            other = Event(url, "chat", [{"text": "Hello?", "files": []}, 16, identity(client, url)], forwarded=neighbour)
+        held.append(other)
+        assert other.status().startswith("Queued"), other.status()
+    finally:
+        cancel_jobs(owlet)
+        for e in held:
+            e.done.wait(30)
+
+
 def test_a_forwarded_header_from_an_untrusted_peer_counts_for_nothing(quiet_page):
     """A direct client (127.0.0.2, not a trusted proxy) cannot escape its address's cap by naming another."""
     url, owlet = quiet_page

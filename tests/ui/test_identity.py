@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from ui.identity import IdentityIssuer, IdentityRequired, client_address, identify, parse_networks
+from ui.identity import (IdentityIssuer, IdentityRequired, client_address, client_group_address, identify,
+                         parse_networks)
 
 ISSUER = IdentityIssuer(b"k" * 32)
 
@@ -53,6 +54,23 @@ def test_forwarded_for_counts_only_through_a_trusted_proxy():
     via_proxy = request(host="127.0.0.1", forwarded="6.6.6.6, 198.51.100.9, 10.1.2.3")
     assert client_address(via_proxy, proxies) == "198.51.100.9", "right-most hop that is not a trusted proxy"
     assert client_address(via_proxy, ()) == "127.0.0.1", "no trusted proxies: the socket peer"
+
+
+def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
+    # One subscriber holds a whole /64 and can pick any address in it for every request.
+    a, b = "2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:fffe"
+    assert client_group_address(a) == client_group_address(b) == "2001:db8:1:2::/64"
+    assert client_group_address("2001:db8:1:3::1") != client_group_address(a), "the next /64 is someone else"
+    assert client_group_address(a, ipv6_prefix=48) == client_group_address("2001:db8:1:ff::1", ipv6_prefix=48)
+    assert client_group_address("::ffff:198.51.100.9") == "198.51.100.9"
+    assert client_group_address("198.51.100.9") == "198.51.100.9"
+    assert client_group_address("testclient") == "testclient", "not an IP: counted as given"
+    proxies = parse_networks("127.0.0.1")
+    via_proxy = request(host="127.0.0.1", forwarded="2001:DB8:1:2::abcd")
+    assert client_address(via_proxy, proxies) == "2001:db8:1:2::/64"
+    assert client_address(request(host="2001:db8:9:9::5"), ()) == "2001:db8:9:9::/64", "a direct IPv6 peer too"
+    caller = identify(request(host="127.0.0.1", forwarded=b), ISSUER.mint(), ISSUER, proxies)
+    assert caller.group == "addr:2001:db8:1:2::/64"
 
 
 def test_bad_trusted_proxy_is_named():
