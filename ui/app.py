@@ -53,7 +53,10 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
             gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}\n\n{DEMO_NOTE}", elem_id="owlet-intro")
         chatbot = gr.Chatbot(elem_id="owlet-chat", height="66vh", min_height=360, editable="user", show_label=False,
                              buttons=["copy"], feedback_options=None, placeholder="Ask about an image…",
-                             autoscroll=True)
+                             autoscroll=True,
+                             # Gradio's default, pinned: a real VLM can be made to write HTML (text in a crafted
+                             # picture), and this browser holds the visitor's identity token.
+                             sanitize_html=True)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
                                    placeholder="Ask about the image… (attach one with 📎)", show_label=False,
                                    submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000)

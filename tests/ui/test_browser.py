@@ -128,3 +128,21 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     page.wait_for_selector("#owlet-input textarea", timeout=60_000)
     time.sleep(1.0)
     assert page.locator(USER).count() == 0
+
+
+def test_markup_in_a_message_is_shown_not_run(stack, page):
+    """Chat text is rendered as sanitised markdown: HTML in a message (a user's, or a real VLM's answer read off
+    a crafted picture) cannot run script in the browser, which holds the visitor's identity token."""
+    page.goto(stack.url)
+    page.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    payload = ('<img src="x" onerror="window.__owletXss = 1"> <script>window.__owletXss = 2</script> '
+               '<a href="javascript:window.__owletXss = 3" id="owlet-xss-link">link</a> **still markdown**')
+    ask(page, payload)
+    page.reload()  # the restored conversation is rendered from the stored history: it must be as safe
+    page.wait_for_function(f"document.querySelectorAll('{USER}').length == 1", timeout=30_000)
+    for link in page.locator("#owlet-xss-link").all():
+        link.click()
+    time.sleep(0.5)
+    assert page.evaluate("window.__owletXss") is None, "markup in a message ran"
+    assert page.locator("#owlet-chat img[src='x'][onerror]").count() == 0
+    assert page.locator(f"{USER} strong").count() == 1, "ordinary markdown still renders"
