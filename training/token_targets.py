@@ -3,6 +3,12 @@
 LFM2-VL turns a 256 px image into an 8x8 grid of tokens (16 px patches, 2x2 merged), in raster order, each
 covering a 32x32 px cell. Predicting the cell's shape kind and colour from the projector output gives the
 vision tower a dense, direct signal; through the answers alone it learns colours quickly but shapes slowly.
+
+Kind and colour are local; "where" needs the shape's centre against the picture's, which no single cell shows.
+So a covered cell also predicts where its shape is (the "where" answer, or "none" when that question would not
+be asked): the text side then reads the answer off any token of the shape it attends to, instead of comparing
+rows and columns itself. (Per-token counts of the shape's twins and kin were tried too and cost more in
+"describe" and "count" than they gave; see the model card.)
 The heads that use these targets are dropped after training: the saved model is a plain LFM2-VL.
 """
 
@@ -12,11 +18,15 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from training.dialogues import position_of
+from training.examples import IGNORE
 from training.scenes import COLOUR_NAMES, IMAGE_SIZE, SHAPES, Scene, _shape_points
 
 CELL = 32  # pixels per image token side (patch 16 x downsample 2)
 GRID = IMAGE_SIZE // CELL
 BACKGROUND_KIND, BACKGROUND_COLOUR = len(SHAPES), len(COLOUR_NAMES)
+POSITIONS = ("left", "right", "top", "bottom", "none")
+TARGET_CLASSES = {"kind": len(SHAPES) + 1, "colour": len(COLOUR_NAMES) + 1, "where": len(POSITIONS)}
 _MIN_COVER = 0.15  # a cell belongs to a shape when the shape covers at least this share of it
 
 
@@ -35,17 +45,21 @@ def shape_index_map(scene: Scene) -> Image.Image:
     return mask
 
 
-def token_targets(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kind, colour) class per token, each of shape [GRID * GRID], raster order."""
+def token_targets(scene: Scene) -> dict[str, torch.Tensor]:
+    """Per-token class for each of TARGET_CLASSES, each of shape [GRID * GRID], raster order.
+
+    Background cells are kind/colour BACKGROUND_*, and IGNORE for "where".
+    """
     ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
     cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
-    kinds = torch.full((GRID * GRID,), BACKGROUND_KIND)
-    colours = torch.full((GRID * GRID,), BACKGROUND_COLOUR)
+    targets = {"kind": torch.full((GRID * GRID,), BACKGROUND_KIND), "colour": torch.full((GRID * GRID,), BACKGROUND_COLOUR)}
+    targets["where"] = torch.full((GRID * GRID,), IGNORE)
     counts = torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)  # [cells, shapes]
     best = counts.argmax(1)
     covered = counts.max(1).values >= _MIN_COVER * CELL * CELL
     for cell in covered.nonzero().flatten().tolist():
         shape = scene.shapes[best[cell]]
-        kinds[cell] = SHAPES.index(shape.kind)
-        colours[cell] = COLOUR_NAMES.index(shape.colour)
-    return kinds, colours
+        targets["kind"][cell] = SHAPES.index(shape.kind)
+        targets["colour"][cell] = COLOUR_NAMES.index(shape.colour)
+        targets["where"][cell] = POSITIONS.index(position_of(shape) or "none")
+    return targets

@@ -25,8 +25,7 @@ from tqdm import tqdm
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
 from training.examples import IGNORE, encode_examples
 from training.recipe import RECIPES, Recipe, recipe_example
-from training.scenes import COLOUR_NAMES, SHAPES
-from training.token_targets import GRID, token_targets
+from training.token_targets import GRID, TARGET_CLASSES, token_targets
 
 
 def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: float = 0.05) -> float:
@@ -44,7 +43,7 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
     processor = build_processor()
     model = build_fresh_model(processor, seed=recipe.seed)
     model.train()
-    aux = TokenProbe(model)
+    aux = TokenProbe(model, recipe.aux_targets)
     params = list(model.named_parameters()) + list(aux.heads.named_parameters())
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
@@ -92,19 +91,20 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
 
 
 class TokenProbe:
-    """Auxiliary loss: predict each image token's shape kind, colour, row and column from the projector output.
+    """Auxiliary loss: predict facts about each image token from the projector output (training/token_targets.py).
 
-    Row and column keep the token's place in the image inside its features: the text side cannot read absolute
-    image positions from rotary offsets, whose distance to the image varies with the dialogue's length.
-    Pictures that are not scenes have no targets (their tokens are ignored). Training-only linear heads on a
-    forward hook; they are not part of the saved model.
+    Each token predicts its own row and column and the recipe's `aux_targets`: the kind and colour under it,
+    and, in the "demo-where" recipe, for a token on a shape, where that shape is. Row and column keep the
+    token's place in the image inside its features: the text side cannot read absolute image positions from
+    rotary offsets, whose distance to the image varies with the dialogue's length. Pictures that are not scenes
+    have no targets (their tokens are ignored). Training-only linear heads on a forward hook; they are not part
+    of the saved model.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, targets=("kind", "colour")):
         hidden = model.config.text_config.hidden_size
-        self.heads = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
-                                          "colour": torch.nn.Linear(hidden, len(COLOUR_NAMES) + 1),
-                                          "row": torch.nn.Linear(hidden, GRID), "col": torch.nn.Linear(hidden, GRID)})
+        classes = dict({key: TARGET_CLASSES[key] for key in targets}, row=GRID, col=GRID)
+        self.heads = torch.nn.ModuleDict({key: torch.nn.Linear(hidden, n) for key, n in classes.items()})
         self._features = None
         model.model.multi_modal_projector.register_forward_hook(self._capture)
 
@@ -120,18 +120,18 @@ class TokenProbe:
         # The projector sees every image padded to the most tokens an image may have (64 = a 256 px scene).
         assert features is not None and features.shape[0] == cells * len(scenes), "unexpected image tokens"
         ignore = torch.full((cells,), IGNORE)
-        targets = {"kind": [], "colour": [], "row": [], "col": []}
+        index = torch.arange(cells)
+        targets: dict[str, list[torch.Tensor]] = {key: [] for key in self.heads}
         for scene in scenes:
-            if scene is None:
-                for key in targets:
-                    targets[key].append(ignore)
-                continue
-            kinds, colours = token_targets(scene)
-            index = torch.arange(cells)
-            for key, value in (("kind", kinds), ("colour", colours), ("row", index // GRID), ("col", index % GRID)):
-                targets[key].append(value)
-        ce = torch.nn.functional.cross_entropy
-        return sum(ce(self.heads[key](features), torch.cat(values), ignore_index=IGNORE) for key, values in targets.items())
+            per_token = dict(token_targets(scene), row=index // GRID, col=index % GRID) if scene is not None else {}
+            for key in targets:
+                targets[key].append(per_token.get(key, ignore))
+        total = torch.zeros(())
+        for key, values in targets.items():
+            wanted = torch.cat(values)
+            if (wanted != IGNORE).any():  # a batch whose shapes cover no cell has no "where" targets
+                total = total + torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
+        return total
 
 
 def _save(model, processor, out_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from PIL import Image
 
@@ -10,7 +11,7 @@ from training.example_scenes import EXAMPLES, EXAMPLES_DIR
 from training.examples import IGNORE, encode_examples
 from training.ood import (_EVAL_FRAMES, _EVAL_NOUNS, _EVAL_THINGS, _TRAIN_FRAMES, _TRAIN_NOUNS, _TRAIN_THINGS, IMAGE_KINDS,
                           OOD_REPLY, OOD_TYPE, ood_image)
-from training.recipe import DEMO, ood_probe, probe_family, recipe_example
+from training.recipe import DEMO, RECIPES, ood_probe, probe_family, recipe_example
 from training.scenes import render_scene
 
 
@@ -97,13 +98,15 @@ def test_bundled_examples_match_their_scenes():
             assert turn.answer == str(sum(s.kind == kind for s in scene.shapes))
 
 
-def test_token_probe_ignores_pictures_that_are_not_scenes():
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_token_probe_ignores_pictures_that_are_not_scenes(recipe):
     from training.demo_model import build_fresh_model, build_processor
     from training.train import TokenProbe
 
     processor = build_processor()
     model = build_fresh_model(processor)
-    probe = TokenProbe(model)
+    probe = TokenProbe(model, RECIPES[recipe].aux_targets)
+    assert set(probe.heads) == {*RECIPES[recipe].aux_targets, "row", "col"}
     examples = [recipe_example(DEMO, i) for i in range(40)]
     scene = next(e for e in examples if e.scene is not None)
     other = next(e for e in examples if e.image is not None and e.scene is None)
