@@ -12,6 +12,7 @@ page and the worker are not restarted. Afterwards:
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 
 import pytest
@@ -26,13 +27,19 @@ from tests.ui.stack import free_port, make_image, tiny_model
 pytestmark = pytest.mark.timeout(600)
 USERS = 4
 DOWN_S = 6.0  # longer than redis-py's own retries (~2-5 s), so the outage is really seen
-SECOND_ANSWER_TOKENS = 600  # streams for well over DOWN_S here, and leaves room in the tiny model's context
+SECOND_ANSWER_TOKENS = 1000  # leaves room in the tiny model's 2,048-token context for the third turn
+# Every user shows the same picture, and the worker runs fp32, where batching never changes a greedy answer:
+# the tiny random model then gives every user the same second answer, one that runs at least 600 tokens
+# (checked) instead of stopping at its own end-of-text after ~100, so no answer can finish before the
+# outage lands, however slow or fast the machine.
+PICTURE_COLOUR = (80, 120, 90)
 
 
 def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_or_worker(tmp_path):
     store = OwnedRedis(tmp_path / "redis")
     prefix = unique_prefix("restart")
     env = dict(REDIS_URL=store.url, OWLET_KEY_PREFIX=prefix, OWLET_MODEL=str(tiny_model()), OWLET_DEVICE="cpu",
+               OWLET_DTYPE="float32",
                OWLET_MAX_RUNNING="4", OWLET_UI_MAX_NEW_TOKENS_CAP="1024",
                # The four users share one loopback address here: lift the per-address limits, which
                # tests/security covers, so this test measures the restart alone.
@@ -46,7 +53,7 @@ def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_o
     try:
         wait_for_workers(url, 1, [worker, page], timeout_s=240)
         clients = [Client(url, verbose=False) for _ in range(USERS)]
-        images = [make_image(tmp_path / f"u{i}.png", (40 * i, 200 - 40 * i, 90)) for i in range(USERS)]
+        images = [make_image(tmp_path / f"u{i}.png", PICTURE_COLOUR) for i in range(USERS)]
         with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
             firsts = list(pool.map(lambda ci: ask(ci[0], "What colour is it?", ci[1], max_new_tokens=8)[1],
                                    zip(clients, images)))
@@ -70,6 +77,8 @@ def test_a_redis_restart_under_load_loses_no_turn_and_needs_no_restart_of_page_o
             answered = chat[-1]["role"] == "assistant" and "First token" in status
             assert answered, (status, last[-300:])
             assert "Traceback" not in last + status and "Error(" not in last + status, (status, last[-300:])
+            streamed = int(re.search(r"· (\d+) tokens ·", status).group(1))
+            assert streamed >= 600, f"the premise of PICTURE_COLOUR no longer holds: {status}"
         worker.check_alive()
         page.check_alive()
 
