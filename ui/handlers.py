@@ -15,7 +15,7 @@ import gradio as gr
 from ui import wording
 from ui.chat_view import assistant_message, message_text, parse_input, render_history, user_message
 from ui.client_gate import AddressSlots, SlotRefused
-from ui.identity import IdentityRequired, identify, issuer_for, parse_networks
+from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
 from ui.job_follower import follow_job
 from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.stream_hub import StreamHub
@@ -53,7 +53,7 @@ class ChatHandlers:
         self.client, self.config, self.metrics = client, config, metrics
         self.limits = UploadLimits.from_config(config)
         self.issuer = issuer_for(config, client, log)
-        self.trusted_proxies = parse_networks(config.trusted_proxies)
+        self.addresses = ClientAddresses.from_config(config)
         self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
         # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
@@ -69,7 +69,7 @@ class ChatHandlers:
 
     def _caller(self, request, browser_id):
         """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
-        return identify(request, browser_id, self.issuer, self.trusted_proxies, self.config.ipv6_prefix)
+        return identify(request, browser_id, self.issuer, self.addresses)
 
     async def _guarded(self, request, browser_id, session, turn):
         """Run one answering event for its caller while that caller's address holds a free event slot.

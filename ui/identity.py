@@ -111,34 +111,48 @@ def client_group_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -
     return str(ip)
 
 
-def client_address(request, trusted_proxies=(), ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
-    """The client's address as limits count it (see client_group_address): the socket peer, or what trusted
-    proxies say in ``X-Forwarded-For``."""
-    client = getattr(request, "client", None) if request is not None else None
-    peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
-    return client_group_address(_client_ip(request, peer, trusted_proxies), ipv6_prefix)
+@dataclass(frozen=True)
+class ClientAddresses:
+    """How this page tells clients apart: which proxies' ``X-Forwarded-For`` it believes (parsed networks) and
+    how wide an IPv6 client's network is. Built once from the page's config; `of` is what every per-address
+    limit counts."""
 
+    trusted_proxies: tuple = ()
+    ipv6_prefix: int = DEFAULT_IPV6_PREFIX
 
-def _client_ip(request, peer: str, trusted_proxies) -> str:
-    if not trusted_proxies or not _trusted(peer, trusted_proxies):
+    @classmethod
+    def from_config(cls, config) -> "ClientAddresses":
+        return cls(parse_networks(config.trusted_proxies), config.ipv6_prefix)
+
+    def of(self, request) -> str:
+        """The client's address as limits count it (see client_group_address): the socket peer, or what
+        trusted proxies say in ``X-Forwarded-For``."""
+        client = getattr(request, "client", None) if request is not None else None
+        peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
+        return client_group_address(self._client_ip(request, peer), self.ipv6_prefix)
+
+    def _client_ip(self, request, peer: str) -> str:
+        if not self.trusted_proxies or not _trusted(peer, self.trusted_proxies):
+            return peer
+        headers = getattr(request, "headers", None) or {}
+        forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
+        # Each proxy appends the address it saw, so walk from the right past the proxies we trust; anything
+        # further left was written by the client and proves nothing.
+        for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+            if not _trusted(hop, self.trusted_proxies):
+                try:
+                    return str(ipaddress.ip_address(hop))
+                except ValueError:
+                    return peer  # garbage where an address should be: fall back to the proxy itself
         return peer
-    headers = getattr(request, "headers", None) or {}
-    forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
-    # Each proxy appends the address it saw, so walk from the right past the proxies we trust; anything
-    # further left was written by the client and proves nothing.
-    for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
-        if not _trusted(hop, trusted_proxies):
-            try:
-                return str(ipaddress.ip_address(hop))
-            except ValueError:
-                return peer  # garbage where an address should be: fall back to the proxy itself
-    return peer
 
 
-def identify(request, token: object, issuer: IdentityIssuer, trusted_proxies=(),
-             ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> Caller:
+DIRECT = ClientAddresses()  # no trusted proxies: every client is its socket peer
+
+
+def identify(request, token: object, issuer: IdentityIssuer, addresses: ClientAddresses = DIRECT) -> Caller:
     """The caller of a page event; raises IdentityRequired when an anonymous caller has no valid token."""
-    address = client_address(request, trusted_proxies, ipv6_prefix)
+    address = addresses.of(request)
     username = getattr(request, "username", None) if request is not None else None
     if username:
         return Caller(f"user:{username}", f"login:{username}", address)

@@ -21,7 +21,7 @@ from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
-from ui.identity import parse_networks
+from ui.identity import ClientAddresses
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
 from ui.upload_budget import UploadBudget, UploadLedger
@@ -75,8 +75,7 @@ def build(config, client=None):
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              trusted_proxies=parse_networks(config.trusted_proxies),
-                                              ipv6_prefix=config.ipv6_prefix)]},
+                                              addresses=ClientAddresses.from_config(config))]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ui.identity import DEFAULT_IPV6_PREFIX, client_address
+from ui.identity import DIRECT, ClientAddresses
 
 
 class UploadLedger:
@@ -86,11 +86,10 @@ class UploadLedger:
 class UploadBudget:
     """ASGI middleware charging each upload's declared size to the ledger before its body is read."""
 
-    def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int, trusted_proxies=(),
-                 ipv6_prefix: int = DEFAULT_IPV6_PREFIX):
-        self.app, self.ledger = app, ledger
+    def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int,
+                 addresses: ClientAddresses = DIRECT):
+        self.app, self.ledger, self.addresses = app, ledger, addresses
         self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
-        self.trusted_proxies, self.ipv6_prefix = trusted_proxies, ipv6_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/upload"):
@@ -102,7 +101,7 @@ class UploadBudget:
                 scope, receive, send)
         size = int(declared)
         if size <= self.max_upload_request_bytes:  # an oversized one is refused unread; nothing to charge
-            refused = self.ledger.charge(client_address(request, self.trusted_proxies, self.ipv6_prefix), size)
+            refused = self.ledger.charge(self.addresses.of(request), size)
             if refused is not None:
                 which, wait_s = refused
                 retry = max(1, math.ceil(wait_s))

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from ui.identity import (IdentityIssuer, IdentityRequired, client_address, client_group_address, identify,
+from ui.identity import (ClientAddresses, IdentityIssuer, IdentityRequired, client_group_address, identify,
                          parse_networks)
 
 ISSUER = IdentityIssuer(b"k" * 32)
@@ -48,12 +48,12 @@ def test_session_hash_is_never_an_identity():
 
 
 def test_forwarded_for_counts_only_through_a_trusted_proxy():
-    proxies = parse_networks("127.0.0.1, 10.0.0.0/8")
+    proxies = ClientAddresses(parse_networks("127.0.0.1, 10.0.0.0/8"))
     spoof = request(host="198.51.100.9", forwarded="1.2.3.4")
-    assert client_address(spoof, proxies) == "198.51.100.9", "an untrusted peer's header is ignored"
+    assert proxies.of(spoof) == "198.51.100.9", "an untrusted peer's header is ignored"
     via_proxy = request(host="127.0.0.1", forwarded="6.6.6.6, 198.51.100.9, 10.1.2.3")
-    assert client_address(via_proxy, proxies) == "198.51.100.9", "right-most hop that is not a trusted proxy"
-    assert client_address(via_proxy, ()) == "127.0.0.1", "no trusted proxies: the socket peer"
+    assert proxies.of(via_proxy) == "198.51.100.9", "right-most hop that is not a trusted proxy"
+    assert ClientAddresses().of(via_proxy) == "127.0.0.1", "no trusted proxies: the socket peer"
 
 
 def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
@@ -65,10 +65,10 @@ def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
     assert client_group_address("::ffff:198.51.100.9") == "198.51.100.9"
     assert client_group_address("198.51.100.9") == "198.51.100.9"
     assert client_group_address("testclient") == "testclient", "not an IP: counted as given"
-    proxies = parse_networks("127.0.0.1")
+    proxies = ClientAddresses(parse_networks("127.0.0.1"))
     via_proxy = request(host="127.0.0.1", forwarded="2001:DB8:1:2::abcd")
-    assert client_address(via_proxy, proxies) == "2001:db8:1:2::/64"
-    assert client_address(request(host="2001:db8:9:9::5"), ()) == "2001:db8:9:9::/64", "a direct IPv6 peer too"
+    assert proxies.of(via_proxy) == "2001:db8:1:2::/64"
+    assert ClientAddresses().of(request(host="2001:db8:9:9::5")) == "2001:db8:9:9::/64", "a direct IPv6 peer too"
     caller = identify(request(host="127.0.0.1", forwarded=b), ISSUER.mint(), ISSUER, proxies)
     assert caller.group == "addr:2001:db8:1:2::/64"
 
