@@ -52,8 +52,8 @@ def token_targets(scene: Scene) -> dict[str, torch.Tensor]:
     """
     ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
     cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
-    targets = {"kind": torch.full((GRID * GRID,), BACKGROUND_KIND), "colour": torch.full((GRID * GRID,), BACKGROUND_COLOUR)}
-    targets["where"] = torch.full((GRID * GRID,), IGNORE)
+    targets = {key: torch.full((GRID * GRID,), value)
+               for key, value in (("kind", BACKGROUND_KIND), ("colour", BACKGROUND_COLOUR), ("where", IGNORE))}
     counts = torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)  # [cells, shapes]
     best = counts.argmax(1)
     covered = counts.max(1).values >= _MIN_COVER * CELL * CELL
