@@ -54,13 +54,16 @@ def build_processor():
     return make_lfm2vl_processor(tokenizer, max_image_tokens=MAX_IMAGE_TOKENS, min_image_tokens=MIN_IMAGE_TOKENS)
 
 
-def build_fresh_model(processor, seed: int = 0):
-    """A random-init demo model, saved and reloaded through from_pretrained like any checkpoint."""
+def build_fresh_model(processor, seed: int = 0, vision_width: int = VISION_SIZES["hidden_size"]):
+    """A random-init demo model, saved and reloaded through from_pretrained like any checkpoint.
+
+    `vision_width` widens the vision tower (its MLP stays twice as wide); the text side is fixed."""
     from transformers import Lfm2VlForConditionalGeneration
 
     from training.tiny_checkpoint import build_lfm2vl_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         build_lfm2vl_checkpoint(tmp, tokenizer=processor.tokenizer, processor=processor, text_overrides=TEXT_SIZES,
-                                vision_overrides=VISION_SIZES, projector_hidden_size=PROJECTOR_HIDDEN, seed=seed)
+                                vision_overrides=dict(VISION_SIZES, hidden_size=vision_width, intermediate_size=2 * vision_width),
+                                projector_hidden_size=PROJECTOR_HIDDEN, seed=seed)
         return Lfm2VlForConditionalGeneration.from_pretrained(tmp, dtype="float32")

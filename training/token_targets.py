@@ -7,7 +7,9 @@ vision tower a dense, direct signal; through the answers alone it learns colours
 Kind and colour are local; "where" needs the shape's centre against the picture's, which no single cell shows.
 So a covered cell also predicts where its shape is (the "where" answer, or "none" when that question would not
 be asked): the text side then reads the answer off any token of the shape it attends to, instead of comparing
-rows and columns itself. (Per-token counts of the shape's twins and kin were tried too and cost more in
+rows and columns itself. A covered cell may also predict the cell that holds its shape's centre, which tells
+two shapes of the same kind and colour apart (the "describe" misses are mostly such twins, one of them left out).
+(Per-token counts of the shape's twins and kin were tried too and cost more in
 "describe" and "count" than they gave; see the model card.)
 The heads that use these targets are dropped after training: the saved model is a plain LFM2-VL.
 """
@@ -26,7 +28,8 @@ CELL = 32  # pixels per image token side (patch 16 x downsample 2)
 GRID = IMAGE_SIZE // CELL
 BACKGROUND_KIND, BACKGROUND_COLOUR = len(SHAPES), len(COLOUR_NAMES)
 POSITIONS = ("left", "right", "top", "bottom", "none")
-TARGET_CLASSES = {"kind": len(SHAPES) + 1, "colour": len(COLOUR_NAMES) + 1, "where": len(POSITIONS)}
+TARGET_CLASSES = {"kind": len(SHAPES) + 1, "colour": len(COLOUR_NAMES) + 1, "where": len(POSITIONS),
+                  "centre_row": GRID, "centre_col": GRID}
 _MIN_COVER = 0.15  # a cell belongs to a shape when the shape covers at least this share of it
 
 
@@ -48,12 +51,13 @@ def shape_index_map(scene: Scene) -> Image.Image:
 def token_targets(scene: Scene) -> dict[str, torch.Tensor]:
     """Per-token class for each of TARGET_CLASSES, each of shape [GRID * GRID], raster order.
 
-    Background cells are kind/colour BACKGROUND_*, and IGNORE for "where".
+    Background cells are kind/colour BACKGROUND_*, and IGNORE for "where" and the centre.
     """
     ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
     cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
     targets = {key: torch.full((GRID * GRID,), value)
-               for key, value in (("kind", BACKGROUND_KIND), ("colour", BACKGROUND_COLOUR), ("where", IGNORE))}
+               for key, value in (("kind", BACKGROUND_KIND), ("colour", BACKGROUND_COLOUR), ("where", IGNORE),
+                                          ("centre_row", IGNORE), ("centre_col", IGNORE))}
     counts = torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)  # [cells, shapes]
     best = counts.argmax(1)
     covered = counts.max(1).values >= _MIN_COVER * CELL * CELL
@@ -62,4 +66,6 @@ def token_targets(scene: Scene) -> dict[str, torch.Tensor]:
         targets["kind"][cell] = SHAPES.index(shape.kind)
         targets["colour"][cell] = COLOUR_NAMES.index(shape.colour)
         targets["where"][cell] = POSITIONS.index(position_of(shape) or "none")
+        targets["centre_row"][cell] = min(GRID - 1, max(0, int(shape.y) // CELL))
+        targets["centre_col"][cell] = min(GRID - 1, max(0, int(shape.x) // CELL))
     return targets

@@ -38,3 +38,16 @@ def test_every_cell_of_a_shape_knows_where_the_whole_shape_is():
     right = {POSITIONS[int(targets["where"][cell])] for cell in squares if cell[1] >= GRID // 2}
     assert left == {"left"} and right == {"right"}
     assert {POSITIONS[int(targets["where"][cell])] for cell in circles} == {"top"}
+
+
+def test_twins_are_told_apart_by_the_cell_of_their_centre():
+    # The two purple squares above share kind, colour and (vertically) place; only their centres differ.
+    scene = Scene((Shape("square", "purple", 40, 128, 20), Shape("square", "purple", 216, 128, 20)),
+                  "plain", (230, 230, 230), 0)
+    targets = {key: value.view(GRID, GRID) for key, value in token_targets(scene).items()}
+    squares = _cells(targets["kind"], 1)
+    centres = {(int(targets["centre_row"][cell]), int(targets["centre_col"][cell])) for cell in squares}
+    assert centres == {(128 // 32, 40 // 32), (128 // 32, 216 // 32)}
+    for cell in squares:  # each cell names the centre of its own square, the nearer one
+        assert int(targets["centre_col"][cell]) == (40 // 32 if cell[1] < GRID // 2 else 216 // 32)
+    assert targets["centre_row"][0, 0] == IGNORE and targets["centre_col"][0, 0] == IGNORE  # background
