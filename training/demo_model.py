@@ -64,6 +64,7 @@ def build_fresh_model(processor, seed: int = 0, vision_width: int = VISION_SIZES
 
     with tempfile.TemporaryDirectory() as tmp:
         build_lfm2vl_checkpoint(tmp, tokenizer=processor.tokenizer, processor=processor, text_overrides=TEXT_SIZES,
-                                vision_overrides=dict(VISION_SIZES, hidden_size=vision_width, intermediate_size=2 * vision_width),
+                                vision_overrides=dict(VISION_SIZES, hidden_size=vision_width,
+                                                      intermediate_size=2 * vision_width),
                                 projector_hidden_size=PROJECTOR_HIDDEN, seed=seed)
         return Lfm2VlForConditionalGeneration.from_pretrained(tmp, dtype="float32")

@@ -8,9 +8,10 @@ Kind and colour are local; "where" needs the shape's centre against the picture'
 So a covered cell also predicts where its shape is (the "where" answer, or "none" when that question would not
 be asked): the text side then reads the answer off any token of the shape it attends to, instead of comparing
 rows and columns itself. A covered cell may also predict the cell that holds its shape's centre, which tells
-two shapes of the same kind and colour apart (the "describe" misses are mostly such twins, one of them left out).
-(Per-token counts of the shape's twins and kin were tried too and cost more in
-"describe" and "count" than they gave; see the model card.)
+two shapes of the same kind and colour apart (the "describe" misses are mostly such twins, one of them left out
+or added). Each target beyond kind and colour has so far cost more in shape recognition than it gave ("where"
+less so with a wider vision tower; the centre, and per-token counts of a shape's twins and kin, more): see the
+model card.
 The heads that use these targets are dropped after training: the saved model is a plain LFM2-VL.
 """
 

@@ -93,8 +93,8 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
 class TokenProbe:
     """Auxiliary loss: predict facts about each image token from the projector output (training/token_targets.py).
 
-    Each token predicts its own row and column and the recipe's `aux_targets`: the kind and colour under it,
-    and, in the "demo-where" recipe, for a token on a shape, where that shape is. Row and column keep the
+    Each token predicts its own row and column and the recipe's `aux_targets` (any of `TARGET_CLASSES`: the
+    kind and colour under it, and for a token on a shape, where that shape is or its centre). Row and column keep the
     token's place in the image inside its features: the text side cannot read absolute image positions from
     rotary offsets, whose distance to the image varies with the dialogue's length. Pictures that are not scenes
     have no targets (their tokens are ignored). Training-only linear heads on a forward hook; they are not part
@@ -129,7 +129,7 @@ class TokenProbe:
         total = torch.zeros(())
         for key, values in targets.items():
             wanted = torch.cat(values)
-            if (wanted != IGNORE).any():  # a batch whose shapes cover no cell has no "where" targets
+            if (wanted != IGNORE).any():  # shapes covering no cell: no "where" or centre targets
                 total = total + torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
         return total
 
