@@ -45,6 +45,10 @@ class EngineConfig:
     # Decode attention over slots: varlen (each run of rows attends only up to its own longest row; see
     # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
     decode_attention: str = "varlen"
+    # fp32 on CPU: pack the text stack's weight matrices once for MKL's packed GEMM, so a decode step's few-row
+    # products skip re-packing them every call (engine/packed_linear.py). auto: where it applies and the copy
+    # (as large as the text stack) fits in a quarter of the available memory | on (refuse where it cannot) | off.
+    cpu_packed_weights: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -66,6 +70,8 @@ class EngineConfig:
             raise ValueError(f"decode_attention must be varlen or padded, got {self.decode_attention!r}")
         if self.decode_cache not in ("auto", "slots", "dynamic"):
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
+        if self.cpu_packed_weights not in ("auto", "on", "off"):
+            raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

@@ -15,7 +15,7 @@ import logging
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from . import families
+from . import families, packed_linear
 from .byte_lru import ByteLRU
 from .config import EngineConfig
 
@@ -67,6 +67,34 @@ class ModelRunner:
         self._embed = self.model.get_input_embeddings()
         log.info("loaded %s (%s) on %s in %s: %.1f MB of weights", config.model,
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
+        self.packed_weight_bytes = self._pack_text_weights(config.cpu_packed_weights, config.max_running)
+
+    def _pack_text_weights(self, mode: str, rows: int) -> int:
+        """Pack the text stack's matrices for decode-sized products (engine/packed_linear.py); returns the
+        bytes the packed copy takes (0 when not packed). The vision tower only ever runs long products."""
+        if mode == "off":
+            return 0
+        if not packed_linear.available(self.device, self.dtype):
+            if mode == "on":
+                raise ValueError(f"cpu_packed_weights=on needs float32 on a CPU with MKL; this engine runs "
+                                 f"{self.dtype} on {self.device}{'' if torch.backends.mkl.is_available() else ' without MKL'}")
+            return 0
+        modules = [self._text_stack(), self.model.get_output_embeddings()]
+        size = sum(packed_linear.packable_bytes(m) for m in modules if m is not None)
+        room = _available_memory_bytes() // 4
+        if mode == "auto" and size > room:
+            log.info("not packing %.0f MB of text weights: more than a quarter of the available memory",
+                     size / 2**20)
+            return 0
+        count = sum(packed_linear.pack_linears(m, rows) for m in modules if m is not None)
+        log.info("packed %d text-stack matrices (%.1f MB) for %d-row decode products", count, size / 2**20, rows)
+        return size
+
+    def _text_stack(self) -> torch.nn.Module:
+        try:
+            return self.model.get_decoder()
+        except (AttributeError, ValueError, NotImplementedError):
+            return self.model  # no separable decoder: pack everything (long vision products skip it anyway)
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -231,6 +259,16 @@ class ModelRunner:
             inputs["position_ids"] = inputs["position_ids"][None].expand(3, -1, -1)
         out = self.model(**inputs, logits_to_keep=1)
         return out.logits[:, -1], out.cache
+
+
+def _available_memory_bytes() -> int:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _flat_features(feats) -> torch.Tensor:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import greedy
+from engine.packed_linear import unpacked
 
 from .helpers import chat, image, run_until_done, serve_staggered
 
@@ -28,7 +29,7 @@ def reference_inputs(runner, messages):
 
 def reference(runner, messages, n: int) -> list[int]:
     inputs = reference_inputs(runner, messages)
-    with torch.inference_mode():
+    with torch.inference_mode(), unpacked():  # the model's own nn.Linear, not the engine's packed weights
         out = runner.model.generate(**inputs, max_new_tokens=n, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
@@ -137,6 +138,6 @@ def test_prefill_logits_match_the_models_own_forward(fam, make_engine, runners, 
     req = Request(request_id="r", prompt=prompt, params=greedy(1), handle=None, detokenizer=None)
     while req.remaining_prefill:
         logits = runner.prefill(req, chunk or req.remaining_prefill)
-    with torch.inference_mode():
+    with torch.inference_mode(), unpacked():
         want = runner.model(**reference_inputs(runner, messages)).logits[0, -1]
     torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,85 @@
+"""Prepacked fp32 text weights (engine/packed_linear.py): the same products, the packed kernel only where it
+applies, and only the text stack packed."""
+import pytest
+import torch
+
+from engine import EngineConfig, packed_linear
+from engine.model_runner import ModelRunner
+from training.tiny_checkpoint import ensure_tiny_checkpoint
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
+
+
+@pytest.fixture
+def packed_calls(monkeypatch):
+    calls = []
+    real = packed_linear._packed_product
+
+    def spy(x, *args):
+        calls.append(x.shape[0])
+        return real(x, *args)
+    monkeypatch.setattr(packed_linear, "_packed_product", spy)
+    return calls
+
+
+def _linear(seed=0, bias=True):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(96, 160, bias=bias).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_products_match_nn_linear(bias, packed_calls):
+    layer = _linear(bias=bias)
+    plain = torch.nn.Linear(96, 160, bias=bias)
+    plain.load_state_dict(layer.state_dict())
+    assert packed_linear.pack_linears(layer, rows=8) == 1
+    x = torch.randn(2, 4, 96)  # 8 rows, the packed count: bit for bit what nn.Linear gives
+    with torch.inference_mode():
+        assert torch.equal(layer(x), plain(x))
+        assert packed_calls == [8]
+        few = torch.randn(5, 96)  # padded to 8: the same values up to the last bit, each row on its own
+        got = layer(few)
+        torch.testing.assert_close(got, plain(few), rtol=1e-6, atol=1e-6)
+        assert torch.equal(layer(few[:3]), got[:3])
+        assert packed_calls == [8, 8, 8]
+        for rows in (1, 2, 9, 40):  # too few to gain, or more than packed for: nn.Linear's own product
+            x = torch.randn(rows, 96)
+            assert torch.equal(layer(x), plain(x))
+        assert packed_calls == [8, 8, 8]
+
+
+def test_training_and_reference_runs_take_the_plain_path(packed_calls):
+    layer = _linear()
+    packed_linear.pack_linears(layer, rows=8)
+    x = torch.randn(6, 96)
+    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
+    assert layer.weight.grad is not None
+    with torch.inference_mode(), packed_linear.unpacked():
+        layer(x)
+    assert packed_calls == []
+    with torch.inference_mode():
+        layer(x)
+    assert packed_calls == [8]
+
+
+def test_runner_packs_the_text_stack_only(runners):
+    runner = runners("lfm2vl")  # fp32 on CPU, default settings: packed for max_running rows
+    model = runner.model
+    text = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    vision = [m for m in model.model.vision_tower.modules() if isinstance(m, torch.nn.Linear)]
+    assert text and vision
+    assert all(getattr(m, "_owlet_packed_rows", None) == 16 for m in text)
+    assert not any(hasattr(m, "_owlet_packed_rows") for m in vision)
+    assert runner.packed_weight_bytes == sum(m.weight.numel() * 4 for m in text) + (
+        model.get_output_embeddings().weight.numel() * 4)
+    off = runners("lfm2vl", cpu_packed_weights="off")
+    assert off.packed_weight_bytes == 0
+    assert not any(hasattr(m, "_owlet_packed_rows") for m in off.model.modules())
+
+
+def test_packing_asked_for_where_it_cannot_apply_is_refused_clearly():
+    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="bfloat16", cpu_packed_weights="on")
+    with pytest.raises(ValueError, match="cpu_packed_weights=on needs float32"):
+        ModelRunner(cfg)
+    with pytest.raises(ValueError, match="cpu_packed_weights must be auto, on or off"):
+        EngineConfig(model="x", cpu_packed_weights="yes")
