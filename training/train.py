@@ -62,7 +62,8 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
             batch = encode_examples(processor, examples)
             loss = model(**batch).loss
             scenes = [e.scene for e in examples if e.image is not None]  # one entry per image, in batch order
-            aux_loss = aux.loss(scenes) if scenes else torch.zeros(())
+            scale = {key: recipe.target_scale(key, step / recipe.steps) for key in recipe.fading_targets}
+            aux_loss = aux.loss(scenes, scale) if scenes else torch.zeros(())
             (loss + recipe.aux_weight * aux_loss).backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
             optimizer.step()
@@ -111,8 +112,9 @@ class TokenProbe:
     def _capture(self, module, inputs, output):
         self._features = output.reshape(-1, output.shape[-1])
 
-    def loss(self, scenes) -> torch.Tensor:
-        """`scenes`: one entry per image of the last forward, the Scene it shows or None."""
+    def loss(self, scenes, scale: dict[str, float] | None = None) -> torch.Tensor:
+        """`scenes`: one entry per image of the last forward, the Scene it shows or None. `scale` weighs some
+        targets (a fading scaffold); a target at weight 0 is left out."""
         if all(scene is None for scene in scenes):
             return torch.zeros(())
         features = self._features
@@ -129,8 +131,10 @@ class TokenProbe:
         total = torch.zeros(())
         for key, values in targets.items():
             wanted = torch.cat(values)
-            if (wanted != IGNORE).any():  # shapes covering no cell: no "where" or centre targets
-                total = total + torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
+            weight = (scale or {}).get(key, 1.0)
+            if weight > 0 and (wanted != IGNORE).any():  # shapes covering no cell: no "where" or centre targets
+                term = torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
+                total = total + (term if key not in (scale or {}) else weight * term)
         return total
 
 

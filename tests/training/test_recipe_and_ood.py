@@ -116,3 +116,32 @@ def test_token_probe_ignores_pictures_that_are_not_scenes(recipe):
         model(**{k: v for k, v in encode_examples(processor, [scene]).items() if k != "labels"})
         alone = probe.loss([scene.scene])
     assert torch.isfinite(both) and torch.allclose(both, alone, atol=1e-4), (both, alone)
+
+
+def test_a_fading_target_weighs_in_fully_then_fades_out_of_the_loss():
+    from training.demo_model import build_fresh_model, build_processor
+    from training.recipe import DEMO_WHERE_FADE
+    from training.train import TokenProbe
+
+    recipe = DEMO_WHERE_FADE
+    start, end = recipe.fade_window
+    assert recipe.target_scale("where", 0.0) == recipe.target_scale("where", start) == 1.0
+    assert recipe.target_scale("where", (start + end) / 2) == pytest.approx(0.5)
+    assert recipe.target_scale("where", end) == recipe.target_scale("where", 1.0) == 0.0
+    assert recipe.target_scale("kind", 1.0) == 1.0 and DEMO.target_scale("where", 1.0) == 1.0
+    processor = build_processor()
+    model = build_fresh_model(processor)
+    probe = TokenProbe(model, recipe.aux_targets)
+    scene = next(e for e in (recipe_example(recipe, i) for i in range(40)) if e.scene is not None)
+    with torch.no_grad():
+        model(**{k: v for k, v in encode_examples(processor, [scene]).items() if k != "labels"})
+        full, half, gone = (probe.loss([scene.scene], {"where": w}) for w in (1.0, 0.5, 0.0))
+    without = TokenProbe(model, ("kind", "colour"))
+    without.heads.load_state_dict({k: v for k, v in probe.heads.state_dict().items() if not k.startswith("where")})
+    with torch.no_grad():
+        model(**{k: v for k, v in encode_examples(processor, [scene]).items() if k != "labels"})
+        base = without.loss([scene.scene])
+    where = full - base
+    assert where > 0
+    torch.testing.assert_close(half, base + 0.5 * where, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gone, base, rtol=1e-5, atol=1e-5)
