@@ -8,7 +8,9 @@ Poisson stream. Ways:
 2. ``static``: ``generate()`` over left-padded batches of up to ``max_running`` requests. A batch
    runs until its longest request is done; on the Poisson stream a batch is whatever has arrived
    (at least one request) when the previous batch ends;
-3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``.
+3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``;
+4. ``engine-unpacked`` (only when named in ``--ways``): the same engine with ``cpu_packed_weights=off``, so the
+   prepacked fp32 weights' share of the lead is measured in the same run.
 
 Fairness: every way loads the same checkpoint in the same dtype, decodes greedily, and produces
 exactly ``max_new_tokens`` tokens per request (checked and printed). Random weights would emit EOS
@@ -94,6 +96,7 @@ class Outcome:
     first_token_s: float
     last_token_s: float
     generated_tokens: int
+    token_ids: tuple[int, ...] = ()  # what this way generated for the request (compared across ways)
 
     @property
     def ttft_s(self) -> float:
@@ -233,7 +236,7 @@ class StepClock:
         pass
 
 
-def _generate(model, processor, requests: list[BenchRequest], max_new_tokens: int) -> tuple[list[int], StepClock]:
+def _generate(model, processor, requests: list[BenchRequest], max_new_tokens: int) -> tuple[list[list[int]], StepClock]:
     from transformers import GenerationConfig
 
     inputs = processor.apply_chat_template([r.messages for r in requests], add_generation_prompt=True, tokenize=True,
@@ -249,11 +252,11 @@ def _generate(model, processor, requests: list[BenchRequest], max_new_tokens: in
         out = model.generate(**inputs, generation_config=config, streamer=clock)
     new = out[:, inputs["input_ids"].shape[1]:]
     eos = model.generation_config.eos_token_id
-    # A row's length is where it first emitted EOS (generate pads after it), else the full run.
-    lengths = []
+    # A row ends where it first emitted EOS (generate pads after it), else it is the full run.
+    rows = []
     for row in new.tolist():
-        lengths.append(row.index(eos) + 1 if eos in row else len(row))
-    return lengths, clock
+        rows.append(row[:row.index(eos) + 1] if eos in row else row)
+    return rows, clock
 
 
 def run_generate(model, processor, requests, arrivals, batch_size: int, way: str, pattern: str) -> WayResult:
@@ -269,21 +272,21 @@ def run_generate(model, processor, requests, arrivals, batch_size: int, way: str
         batch = [i for i in order if arrivals[i] <= now][:batch_size]
         order = [i for i in order if i not in batch]
         budgets = [requests[i].max_new_tokens for i in batch]
-        lengths, clock = _generate(model, processor, [requests[i] for i in batch], max(budgets))
+        rows, clock = _generate(model, processor, [requests[i] for i in batch], max(budgets))
         result.decode_steps += len(clock.stamps) - 1  # the first token comes from the prefill
         result.decode_rows += (len(clock.stamps) - 1) * len(batch)
         result.prefill_rows += len(batch) * max(requests[i].prompt_tokens for i in batch)  # left-padded
-        for i, budget, length in zip(batch, budgets, lengths):
-            used = min(budget, length)  # a row past its own budget is padding work, not output
+        for i, budget, ids in zip(batch, budgets, rows):
+            used = min(budget, len(ids))  # a row past its own budget is padding work, not output
             result.outcomes.append(Outcome(requests[i].index, arrivals[i], clock.stamps[0] - start,
-                                           clock.stamps[used - 1] - start, used))
+                                           clock.stamps[used - 1] - start, used, tuple(ids[:used])))
     return result
 
 
 # ----------------------------------------------------------------------------- way 3: the engine
 
 
-def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
+def run_engine(engine, requests, arrivals, pattern: str, way: str = "engine") -> WayResult:
     """Submit each request to the running engine at its arrival time and collect the results."""
     from engine import SamplingParams
 
@@ -332,7 +335,7 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
         w.join()
     engine.runner.decode, engine.runner.prefill = decode, prefill
     after = engine.stats()
-    out = WayResult("engine", pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
+    out = WayResult(way, pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
                     decode_rows=after["decode_rows"] - before["decode_rows"],
                     prefill_rows=after["prefill_tokens"] - before["prefill_tokens"],
                     single_row_steps=sum(rows == 1 for _, rows in steps),
@@ -344,15 +347,16 @@ def run_engine(engine, requests, arrivals, pattern: str) -> WayResult:
         if r.error:
             raise RuntimeError(f"engine request {i} failed: {r.error}")
         first = arrivals[i] + lag + (r.stats.ttft_s or 0.0)
-        out.outcomes.append(Outcome(requests[i].index, arrivals[i], first, finished[i], len(r.token_ids)))
+        out.outcomes.append(Outcome(requests[i].index, arrivals[i], first, finished[i], len(r.token_ids),
+                                    tuple(r.token_ids)))
     return out
 
 
-def start_engine(ckpt: Path, dtype: torch.dtype, args):
+def start_engine(ckpt: Path, dtype: torch.dtype, args, **overrides):
     from engine import EngineConfig, LLMEngine
 
     config = EngineConfig(model=str(ckpt), dtype=str(dtype).replace("torch.", ""), device=args.device,
-                          max_running=args.max_running, session_cache=False, default_deadline_s=None)
+                          max_running=args.max_running, session_cache=False, default_deadline_s=None, **overrides)
     engine = LLMEngine(config)
     engine.start()
     return engine
@@ -366,13 +370,13 @@ def print_table(results: list[WayResult], requests: list[BenchRequest]) -> None:
     timing noise of a shared machine: decode forward passes, and the share of rows they computed that
     a request needed (its max_new_tokens - 1 decode rows; the first token comes from the prefill)."""
     needed = sum(r.max_new_tokens - 1 for r in requests)
-    print(f"{'pattern':8} {'way':10} {'tok/s':>8} {'req/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} "
+    print(f"{'pattern':8} {'way':15} {'tok/s':>8} {'req/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} "
           f"{'makespan':>9} {'steps':>6} {'useful':>7} {'engine x':>9}")
     for r in results:
         engine = next((e for e in results if e.pattern == r.pattern and e.way == "engine"), None)
         ratio = f"{engine.tokens_per_s / r.tokens_per_s:8.2f}x" if engine else f"{'-':>9}"
         useful = f"{100 * needed / r.decode_rows:6.0f}%" if r.decode_rows else f"{'-':>7}"
-        print(f"{r.pattern:8} {r.way:10} {r.tokens_per_s:8.1f} {r.requests_per_s:7.2f} {r.ttft_percentile(0.5):8.2f}s "
+        print(f"{r.pattern:8} {r.way:15} {r.tokens_per_s:8.1f} {r.requests_per_s:7.2f} {r.ttft_percentile(0.5):8.2f}s "
               f"{r.ttft_percentile(0.95):8.2f}s {r.makespan_s:8.1f}s {r.decode_steps:6d} {useful} {ratio}")
 
 
@@ -390,6 +394,22 @@ def work_ceiling(engine: WayResult, static: WayResult) -> str:
             f"of forwards: a lead of about {priced / (engine.prefill_s + engine.decode_s):.2f}x is what batching alone allows")
 
 
+def same_tokens_as_sequential(results: list[WayResult]) -> dict[str, float]:
+    """Per way (and pattern), the share of requests whose tokens equal the per-request ``generate()`` run's (the
+    sequential way, the ground truth). Batched fp32 arithmetic may round differently; greedy tokens should not."""
+    truth = {o.index: o.token_ids for r in results if r.way == "sequential" for o in r.outcomes}
+    shares = {}
+    if not truth:
+        return shares
+    for r in results:
+        if r.way == "sequential":
+            continue
+        same = sum(o.token_ids == truth.get(o.index) for o in r.outcomes)
+        print(f"  {r.pattern:8} {r.way:15} tokens equal to per-request generate() for {same} of {len(r.outcomes)} requests")
+        shares[f"{r.pattern} {r.way}"] = same / len(r.outcomes)
+    return shares
+
+
 def check_equal_work(requests, results: list[WayResult]) -> bool:
     """Every way must produce every request's full budget, or the comparison is unfair."""
     budget = {r.index: r.max_new_tokens for r in requests}
@@ -397,7 +417,7 @@ def check_equal_work(requests, results: list[WayResult]) -> bool:
     for r in results:
         produced = {o.index: o.generated_tokens for o in r.outcomes}
         wrong = sorted(i for i in budget if produced.get(i) != budget[i])
-        print(f"  {r.pattern:8} {r.way:10} generated {sum(produced.values())} of {sum(budget.values())} tokens"
+        print(f"  {r.pattern:8} {r.way:15} generated {sum(produced.values())} of {sum(budget.values())} tokens"
               + (f"; requests off budget: {wrong}" if wrong else "; every request exactly its max_new_tokens"))
         ok &= not wrong
     return ok
@@ -416,7 +436,8 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-running", type=int, default=16, help="engine batch size = static batch size")
     p.add_argument("--patterns", default="burst,poisson", help="comma list of burst, poisson")
-    p.add_argument("--ways", default="sequential,static,engine", help="comma list of sequential, static, engine")
+    p.add_argument("--ways", default="sequential,static,engine",
+                   help="comma list of sequential, static, engine, engine-unpacked")
     p.add_argument("--burst-repeats", type=int, default=2,
                    help="burst runs of static and engine, alternated; each way's best counts (load on a shared "
                         "machine drifts by tens of percent within minutes). Sequential runs once")
@@ -475,11 +496,12 @@ def main(argv=None) -> dict:
           f"(mean {statistics.mean(prompts):.0f}), max_new_tokens {min_new}..{max_new}, "
           f"{sum(r.max_new_tokens for r in requests)} tokens to generate, max_running {args.max_running}")
 
-    engine = start_engine(ckpt, dtype, args) if "engine" in ways else None
+    engines = {way: start_engine(ckpt, dtype, args, **({"cpu_packed_weights": "off"} if way == "engine-unpacked" else {}))
+               for way in ways if way.startswith("engine")}
     try:
         warm = requests[:2]  # first calls pay one-off costs (allocator, oneDNN, vision tower)
         run_generate(model, processor, warm, [0.0] * len(warm), 2, "warmup", "warmup")
-        if engine:
+        for engine in engines.values():
             run_engine(engine, warm, [0.0] * len(warm), "warmup")
         results: list[WayResult] = []
         patterns = [p.strip() for p in args.patterns.split(",") if p.strip()]
@@ -501,8 +523,8 @@ def main(argv=None) -> dict:
                 for way in ways:
                     if way == "sequential" and attempt:
                         continue  # the slowest way, and the farthest from its target: once is enough
-                    if way == "engine":
-                        res = run_engine(engine, requests, arrivals, pattern)
+                    if way in engines:
+                        res = run_engine(engines[way], requests, arrivals, pattern, way)
                     else:
                         size = 1 if way == "sequential" else args.max_running
                         res = run_generate(model, processor, requests, arrivals, size, way, pattern)
@@ -511,31 +533,34 @@ def main(argv=None) -> dict:
                         best[way] = res
             results += [best[way] for way in ways]
     finally:
-        if engine:
+        for engine in engines.values():
             engine.stop()
 
     print_table(results, requests)
     for r in results:
-        if r.way == "engine":
-            print(f"  {r.pattern} engine: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
+        if r.way.startswith("engine"):
+            print(f"  {r.pattern} {r.way}: batch-of-one tail {r.single_row_steps} steps, {r.single_row_s:.1f}s "
                   f"({100 * r.single_row_s / r.makespan_s:.0f}% of the makespan); {100 * r.padding_share:.0f}% of "
                   f"the K/V positions decode attention spanned were padding")
-            print(f"  {r.pattern} engine: {r.prefill_s:.1f}s in prefill forwards (vision included) and "
+            print(f"  {r.pattern} {r.way}: {r.prefill_s:.1f}s in prefill forwards (vision included) and "
                   f"{r.decode_s:.1f}s in {r.decode_steps} decode forwards, of a {r.makespan_s:.1f}s makespan")
             static = next((s for s in results if s.pattern == r.pattern and s.way == "static"), None)
-            if static and r.decode_steps and r.prefill_rows:
+            if static and r.decode_steps and r.prefill_rows and r.way == "engine":
                 print("  " + work_ceiling(r, static))
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
+    same = same_tokens_as_sequential(results)
     headline = {"shape": shape, "device": args.device, "dtype": str(dtype).replace("torch.", ""), "tokens_equal": equal}
+    if same:
+        headline["engine_same_tokens_as_generate"] = min(v for k, v in same.items() if k.endswith(" engine"))
     for pattern in patterns:
         by_way = {r.way: r for r in results if r.pattern == pattern}
         suffix = "" if pattern == "burst" else f"_{pattern}"
-        for way in ("sequential", "static"):
+        for way in ("sequential", "static", "engine-unpacked"):
             if "engine" in by_way and way in by_way:
-                headline[f"vs_{way}{suffix}"] = round(by_way["engine"].tokens_per_s / by_way[way].tokens_per_s, 2)
+                headline[f"vs_{way.replace('-', '_')}{suffix}"] = round(by_way["engine"].tokens_per_s / by_way[way].tokens_per_s, 2)
         for way, r in by_way.items():
-            headline[f"{way}_tok_s{suffix}"] = round(r.tokens_per_s, 1)
+            headline[f"{way.replace('-', '_')}_tok_s{suffix}"] = round(r.tokens_per_s, 1)
         if "engine" in by_way:
             headline[f"engine_single_row_tail_pct{suffix}"] = round(
                 100 * by_way["engine"].single_row_s / by_way["engine"].makespan_s, 1)
