@@ -67,7 +67,8 @@ class ModelRunner:
         self._embed = self.model.get_input_embeddings()
         log.info("loaded %s (%s) on %s in %s: %.1f MB of weights", config.model,
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
-        self.packed_weight_bytes = self._pack_text_weights(config.cpu_packed_weights, config.max_running)
+        self.packed_weight_bytes = self._pack_text_weights(
+            config.cpu_packed_weights, min(config.max_running, packed_linear.MAX_PACKED_ROWS))
 
     def _pack_text_weights(self, mode: str, rows: int) -> int:
         """Pack the text stack's matrices for decode-sized products (engine/packed_linear.py); returns the

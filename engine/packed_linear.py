@@ -7,7 +7,7 @@ also picks a poor kernel (on an AVX-512 Xeon, 8 and 12 rows took longer than 16)
 load, and calling ``cblas_sgemm_compute`` on it removes that: measured over the "small" bench model's matrices,
 one thread, a 16-row product took 54 ms instead of 77 (and 63 instead of 154 at 12 rows).
 
-MKL packs for one row count (``rows``, the decode batch size). A product with fewer rows, but at least
+MKL packs for one row count (``rows``: the decode batch size, at most ``MAX_PACKED_ROWS``). A product with fewer rows, but at least
 ``MIN_PACKED_ROWS``, is zero-padded to ``rows`` (its real rows come out as they would alone: GEMM never mixes
 rows); a product with more rows (a prefill chunk) or with one or two rows (where ``sgemm`` is already a
 matrix-vector product at memory speed) takes the ordinary path. At exactly ``rows`` rows the packed product is
@@ -26,6 +26,11 @@ import threading
 import torch
 
 MIN_PACKED_ROWS = 3
+# The most rows a pack is made for. A padded product costs what a full one does, and past 16 rows the re-packing
+# that packing saves matters less: packed for 64 rows, a 16-row product took 127 ms against sgemm's 81, and
+# packed for 32, a 4-row one 96 against 85 (the "small" bench matrices, one thread, AVX-512 Xeon). So a larger
+# decode batch still gets 16-row packs for its small batches, and sgemm beyond 16 rows.
+MAX_PACKED_ROWS = 16
 _local = threading.local()
 
 

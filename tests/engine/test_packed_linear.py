@@ -72,6 +72,12 @@ def test_runner_packs_the_text_stack_only(runners):
     assert not any(hasattr(m, "_owlet_packed_rows") for m in vision)
     assert runner.packed_weight_bytes == sum(m.weight.numel() * 4 for m in text) + (
         model.get_output_embeddings().weight.numel() * 4)
+    wide = runners("lfm2vl", max_running=64)  # larger batches keep 16-row packs (see MAX_PACKED_ROWS)
+    assert {getattr(m, "_owlet_packed_rows", None) for m in wide.model.get_decoder().modules()
+            if isinstance(m, torch.nn.Linear)} == {packed_linear.MAX_PACKED_ROWS}
+    narrow = runners("lfm2vl", max_running=4)
+    assert {getattr(m, "_owlet_packed_rows", None) for m in narrow.model.get_decoder().modules()
+            if isinstance(m, torch.nn.Linear)} == {4}
     off = runners("lfm2vl", cpu_packed_weights="off")
     assert off.packed_weight_bytes == 0
     assert not any(hasattr(m, "_owlet_packed_rows") for m in off.model.modules())
