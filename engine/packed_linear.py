@@ -47,7 +47,10 @@ def unpacked():
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
+    """fp32 on CPU, with torch's (private) MKL packing ops present: they are not a public API, so a torch
+    without them simply runs unpacked."""
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
+            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
 def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
