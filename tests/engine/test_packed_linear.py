@@ -89,3 +89,17 @@ def test_packing_asked_for_where_it_cannot_apply_is_refused_clearly():
         ModelRunner(cfg)
     with pytest.raises(ValueError, match="cpu_packed_weights must be auto, on or off"):
         EngineConfig(model="x", cpu_packed_weights="yes")
+
+
+def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
+    from engine import model_runner
+
+    monkeypatch.setattr(model_runner, "_available_memory_bytes", lambda: 4 * 2**20)  # a quarter: 1 MiB
+    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32")
+    with caplog.at_level("INFO", logger="owlet.engine"):
+        runner = ModelRunner(cfg)
+    assert runner.packed_weight_bytes == 0
+    assert not any(hasattr(m, "_owlet_packed_rows") for m in runner.model.modules())
+    assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
+    forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
+    assert forced.packed_weight_bytes > 0  # "on" is the operator's call
