@@ -405,7 +405,8 @@ def same_tokens_as_sequential(results: list[WayResult]) -> dict[str, float]:
         if r.way == "sequential":
             continue
         same = sum(o.token_ids == truth.get(o.index) for o in r.outcomes)
-        print(f"  {r.pattern:8} {r.way:15} tokens equal to per-request generate() for {same} of {len(r.outcomes)} requests")
+        print(f"  {r.pattern:8} {r.way:15} tokens equal to per-request generate() for {same} of "
+              f"{len(r.outcomes)} requests")
         shares[f"{r.pattern} {r.way}"] = same / len(r.outcomes)
     return shares
 
@@ -496,8 +497,8 @@ def main(argv=None) -> dict:
           f"(mean {statistics.mean(prompts):.0f}), max_new_tokens {min_new}..{max_new}, "
           f"{sum(r.max_new_tokens for r in requests)} tokens to generate, max_running {args.max_running}")
 
-    engines = {way: start_engine(ckpt, dtype, args, **({"cpu_packed_weights": "off"} if way == "engine-unpacked" else {}))
-               for way in ways if way.startswith("engine")}
+    unpacked = {"engine-unpacked": {"cpu_packed_weights": "off"}}
+    engines = {way: start_engine(ckpt, dtype, args, **unpacked.get(way, {})) for way in ways if way.startswith("engine")}
     try:
         warm = requests[:2]  # first calls pay one-off costs (allocator, oneDNN, vision tower)
         run_generate(model, processor, warm, [0.0] * len(warm), 2, "warmup", "warmup")

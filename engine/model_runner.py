@@ -77,8 +77,9 @@ class ModelRunner:
             return 0
         if not packed_linear.available(self.device, self.dtype):
             if mode == "on":
+                mkl = "" if torch.backends.mkl.is_available() else " without MKL"
                 raise ValueError(f"cpu_packed_weights=on needs float32 on a CPU with MKL; this engine runs "
-                                 f"{self.dtype} on {self.device}{'' if torch.backends.mkl.is_available() else ' without MKL'}")
+                                 f"{self.dtype} on {self.device}{mkl}")
             return 0
         modules = [self._text_stack(), self.model.get_output_embeddings()]
         size = sum(packed_linear.packable_bytes(m) for m in modules if m is not None)

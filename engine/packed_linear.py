@@ -7,9 +7,9 @@ also picks a poor kernel (on an AVX-512 Xeon, 8 and 12 rows took longer than 16)
 load, and calling ``cblas_sgemm_compute`` on it removes that: measured over the "small" bench model's matrices,
 one thread, a 16-row product took 54 ms instead of 77 (and 63 instead of 154 at 12 rows).
 
-MKL packs for one row count (``rows``: the decode batch size, at most ``MAX_PACKED_ROWS``). A product with fewer rows, but at least
-``MIN_PACKED_ROWS``, is zero-padded to ``rows`` (its real rows come out as they would alone: GEMM never mixes
-rows); a product with more rows (a prefill chunk) or with one or two rows (where ``sgemm`` is already a
+MKL packs for one row count (``rows``: the decode batch size, at most ``MAX_PACKED_ROWS``). A product with fewer
+rows, but at least ``MIN_PACKED_ROWS``, is zero-padded to ``rows`` (its real rows come out as they would alone: GEMM
+never mixes rows); a product with more rows (a prefill chunk) or with one or two rows (where ``sgemm`` is already a
 matrix-vector product at memory speed) takes the ordinary path. At exactly ``rows`` rows the packed product is
 bit-identical to ``torch.nn.functional.linear``; at other counts it may round differently in the last bit, as
 any change of batch size may.
