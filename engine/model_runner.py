@@ -10,9 +10,11 @@ earlier or later so that it never splits a bidirectional image), and ``LLMEngine
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import families, packed_linear
@@ -20,6 +22,23 @@ from .byte_lru import ByteLRU
 from .config import EngineConfig
 
 log = logging.getLogger("owlet.engine")
+
+
+# SDPA kernels the engine lets torch choose from on CUDA. cuDNN attention is left out: it builds an execution plan
+# for every new input shape (tens of ms each), and a decode step's K/V length grows by one every step, so eager
+# decoding paid a plan build per step (bench/gpu_sdpa_shapes.py measures it). These three need no plan.
+_SHAPE_FREE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _shape_free_attention(method):
+    """Run ``method`` with SDPA limited to kernels that cost nothing per new shape (CUDA only)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.device.type != "cuda":
+            return method(self, *args, **kwargs)
+        with sdpa_kernel(_SHAPE_FREE_SDPA):
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 def resolve_device(name: str) -> torch.device:
@@ -113,6 +132,7 @@ class ModelRunner:
         (feats, _), hit = self.encode_image_full(image)
         return feats, hit
 
+    @_shape_free_attention
     def encode_image_full(self, image) -> tuple[tuple[torch.Tensor, list | None], bool]:
         """(features, DeepStack features per layer or None) for one PromptImage, and whether it was cached."""
         cached = self.image_features.get(image.sha256)
@@ -180,6 +200,7 @@ class ModelRunner:
         request.positions, request.position_delta = positions[:, 0], int(delta.flatten()[0])
 
     # -- forward passes -------------------------------------------------------
+    @_shape_free_attention
     @torch.inference_mode()
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
         """Run the next ``n_tokens`` prompt tokens of ``request`` (a few more or fewer to keep an image whole,
@@ -249,6 +270,7 @@ class ModelRunner:
         logits = self.model.lm_head(out.last_hidden_state[:, -1:])
         return logits[0, -1], out.cache
 
+    @_shape_free_attention
     @torch.inference_mode()
     def decode(self, batch) -> tuple[torch.Tensor, object]:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
