@@ -29,7 +29,7 @@ def reference_tokens(runner, messages, max_new_tokens: int) -> list[int]:
     images = [i["image"] for m in messages if isinstance(m["content"], list) for i in m["content"]
               if i["type"] == "image"]
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = proc(images=images or None, text=text, return_tensors="pt")
+    inputs = proc(images=images or None, text=text, return_tensors="pt").to(model.device)
     with torch.inference_mode(), unpacked():  # the model's own nn.Linear, not the engine's packed weights
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()

@@ -50,10 +50,15 @@ def per_group(t: torch.Tensor, group_size: int, per_channel: bool = False) -> to
 def test_round_trip_error_is_within_half_a_step_of_each_groups_range(mode, dtype, head_dim, per_channel):
     t = kv((1, 8, 77, head_dim), dtype)
     q = quantize_kv(t, mode, per_channel=per_channel)
-    restored = q.dequantize()
+    assert q.scale.numel() == per_group(t, DEFAULT_GROUP_SIZE, per_channel).shape[0]
+    assert_within_half_a_step(t, q.dequantize(), mode, per_channel)
+
+
+def assert_within_half_a_step(t, restored, mode, per_channel=False):
+    """Every restored value lies within half a quantization step of the original (the step being its group's)."""
+    dtype = t.dtype
     groups = per_group(t, DEFAULT_GROUP_SIZE, per_channel)
     err = per_group((restored.float() - t.float()).abs(), DEFAULT_GROUP_SIZE, per_channel).amax(dim=1)
-    assert q.scale.numel() == groups.shape[0]
     absmax = groups.abs().amax(dim=1)
     if mode == "int8":
         half_step = absmax / 127 / 2
@@ -221,8 +226,10 @@ def test_quantize_on_device_park_on_host_restore_on_device(mode):
     assert parked.device.type == "cpu" and parked.nbytes / t.nbytes <= TARGET[mode]
     restored = parked.dequantize(device="cuda")
     assert restored.device.type == "cuda" and restored.dtype == torch.float16
-    on_cpu = quantize_kv(t.cpu(), mode).dequantize()
-    assert (restored.cpu().float() - on_cpu.float()).abs().max() <= t.abs().max().item() * 2.0**-10
+    # The device's result need not equal the host's bit for bit: CUDA divides by a scalar through its reciprocal,
+    # so a group's step can land one fp16 ulp apart and shift codes by one (on an H200, 5 % of int4 values).
+    # What must hold on either is the contract: every value within half a step of the original.
+    assert_within_half_a_step(t.cpu(), restored.cpu(), mode)
 
 
 @pytest.mark.parametrize("mode,max_rel_err", [("int8", 0.04), ("int4", 0.35)])
