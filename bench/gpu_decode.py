@@ -70,6 +70,26 @@ def decode_rate(engine, rows: int, steps: int, sync) -> tuple[float, list[list[i
     return rate, [list(h.result(0).token_ids) for h in handles]
 
 
+def trace_steps(engine, rows: int, steps: int, device: str) -> None:
+    """Print where ``steps`` eager decode steps of ``rows`` rows spend their time (torch.profiler, top ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+    handles = [engine.add_request(_prompt(200, 1000 + i), SamplingParams(max_new_tokens=steps + 8, temperature=0.0,
+                                                                         ignore_eos=True)) for i in range(rows)]
+    while len(engine.batch) < rows:
+        engine.step()
+    engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=22, max_name_column_width=60), flush=True)
+    while engine.has_work():
+        engine.step()
+    assert all(h.result(0).error is None for h in handles)
+
+
 def ttft_pair(engine) -> tuple[float, float]:
     import numpy as np
     from PIL import Image
@@ -95,8 +115,11 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda")
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--graphs", default="off,cuda", help="decode_graphs settings to compare")
+    p.add_argument("--graphs", default="off,cuda", help="decode_graphs settings to compare; 'cuda-shapefree' is "
+                   "'cuda' with the eager steps' attention kernels (cuDNN left out)")
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--trace", type=int, default=0, metavar="ROWS",
+                   help="also profile 8 decode steps of ROWS rows in the first --graphs mode and print the top ops")
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
@@ -120,21 +143,26 @@ def main(argv=None) -> dict:
     runner = None
     for graphs in [g for g in args.graphs.split(",") if g]:
         config = EngineConfig(model=str(ckpt), dtype=dtype, device=args.device, max_running=max(batches),
-                              decode_graphs=graphs, default_deadline_s=None)
+                              decode_graphs=graphs.split("-")[0], default_deadline_s=None)
         engine = LLMEngine(config, runner=runner)
+        if graphs.endswith("-shapefree"):  # the captured step with the eager steps' kernels (no cuDNN attention)
+            from engine.model_runner import _SHAPE_FREE_SDPA
+            engine.batch.static_step.attention_backends = _SHAPE_FREE_SDPA
         runner = engine.runner  # load the weights once
         weights = runner.weight_bytes
         tokens[graphs] = {}
         try:
+            if args.trace and len(tokens) == 1:
+                trace_steps(engine, args.trace, 8, args.device)
             for rows in batches:
                 rate, toks = decode_rate(engine, rows, args.steps, sync)
                 tokens[graphs][rows] = toks
                 result[f"decode_tok_s_b{rows}_graphs_{graphs}"] = round(rate, 1)
-                print(f"  graphs={graphs:5} B={rows:3}: {rate:9.1f} tok/s", flush=True)
+                print(f"  graphs={graphs:14} B={rows:3}: {rate:9.1f} tok/s", flush=True)
             ttft, follow = ttft_pair(engine)
             result[f"ttft_s_graphs_{graphs}"] = round(ttft, 4)
             result[f"followup_ttft_s_graphs_{graphs}"] = round(follow, 4)
-            print(f"  graphs={graphs:5} TTFT {ttft * 1000:.1f} ms, follow-up TTFT {follow * 1000:.1f} ms", flush=True)
+            print(f"  graphs={graphs:14} TTFT {ttft * 1000:.1f} ms, follow-up TTFT {follow * 1000:.1f} ms", flush=True)
         except Exception as exc:  # noqa: BLE001 — keep the other mode's figures; say what broke
             result[f"error_graphs_{graphs}"] = f"{type(exc).__name__}: {exc}"[:300]
             print(f"  graphs={graphs} FAILED: {type(exc).__name__}: {exc}", flush=True)
@@ -149,11 +177,20 @@ def main(argv=None) -> dict:
     for graphs in tokens:
         if 1 in tokens[graphs] and f"decode_tok_s_b1_graphs_{graphs}" in result:
             result[f"b1_of_limit_graphs_{graphs}"] = round(result[f"decode_tok_s_b1_graphs_{graphs}"] / limit, 3)
+    # Token agreement between modes: the static eager step and its captured replay run the same kernels on the same
+    # shapes, so they must agree exactly; "off" runs other shapes (unpadded rows, exact spans), and in fp16 a
+    # random-init model's near-ties can flip there, so its agreement is reported as a share.
     modes = list(tokens)
-    if len(modes) == 2:
-        a, b = modes
-        same = sum(r in tokens[a] and r in tokens[b] and tokens[a][r] == tokens[b][r] for r in batches)
-        result["graphs_tokens_equal"] = same == len(batches)
+    for i, a in enumerate(modes):
+        for b in modes[i + 1:]:
+            pairs = [(x, y) for r in batches if r in tokens[a] and r in tokens[b] for x, y in zip(tokens[a][r], tokens[b][r])]
+            if pairs:
+                same_rows = sum(x == y for x, y in pairs)
+                prefix = sum(next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) for x, y in pairs)
+                result[f"rows_equal_{a}_vs_{b}"] = f"{same_rows}/{len(pairs)}"
+                result[f"tokens_before_divergence_{a}_vs_{b}"] = round(prefix / sum(len(x) for x, _ in pairs), 3)
+                print(f"tokens {a} vs {b}: {same_rows}/{len(pairs)} rows identical, "
+                      f"{prefix / sum(len(x) for x, _ in pairs):.1%} of tokens before the first divergence")
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; text weights {text_bytes / 1e9:.2f} GB -> B=1 limit "
           f"{limit:.0f} tok/s")
     print("RESULT " + json.dumps(result))

@@ -9,12 +9,26 @@ above the batch (rows are compact, so those slots hold nothing), and their logit
 ``capture=True`` (CUDA only) records one graph per pair on first use and replays it afterwards; capture runs the
 forward a few times, so the pool's conv states are saved before and put back after (K/V writes are idempotent:
 the same token at the same position). ``capture=False`` runs the same static-shape code eagerly: that is the
-path the CPU tests cover. Both are behind ``EngineConfig.decode_graphs`` (off | static | cuda), off by default
-until a device run shows the captured step token-exact and faster.
+path the CPU tests cover. Both are behind ``EngineConfig.decode_graphs`` (auto | off | static | cuda; auto
+captures on CUDA).
+
+Graphs share one memory pool: replays never overlap, and each graph's output (its logits) stays referenced, so
+one graph's scratch memory can be another's. Long contexts meet many position buckets, so at most
+``max_graphs`` graphs are kept, least recently replayed dropped first (a dropped shape is captured again on its
+next use).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Attention kernels for the bucketed step: every SDPA kernel, cuDNN's included (torch picks by its own priority).
+# Eager steps leave cuDNN out because it builds a plan per new shape (engine/model_runner.py _SHAPE_FREE_SDPA);
+# here each (rows, positions) shape recurs, so its plan is built once, before capture, and then only replayed.
+BUCKETED_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -30,9 +44,12 @@ class StaticDecode:
         self.model, self.pool, self.capture = model, pool, capture
         self.kv_block = kv_block
         self.buckets = size_buckets(pool.num_slots)
-        self._static: dict[tuple[int, int], dict] = {}
+        self._static: OrderedDict[tuple[int, int], dict] = OrderedDict()  # least recently used first
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.replays = self.captures = 0
+        self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
+        self.max_graphs = 64  # shapes (and graphs) held at once
+        self.replays = self.captures = self.evictions = 0
+        self.attention_backends = BUCKETED_SDPA  # bench/gpu_decode.py compares it with the eager steps' choice
 
     def shape_for(self, rows: int, longest: int) -> tuple[int, int]:
         """(padded rows, attended positions) for a batch of ``rows`` whose longest row has ``longest`` tokens."""
@@ -41,7 +58,13 @@ class StaticDecode:
         return padded, positions
 
     def _inputs(self, key: tuple[int, int]) -> dict:
+        """The static input tensors of shape ``key``; the least recently used shape (and its graph) goes first
+        when ``max_graphs`` shapes are held."""
         if key not in self._static:
+            while len(self._static) >= self.max_graphs:
+                old, _ = self._static.popitem(last=False)
+                self._graphs.pop(old, None)
+                self.evictions += 1
             rows, positions = key
             dev = self.pool.device
             self._static[key] = dict(
@@ -50,6 +73,7 @@ class StaticDecode:
                 mask=torch.zeros(rows, 1, 1, positions, dtype=torch.bool, device=dev),
                 arange=torch.arange(positions, device=dev),
             )
+        self._static.move_to_end(key)
         return self._static[key]
 
     def _forward(self, cache, s: dict) -> torch.Tensor:
@@ -61,6 +85,12 @@ class StaticDecode:
     @torch.inference_mode()
     def __call__(self, batch) -> torch.Tensor:
         """Logits [B, vocab] for one decode step of ``batch`` (a SlotBatch); advances nothing."""
+        if self.pool.device.type != "cuda":
+            return self._step(batch)
+        with sdpa_kernel(self.attention_backends):
+            return self._step(batch)
+
+    def _step(self, batch) -> torch.Tensor:
         rows = len(batch)
         key = self.shape_for(rows, int(batch.seq_lens.max()))
         s = self._inputs(key)
@@ -88,7 +118,7 @@ class StaticDecode:
                 self._forward(cache, s)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._graph_pool):
             logits = self._forward(cache, s)
         self.pool.rollback(saved)  # warm-up forwards advanced the conv states
         self.captures += 1

@@ -129,7 +129,7 @@ def make_decode_batch(config, runner, max_model_len: int):
     plain = (family is None or (family.runner is None and family.positions == "linear")) \
         and cache_layer_kinds(runner.text_config) <= {"full", "conv"}  # e.g. Mistral's sliding_window
     if mode == "dynamic" or (mode == "auto" and not (plain and supports(runner.text_config))):
-        if config.decode_graphs != "off":
+        if config.decode_graphs not in ("off", "auto"):
             raise ValueError("decode_graphs needs the slot cache (decode_cache='slots' on a supported model)")
         return DecodeBatch(runner.device)
     if not (plain and supports(runner.text_config)):
@@ -150,13 +150,16 @@ def make_decode_batch(config, runner, max_model_len: int):
                          f"max_running={config.max_running}; raise kv_pool_mb or lower max_running")
     pool = SlotPool(runner.text_config, config.max_running, slot_len, runner.device, runner.dtype)
     batch = SlotBatch(pool, runner.device)
-    if config.decode_attention == "varlen" and config.decode_graphs == "off":  # graphs need one static shape
+    graphs = config.decode_graphs
+    if graphs == "auto":
+        graphs = "cuda" if runner.device.type == "cuda" else "off"
+    if config.decode_attention == "varlen" and graphs == "off":  # graphs need one static shape
         from . import varlen_attention
 
         if varlen_attention.install(runner.model, runner.text_config):
             batch.segment_call_cost = varlen_attention.CALL_COST.get(runner.device.type, varlen_attention.CALL_COST["cuda"])
-    if config.decode_graphs != "off":
+    if graphs != "off":
         from .cuda_graphs import StaticDecode
 
-        batch.static_step = StaticDecode(runner.model, pool, capture=config.decode_graphs == "cuda")
+        batch.static_step = StaticDecode(runner.model, pool, capture=graphs == "cuda")
     return batch

@@ -108,6 +108,27 @@ def test_static_shape_decode_matches_generate(family, make_engine, runners):
     assert len(step._static) >= 3, "several (rows, positions) shapes should have been used"
 
 
+def test_static_step_drops_least_recent_shapes_beyond_its_cap_and_stays_exact(family, make_engine, runners):
+    engine = make_engine(family, max_running=5, decode_graphs="static")
+    step = engine.batch.static_step
+    step.kv_block, step.max_graphs = 32, 2
+    reqs = workload()
+    handles = []
+    for messages, n in reqs:
+        handles.append(engine.add_request(messages, greedy(n)))
+        engine.step()
+    run_until_done(engine)
+    assert step.evictions > 0 and len(step._static) <= 2
+    for (messages, n), h in zip(reqs, handles):
+        assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
+
+
+def test_decode_graphs_auto_is_off_on_cpu(make_engine):
+    engine = make_engine("lfm2vl")
+    assert engine.config.decode_graphs == "auto" and engine.batch.static_step is None
+    assert engine.batch.segment_call_cost is not None, "the eager step keeps varlen attention"
+
+
 def test_graph_capture_needs_cuda(make_engine):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
@@ -115,6 +136,37 @@ def test_graph_capture_needs_cuda(make_engine):
         make_engine("llava", decode_graphs="cuda")
     with pytest.raises(ValueError, match="slot cache"):
         make_engine("llava", decode_graphs="static", decode_cache="dynamic")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_decode_replays_the_eager_tokens_on_cuda(family, runners):
+    """On a GPU (fp32): the CUDA-graph step gives the tokens of the same static-shape step run eagerly, and of
+    per-request generate(); rows arrive and leave, so several (rows, positions) graphs are captured and replayed."""
+    from engine import EngineConfig, LLMEngine
+    from training.tiny_checkpoint import ensure_tiny_checkpoint
+
+    runner = runners(family, device="cuda")
+    tokens, steps = {}, {}
+    for graphs in ("static", "auto", "cuda"):  # auto: captures on CUDA; "cuda" here holds at most 2 graphs
+        config = EngineConfig(model=str(ensure_tiny_checkpoint(family)), dtype="float32", device="cuda",
+                              max_running=5, decode_graphs=graphs)
+        engine = LLMEngine(config, runner=runner)
+        steps[graphs] = engine.batch.static_step
+        steps[graphs].kv_block = 32  # the attended span crosses buckets during the run
+        if graphs == "cuda":
+            steps[graphs].max_graphs = 2
+        handles = []
+        for messages, n in workload():
+            handles.append(engine.add_request(messages, greedy(n)))
+            engine.step()
+        run_until_done(engine)
+        tokens[graphs] = [h.result(0).token_ids for h in handles]
+        engine.stop()
+    assert steps["auto"].capture and steps["auto"].captures >= 3
+    assert steps["auto"].replays > steps["auto"].captures
+    assert steps["cuda"].evictions > 0 and len(steps["cuda"]._graphs) <= 2
+    assert tokens["auto"] == tokens["static"] == tokens["cuda"]
+    assert tokens["auto"] == [reference_tokens(runner, m, n) for m, n in workload()]
 
 
 @pytest.mark.parametrize("longest_first", [True, False])
