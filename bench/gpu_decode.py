@@ -146,8 +146,8 @@ def main(argv=None) -> dict:
                               decode_graphs=graphs.split("-")[0], default_deadline_s=None)
         engine = LLMEngine(config, runner=runner)
         if graphs.endswith("-shapefree"):  # the captured step with the eager steps' kernels (no cuDNN attention)
-            from engine.model_runner import _SHAPE_FREE_SDPA
-            engine.batch.static_step.attention_backends = _SHAPE_FREE_SDPA
+            from engine.model_runner import SHAPE_FREE_SDPA
+            engine.batch.static_step.attention_backends = SHAPE_FREE_SDPA
         runner = engine.runner  # load the weights once
         weights = runner.weight_bytes
         tokens[graphs] = {}
@@ -183,7 +183,8 @@ def main(argv=None) -> dict:
     modes = list(tokens)
     for i, a in enumerate(modes):
         for b in modes[i + 1:]:
-            pairs = [(x, y) for r in batches if r in tokens[a] and r in tokens[b] for x, y in zip(tokens[a][r], tokens[b][r])]
+            pairs = [(x, y) for r in batches if r in tokens[a] and r in tokens[b]
+                     for x, y in zip(tokens[a][r], tokens[b][r])]
             if pairs:
                 same_rows = sum(x == y for x, y in pairs)
                 prefix = sum(next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) for x, y in pairs)
