@@ -41,14 +41,16 @@ class EngineConfig:
     admit_longest_first: bool = True
     # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
     # same, captured as CUDA graphs) | auto (cuda on a CUDA device when the slot cache is used, else off). An H200
-    # run showed the captured step token-identical to the same step run eagerly and 4-10x faster (README).
+    # run showed the captured step token-identical to the same step run eagerly and 3.7-10x faster (README).
     decode_graphs: str = "auto"
     # Decode attention over slots: varlen (each run of rows attends only up to its own longest row; see
     # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
     decode_attention: str = "varlen"
     # fp32 on CPU: pack the text stack's weight matrices once for MKL's packed GEMM, so a decode step's few-row
     # products skip re-packing them every call (engine/packed_linear.py). auto: where it applies and the copy
-    # (as large as the text stack) fits in a quarter of the available memory | on (refuse where it cannot) | off.
+    # (at most as large as the text stack) fits in a quarter of the available memory, each matrix shape packed
+    # from the row count where a measurement at load shows the packed product faster on this CPU (never, on some)
+    # | on (every matrix, from 3 rows; refused where it cannot apply) | off.
     cpu_packed_weights: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0

@@ -27,7 +27,7 @@ log = logging.getLogger("owlet.engine")
 # SDPA kernels the engine lets torch choose from on CUDA. cuDNN attention is left out: it builds an execution plan
 # for every new input shape (tens of ms each), and a decode step's K/V length grows by one every step, so eager
 # decoding paid a plan build per step (bench/gpu_sdpa_shapes.py measures it). These three need no plan.
-_SHAPE_FREE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SHAPE_FREE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _shape_free_attention(method):
@@ -36,7 +36,7 @@ def _shape_free_attention(method):
     def wrapper(self, *args, **kwargs):
         if self.device.type != "cuda":
             return method(self, *args, **kwargs)
-        with sdpa_kernel(_SHAPE_FREE_SDPA):
+        with sdpa_kernel(SHAPE_FREE_SDPA):
             return method(self, *args, **kwargs)
     return wrapper
 
@@ -107,8 +107,16 @@ class ModelRunner:
             log.info("not packing %.0f MB of text weights: more than a quarter of the available memory",
                      size / 2**20)
             return 0
-        count = sum(packed_linear.pack_linears(m, rows) for m in modules if m is not None)
-        log.info("packed %d text-stack matrices (%.1f MB) for %d-row decode products", count, size / 2**20, rows)
+        # auto: measured here, per matrix shape, from how many rows the packed product wins (packed_linear.py)
+        calibration = packed_linear.Calibration(rows) if mode == "auto" else None
+        packed = [linear for m in modules if m is not None
+                  for linear in packed_linear.pack_linears(m, rows, calibration)]
+        size = sum(linear.weight.numel() * linear.weight.element_size() for linear in packed)
+        if calibration is not None:
+            log.info("packed-GEMM calibration (min rows per out x in matrix, None = never wins): %s",
+                     ", ".join(f"{o}x{i}: {n}" for (o, i, _), n in calibration.by_shape.items()))
+        log.info("packed %d text-stack matrices (%.1f MB) for %d-row decode products", len(packed), size / 2**20,
+                 rows)
         return size
 
     def _text_stack(self) -> torch.nn.Module:

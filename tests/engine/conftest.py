@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, resolve_device
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 FAMILIES = ["lfm2vl", "llava"]
@@ -23,7 +23,10 @@ def runners():
     def get(fam: str, **overrides) -> ModelRunner:
         key = (fam, tuple(sorted(overrides.items())))
         if key not in cache:
-            cfg = EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", **overrides)
+            # On CPU the packed products always (not as calibrated on this machine): every run tests that path.
+            on_cpu = resolve_device(overrides.get("device", "auto")).type == "cpu"
+            settings = {"cpu_packed_weights": "on" if on_cpu else "auto", **overrides}
+            cfg = EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", **settings)
             cache[key] = ModelRunner(cfg)
         return cache[key]
     return get

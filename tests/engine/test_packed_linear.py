@@ -32,7 +32,7 @@ def test_products_match_nn_linear(bias, packed_calls):
     layer = _linear(bias=bias)
     plain = torch.nn.Linear(96, 160, bias=bias)
     plain.load_state_dict(layer.state_dict())
-    assert packed_linear.pack_linears(layer, rows=8) == 1
+    assert packed_linear.pack_linears(layer, rows=8) == [layer]
     x = torch.randn(2, 4, 96)  # 8 rows, the packed count: bit for bit what nn.Linear gives
     with torch.inference_mode():
         assert torch.equal(layer(x), plain(x))
@@ -103,3 +103,43 @@ def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
     assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
     forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
     assert forced.packed_weight_bytes > 0  # "on" is the operator's call
+
+
+def test_calibration_packs_from_the_measured_crossover_and_not_where_packing_never_wins(packed_calls):
+    """A made-up clock: the packed product costs 10 whatever its real rows; sgemm costs 1 per row on the 96x160
+    matrices (so packing wins from 11 rows: measured at 16 and 12, lost at 8) and 1 in all on the 160x96 one."""
+    clock = []
+
+    def fake(packed, weights, bias, rows, n):
+        shape = tuple(weights[0].shape)
+        clock.append(shape)
+        assert len(weights) > 1 and (packed is None or len(packed) == len(weights)), "streamed through copies"
+        if packed is not None:
+            return 10.0
+        return float(n) if shape == (160, 96) else 1.0
+    model = torch.nn.Sequential(_linear(0), _linear(1), torch.nn.Linear(160, 96)).eval()
+    calibration = packed_linear.Calibration(16, fake)
+    packed = packed_linear.pack_linears(model, 16, calibration)
+    assert packed == [model[0], model[1]]
+    assert calibration.by_shape == {(160, 96, True): 12, (96, 160, True): None}
+    assert clock.count((160, 96)) == 6, "each shape is measured once (16, 12, 8 rows; packed and sgemm)"
+    with torch.inference_mode():
+        model[0](torch.randn(11, 96))
+        assert packed_calls == []
+        model[0](torch.randn(12, 96))
+        assert packed_calls == [16]
+
+
+def test_calibration_on_this_machine_gives_a_row_count_it_tried_or_none():
+    layer = torch.nn.Linear(512, 1024).eval()
+    found = packed_linear.Calibration(16)(layer)
+    assert found is None or found in (16, 12, 8, 6, 4, 3)
+
+
+def test_auto_packs_nothing_where_the_packed_product_never_wins(monkeypatch, caplog):
+    monkeypatch.setattr(packed_linear, "_time_product", lambda packed, *a: 2.0 if packed is not None else 1.0)
+    with caplog.at_level("INFO", logger="owlet.engine"):
+        runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
+    assert runner.packed_weight_bytes == 0
+    assert not any(hasattr(m, "_owlet_packed_rows") for m in runner.model.modules())
+    assert "packed-GEMM calibration" in caplog.text and "None" in caplog.text
