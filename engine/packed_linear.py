@@ -16,10 +16,10 @@ differently in the last bit, as any change of batch size may.
 
 Whether it pays depends on the CPU. On an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row
 count, and only on a matrix kept in cache (1.2-1.3x at 16 rows; 0.96-1.07x streamed from memory, as a decode
-step reads it), and padded from 4 or 8 rows it was slower (0.6-0.9x), so packing everything made the engine's
-decode forwards 7-10 % slower there. ``Calibration`` therefore measures, at load and on this machine,
-from how many rows the padded packed product beats ``sgemm`` for each distinct matrix shape; fewer rows take the
-ordinary path, and a shape where it never wins is not packed at all.
+step reads it), and padded from 4 or 8 rows it was slower (0.6-0.9x); packing everything measured 0.92-0.96x the
+unpacked engine there (at that machine's noise of about 7 %, but never a gain). ``Calibration`` therefore
+measures, at load and on this machine, from how many rows the padded packed product beats ``sgemm`` for each
+distinct matrix shape; fewer rows take the ordinary path, and a shape where it never wins is not packed at all.
 
 The packed copy costs as much memory as the matrices themselves; ``packable_bytes`` lets the caller decide.
 Only fp32 on CPU, and only where torch was built with MKL.
