@@ -30,7 +30,7 @@ log = logging.getLogger("owlet.engine")
 SHAPE_FREE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def _shape_free_attention(method):
+def shape_free_attention(method):
     """Run ``method`` with SDPA limited to kernels that cost nothing per new shape (CUDA only)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -38,6 +38,7 @@ def _shape_free_attention(method):
             return method(self, *args, **kwargs)
         with sdpa_kernel(SHAPE_FREE_SDPA):
             return method(self, *args, **kwargs)
+    wrapper.shape_free_attention = True
     return wrapper
 
 
@@ -140,7 +141,7 @@ class ModelRunner:
         (feats, _), hit = self.encode_image_full(image)
         return feats, hit
 
-    @_shape_free_attention
+    @shape_free_attention
     def encode_image_full(self, image) -> tuple[tuple[torch.Tensor, list | None], bool]:
         """(features, DeepStack features per layer or None) for one PromptImage, and whether it was cached."""
         cached = self.image_features.get(image.sha256)
@@ -208,7 +209,7 @@ class ModelRunner:
         request.positions, request.position_delta = positions[:, 0], int(delta.flatten()[0])
 
     # -- forward passes -------------------------------------------------------
-    @_shape_free_attention
+    @shape_free_attention
     @torch.inference_mode()
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
         """Run the next ``n_tokens`` prompt tokens of ``request`` (a few more or fewer to keep an image whole,
@@ -278,7 +279,7 @@ class ModelRunner:
         logits = self.model.lm_head(out.last_hidden_state[:, -1:])
         return logits[0, -1], out.cache
 
-    @_shape_free_attention
+    @shape_free_attention
     @torch.inference_mode()
     def decode(self, batch) -> tuple[torch.Tensor, object]:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, DynamicCache
 from ..byte_lru import ByteLRU
 from ..config import EngineConfig
 from ..families import by_architecture
-from ..model_runner import resolve_device, resolve_dtype
+from ..model_runner import resolve_device, resolve_dtype, shape_free_attention
 from .config import ARCHITECTURE, OwlConfig
 from .model import ImageKV
 from .processor import OwlProcessor
@@ -153,6 +153,8 @@ class OwlRunner:
         return merged
 
     # -- forward passes ---------------------------------------------------------------------------------------
+    # Both call SDPA directly; on CUDA they keep cuDNN attention out (a plan per new shape: model_runner.py).
+    @shape_free_attention
     @torch.inference_mode()
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
         row = self._rows.get(request)
@@ -169,6 +171,7 @@ class OwlRunner:
         request.num_computed = end
         return logits[0, -1]
 
+    @shape_free_attention
     @torch.inference_mode()
     def decode(self, batch):
         """One step for every row; returns (logits [B, vocab], cache)."""
