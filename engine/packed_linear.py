@@ -82,14 +82,14 @@ def pack_linears(module: torch.nn.Module, rows: int,
     for linear in _linears(module):
         if getattr(linear, "_owlet_packed_rows", None) == rows:
             continue
-        min_rows = MIN_PACKED_ROWS if min_rows_for is None else min_rows_for(linear)
-        if min_rows is None:
+        measured = MIN_PACKED_ROWS if min_rows_for is None else min_rows_for(linear)
+        if measured is None:
             continue
+        min_rows = max(measured, MIN_PACKED_ROWS)
         with torch.no_grad():
             packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
-        linear.forward = functools.partial(_packed_forward, linear, packed, rows, max(min_rows, MIN_PACKED_ROWS))
+        linear.forward = functools.partial(_packed_forward, linear, packed, rows, min_rows)
         linear._owlet_packed_rows = rows
-        linear._owlet_min_packed_rows = max(min_rows, MIN_PACKED_ROWS)
         packed_modules.append(linear)
     return packed_modules
 

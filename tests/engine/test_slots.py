@@ -7,7 +7,7 @@ from engine.batch import DecodeBatch
 from engine.slot_batch import SlotBatch
 from engine.slot_cache import supports
 
-from .helpers import chat, image, reference_tokens, run_until_done
+from .helpers import chat, image, reference_tokens, run_until_done, serve_staggered
 from .test_exactness import workload
 from .test_sessions import converse
 
@@ -97,11 +97,7 @@ def test_static_shape_decode_matches_generate(family, make_engine, runners):
     step = engine.batch.static_step
     step.kv_block = 32  # small blocks so the attended span changes bucket during the test
     reqs = workload()
-    handles = []
-    for messages, n in reqs:
-        handles.append(engine.add_request(messages, greedy(n)))
-        engine.step()
-    run_until_done(engine)
+    handles = serve_staggered(engine, reqs, steps_after=lambda i: 1)
     for (messages, n), h in zip(reqs, handles):
         assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
     assert step.shape_for(3, 40) == (4, 64) and step.shape_for(5, 10) == (5, 32)
@@ -113,11 +109,7 @@ def test_static_step_drops_least_recent_shapes_beyond_its_cap_and_stays_exact(fa
     step = engine.batch.static_step
     step.kv_block, step.max_graphs = 32, 2
     reqs = workload()
-    handles = []
-    for messages, n in reqs:
-        handles.append(engine.add_request(messages, greedy(n)))
-        engine.step()
-    run_until_done(engine)
+    handles = serve_staggered(engine, reqs, steps_after=lambda i: 1)
     assert step.evictions > 0 and len(step._static) <= 2
     for (messages, n), h in zip(reqs, handles):
         assert h.result(timeout=0).token_ids == reference_tokens(runners(family), messages, n)
@@ -155,11 +147,7 @@ def test_captured_decode_replays_the_eager_tokens_on_cuda(family, runners):
         steps[graphs].kv_block = 32  # the attended span crosses buckets during the run
         if graphs == "cuda":
             steps[graphs].max_graphs = 2
-        handles = []
-        for messages, n in workload():
-            handles.append(engine.add_request(messages, greedy(n)))
-            engine.step()
-        run_until_done(engine)
+        handles = serve_staggered(engine, workload(), steps_after=lambda i: 1)
         tokens[graphs] = [h.result(0).token_ids for h in handles]
         engine.stop()
     assert steps["auto"].capture and steps["auto"].captures >= 3
