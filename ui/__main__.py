@@ -75,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         code, why = problem
         print(f"{PROG}: {why}", file=sys.stderr, flush=True)
         return code
+    from ui.page_launch import PageNotServed
     from ui.server import serve  # heavy imports (gradio) only once the arguments are known to be good
 
-    serve(config)
+    try:
+        serve(config)
+    except PageNotServed as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -24,6 +24,7 @@ from ui.handlers import ChatHandlers
 from ui.identity import ClientAddresses
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
+from ui.page_launch import launch_page
 from ui.upload_budget import UploadBudget, UploadLedger
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
@@ -98,7 +99,7 @@ def serve(config, block: bool = True, client=None):
               "they all count as one client address for fairness and per-address limits. See README "
               '"Running it in public" (OWLET_UI_TRUSTED_PROXIES).', flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
-    page.launch(prevent_thread_lock=True, **launch_kwargs)
+    launch_page(page, launch_kwargs)
     print(f"Owlet UI: {page.local_url}", flush=True)
     if config.share:
         if page.share_url:

@@ -70,10 +70,11 @@ def running_stack(label: str, model: Path, env: dict[str, str], worker_concurren
 def launched_page(config, client=None, purge: bool = True) -> Iterator[tuple[str, object]]:
     """The page for ``config`` built and launched in this process (no worker); yields (url, its OwletClient).
     ``purge``: delete the client's keys afterwards (not possible when its Redis is unreachable)."""
+    from ui.page_launch import launch_page
     from ui.server import build
 
     page, launch_kwargs, client, _metrics = build(config, client)
-    page.launch(prevent_thread_lock=True, **launch_kwargs)
+    launch_page(page, launch_kwargs)
     try:
         yield f"http://127.0.0.1:{config.port}/", client
     finally:

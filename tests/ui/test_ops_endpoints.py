@@ -79,13 +79,14 @@ def test_gradios_monitoring_is_off_and_its_per_event_summary_never_built():
     pandas summary of up to 10,000 event records at the end of every event (ui.gradio_costs)."""
     from gradio_client import Client
 
+    from ui.page_launch import launch_page
     from ui.server import build
 
     with running_redis() as redis_url:
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("uimon"),
                           metrics_token=TOKEN)
         page, launch_kwargs, client, _metrics = build(config)
-        page.launch(prevent_thread_lock=True, **launch_kwargs)
+        launch_page(page, launch_kwargs)
         try:
             url = f"http://127.0.0.1:{config.port}/"
             visitor = Client(url, verbose=False)

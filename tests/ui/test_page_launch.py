@@ -1,0 +1,104 @@
+"""The page starts on a slow or proxied machine, and says so clearly when it truly cannot be served (ui.page_launch).
+
+Gradio's own start-up check gave up after one 3-second HEAD request and killed a healthy page process with
+"When localhost is not accessible, a shareable link must be created" (seen once in CI under load).
+"""
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.ui.stack import ROOT, free_port
+from ui.page_launch import PageNotServed, keep_loopback_off_proxies, wait_until_served
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class SlowFirstAnswer(http.server.BaseHTTPRequestHandler):
+    """Answers 200, but the first request of the server waits ``delay_s`` first (a page busy starting)."""
+
+    delay_s = 4.0
+    answered = 0
+
+    def do_HEAD(self):
+        if type(self).answered == 0:
+            time.sleep(self.delay_s)
+        type(self).answered += 1
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_args):
+        pass
+
+
+def test_a_front_page_slower_than_gradios_three_seconds_still_counts_as_served():
+    from gradio import networking
+
+    for check, expect_served in ((networking.url_ok, False), (wait_until_served, True)):
+        handler = type("Slow", (SlowFirstAnswer,), {"answered": 0})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        try:
+            if expect_served:
+                took = check(url, timeout_s=30)
+                assert took >= SlowFirstAnswer.delay_s - 0.5, took
+            else:
+                assert check(url) is False, "Gradio's check is expected to give up on a 4 s answer"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_page_that_never_answers_fails_by_the_deadline_naming_the_address():
+    url = f"http://127.0.0.1:{free_port()}/"  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(PageNotServed) as caught:
+        wait_until_served(url, timeout_s=2)
+    assert 2 <= time.monotonic() - start < 15
+    assert url in str(caught.value) and "ConnectError" in str(caught.value)
+
+
+def test_loopback_is_added_to_no_proxy_without_dropping_what_the_operator_listed():
+    environ = {"NO_PROXY": "internal.example, 127.0.0.1"}
+    keep_loopback_off_proxies(environ)
+    assert environ["NO_PROXY"].split(",") == ["internal.example", "127.0.0.1", "localhost", "::1"]
+    assert environ["no_proxy"].split(",") == ["127.0.0.1", "localhost", "::1"]
+    keep_loopback_off_proxies(environ)
+    assert environ["NO_PROXY"].split(",") == ["internal.example", "127.0.0.1", "localhost", "::1"], "idempotent"
+
+
+def test_python_m_ui_serves_with_an_http_proxy_that_cannot_reach_this_machine():
+    """Corporate machines set HTTP_PROXY; Gradio called its own server through it and the page died."""
+    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
+    with running_redis() as redis_url:
+        env = {key: value for key, value in os.environ.items() if key.lower() != "no_proxy"}
+        env.update(HTTP_PROXY=dead_proxy, HTTPS_PROXY=dead_proxy, ALL_PROXY=dead_proxy, http_proxy=dead_proxy,
+                   https_proxy=dead_proxy, OWLET_KEY_PREFIX=unique_prefix("proxied"), PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen([sys.executable, "-m", "ui", "--port", str(port), "--redis-url", redis_url],
+                                cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            seen = []
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line and proc.poll() is not None:
+                    break
+                seen.append(line)
+                if line.startswith("Owlet UI: http"):
+                    break
+            assert any(line.startswith("Owlet UI: http") for line in seen), "".join(seen)
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            assert direct.open(f"http://127.0.0.1:{port}/", timeout=30).status == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

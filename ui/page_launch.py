@@ -1,0 +1,87 @@
+"""Start the page's server and wait, patiently, until it answers.
+
+Gradio's ``launch()`` ends by asking the new server for its front page (``networking.url_ok``). One slow answer
+(over 3 s, easy on a busy 2-core machine) or one refused connection and it raises "When localhost is not
+accessible, a shareable link must be created": the page process dies although its server was fine.
+
+So Owlet skips that check and runs its own: retried until a deadline, and when the page truly never answers,
+the error says where it looked and what to check.
+
+Gradio also calls its own server during ``launch()`` through whatever HTTP proxy the environment names
+(``HTTP_PROXY``, common on corporate machines), and a proxy cannot reach this machine's loopback: the page died
+with "Couldn't start the app". Loopback addresses are therefore added to ``NO_PROXY`` before launching.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+
+import httpx
+
+# What Gradio itself accepts as "the page is served": 401/30x are a login in front of it.
+SERVED = (200, 301, 302, 303, 307, 308, 401)
+READY_TIMEOUT_S = 60.0
+
+
+class PageNotServed(RuntimeError):
+    """The page's server started but its front page never answered before the deadline."""
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def keep_loopback_off_proxies(environ=os.environ) -> None:
+    """Add loopback hosts to ``NO_PROXY``/``no_proxy`` (both spellings are read by httpx and requests)."""
+    for name in ("NO_PROXY", "no_proxy"):
+        present = [host.strip() for host in environ.get(name, "").split(",") if host.strip()]
+        missing = [host for host in LOOPBACK if host not in present]
+        if missing:
+            environ[name] = ",".join(present + missing)
+
+
+def local_probe_url(page) -> str:
+    """``page.local_url`` names ``localhost`` when the page listens on every interface; ask 127.0.0.1 directly."""
+    return page.local_url.replace("://localhost:", "://127.0.0.1:").replace("://0.0.0.0:", "://127.0.0.1:")
+
+
+def wait_until_served(url: str, timeout_s: float = READY_TIMEOUT_S, verify: bool = True) -> float:
+    """Poll ``HEAD url`` until it answers with a served status; return the seconds it took.
+
+    Raises ``PageNotServed`` with the last thing seen once ``timeout_s`` has passed.
+    """
+    start = time.monotonic()
+    last = "no answer yet"
+    with httpx.Client(trust_env=False, verify=verify, timeout=min(10.0, timeout_s)) as http:
+        while True:
+            try:
+                status = http.head(url).status_code
+                if status in SERVED:
+                    return time.monotonic() - start
+                last = f"HTTP {status}"
+            except httpx.HTTPError as error:
+                last = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            if time.monotonic() - start >= timeout_s:
+                raise PageNotServed(f"Owlet UI: the page was started but {url} did not answer within "
+                                    f"{timeout_s:.0f} s (last: {last}). Check that nothing else holds the port "
+                                    "and that the machine is not out of memory or CPU.")
+            time.sleep(0.25)
+
+
+def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOUT_S) -> float:
+    """``page.launch`` without Gradio's one-shot localhost check, then Owlet's patient one.
+
+    Returns the seconds the page took to answer. On ``PageNotServed`` the server is closed before raising, so
+    the port is free again.
+    """
+    keep_loopback_off_proxies()
+    kwargs = dict(launch_kwargs, prevent_thread_lock=True)
+    if "_frontend" in inspect.signature(page.launch).parameters:
+        kwargs["_frontend"] = False  # the flag only gates Gradio's url_ok check (gradio 6.31)
+    page.launch(**kwargs)
+    try:
+        return wait_until_served(local_probe_url(page), ready_timeout_s,
+                                 verify=launch_kwargs.get("ssl_verify", True))
+    except PageNotServed:
+        page.close()
+        raise
