@@ -34,6 +34,8 @@ from pathlib import Path
 from owlet.settings import parse_int
 from worker.redis_probe import redis_answers
 
+# The page is on this machine: ask it directly, never through an HTTP proxy named in the environment.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (the project is installed editable)
 DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
 DEFAULT_REDIS_DIR = ROOT / ".cache" / "demo-redis"
@@ -145,7 +147,7 @@ class Stack:
         while time.monotonic() < deadline:
             self.check_children()
             try:
-                with urllib.request.urlopen(self.url + "healthz", timeout=2) as response:
+                with DIRECT.open(self.url + "healthz", timeout=2) as response:
                     if response.status == 200:
                         return
             except OSError:

@@ -51,9 +51,13 @@ def alive(pid: int) -> bool:
 
 
 def test_demo_runs_everything_and_ctrl_c_stops_every_process():
-    port, dead_port = free_port(), free_port()
-    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{dead_port}/0", "OWLET_KEY_PREFIX": "owlet-demo-test:",
-           "OWLET_UI_MAX_NEW_TOKENS": "32", "PYTHONUNBUFFERED": "1"}
+    port, dead_port, dead_proxy_port = free_port(), free_port(), free_port()
+    # An HTTP proxy that cannot reach this machine (as on many corporate hosts): the stack must not ask it.
+    dead_proxy = f"http://127.0.0.1:{dead_proxy_port}"
+    env = {**{k: v for k, v in os.environ.items() if k.lower() != "no_proxy"},
+           "REDIS_URL": f"redis://127.0.0.1:{dead_port}/0", "OWLET_KEY_PREFIX": "owlet-demo-test:",
+           "OWLET_UI_MAX_NEW_TOKENS": "32", "PYTHONUNBUFFERED": "1",
+           "HTTP_PROXY": dead_proxy, "HTTPS_PROXY": dead_proxy, "http_proxy": dead_proxy, "https_proxy": dead_proxy}
     demo = subprocess.Popen([sys.executable, "scripts/run_demo.py", "--model", str(tiny_model()), "--port", str(port),
                              "--share", "--auth", "alice:wonderland", "--ready-timeout", "180"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
