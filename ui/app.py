@@ -86,11 +86,13 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".
         box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False)
         fresh = [box, chatbot, status, session]
-        new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
+        # No Gradio `cancels` either (it would end every stream of the session hash the client names): the
+        # handler ends the caller's own stream (ui.live_streams).
+        new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh,
                                    api_name="new_conversation", queue=False)
         # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
         # history never disagrees with what is shown.
-        clear_event = chatbot.clear(handlers.new_conversation, [session, browser_id], fresh, cancels=answering,
+        clear_event = chatbot.clear(handlers.new_conversation, [session, browser_id], fresh,
                                     api_visibility="private", queue=False)
         # Remember the conversation in the browser after every change, so a reload reopens it.
         for event in (*answering, new_event, clear_event):

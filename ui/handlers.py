@@ -17,9 +17,11 @@ from ui.chat_view import assistant_message, message_text, parse_input, render_hi
 from ui.client_gate import AddressSlots, SlotRefused
 from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
 from ui.job_follower import follow_job
+from ui.live_streams import LiveStreams
 from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.stream_hub import StreamHub
 from ui.uploads import DecodePool, UploadLimits, UploadRejected
+from worker.errors import UnknownJob
 
 log = logging.getLogger("owlet.ui")
 
@@ -62,6 +64,7 @@ class ChatHandlers:
         self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
                                  config.stream_min_updates_per_s)
         self._lag_watch = None  # the task that lets the pacer follow the event loop's load (started on first use)
+        self.live = LiveStreams()  # whose answer streams in which session ("New conversation" ends only one's own)
 
     def _watch_load(self) -> None:
         if self._lag_watch is None or self._lag_watch.done():
@@ -80,9 +83,17 @@ class ChatHandlers:
         try:
             caller = self._caller(request, browser_id)
             with self.event_slots.hold(caller.address):
-                async with contextlib.aclosing(turn(caller)) as updates:  # closed at once on Stop or disconnect
-                    async for update in updates:
-                        yield update
+                session_hash = getattr(request, "session_hash", None)
+                live = self.live.start(session_hash, caller.user)
+                try:
+                    # Closed at once on Stop, disconnect or "New conversation": the turn's job is then cancelled.
+                    async with contextlib.aclosing(turn(caller)) as updates:
+                        async for update in updates:
+                            if live.abandoned:  # the page shows a fresh chat now: send nothing more
+                                break
+                            yield update
+                finally:
+                    self.live.end(session_hash, live)
         except (IdentityRequired, SlotRefused) as exc:
             yield _box(False), gr.skip(), self._error_text(exc), dict(session or new_session())
 
@@ -109,11 +120,13 @@ class ChatHandlers:
             stored_conversation = stored_conversation.get("conversation")
         if isinstance(stored_conversation, str) and stored_conversation:
             try:
-                turns = self.client.history(self._caller(request, browser_id).user, stored_conversation)
+                user = self._caller(request, browser_id).user
+                turns = self.client.history(user, stored_conversation)
             except Exception:  # expired, not this user's, or Redis unavailable: start afresh
                 turns = []
             if turns:
                 session["conversation"] = stored_conversation
+                session["user"] = user
                 return browser_id, render_history(turns, {}), wording.RESTORED, session
         return browser_id, [], "", session
 
@@ -294,6 +307,7 @@ class ChatHandlers:
         except Exception as exc:
             return shown, None, image_sha, exc
         session["conversation"] = admitted.conv
+        session["user"] = caller.user
         return shown, admitted.job, admitted.image_sha, None
 
     # ---- stop and new conversation -------------------------------------------------------------------
@@ -301,16 +315,30 @@ class ChatHandlers:
     def stop(self, session, browser_id, request: gr.Request):
         """Cancel the answer in progress (its engine slot is freed within one step)."""
         session = dict(session or new_session())
-        job = session.get("job")
-        if job:
-            self._cancel_as_caller(request, browser_id, job)
+        if not self._cancel_as_caller(request, browser_id, session.get("job")):
+            # Nothing of the caller's was running (it had ended, or the session's job is someone else's: a
+            # client can name any session hash). Say so, and leave the session exactly as it was.
+            return _box(False), wording.NOTHING_TO_STOP, session
         return _box(False), wording.CANCELLED, {**session, "job": None}
 
     def new_conversation(self, session, browser_id, request: gr.Request):
-        """Forget the current chat (cancelling any answer in progress); the next question starts afresh."""
+        """Forget the current chat and end the caller's answer in progress; the next question starts afresh.
+
+        Only the caller's own: a session whose chat or streaming answer belongs to another identity (a client
+        can name any session hash) is left exactly as it was.
+        """
         session = session or new_session()
-        if session.get("job"):
-            self._cancel_as_caller(request, browser_id, session["job"])
+        try:
+            user = self._caller(request, browser_id).user
+        except IdentityRequired:
+            user = None
+        session_hash = getattr(request, "session_hash", None)
+        owners = {session.get("user"), self.live.owner(session_hash)} - {None}
+        if owners - {user}:
+            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
+        if user is not None:
+            self.live.abandon(session_hash, user)
+            self._cancel_quietly(user, session.get("job"))
         return _box(False), [], wording.NEW_CONVERSATION, new_session()
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -324,20 +352,25 @@ class ChatHandlers:
         except Exception:
             return []
 
-    def _cancel_as_caller(self, request, browser_id, job) -> None:
-        """Cancel ``job`` if the caller owns it; a caller without a valid identity cancels nothing."""
+    def _cancel_as_caller(self, request, browser_id, job) -> bool:
+        """Cancel ``job`` if the caller owns it; True if it was cancelled. A caller without a valid identity
+        cancels nothing."""
         try:
-            self._cancel_quietly(self._caller(request, browser_id).user, job)
+            return self._cancel_quietly(self._caller(request, browser_id).user, job)
         except IdentityRequired:
-            pass
+            return False
 
-    def _cancel_quietly(self, user, job) -> None:
+    def _cancel_quietly(self, user, job) -> bool:
+        """True if ``job`` was live and is now cancelled; False if it had ended, is not ``user``'s, or Redis failed."""
         if not job:
-            return
+            return False
         try:
-            self.client.cancel(user, job)
-        except Exception:  # already finished or expired: nothing left to free
+            return bool(self.client.cancel(user, job))
+        except UnknownJob:  # expired, or someone else's
+            return False
+        except Exception:
             log.warning("cancel of %s failed", job, exc_info=True)
+            return False
 
     def _error_text(self, exc: Exception) -> str:
         kind = _ERROR_KINDS.get(type(exc).__name__)

@@ -9,6 +9,8 @@ WORKER_LOST = ("The worker handling this answer stopped responding. Please ask a
                "if it keeps happening, the service may be restarting.")
 STOPPED = "Stopped."
 CANCELLED = "Stopped. The answer was cancelled."
+NOT_YOUR_SESSION = "This page session belongs to someone else; nothing was changed. Reload the page to start your own."
+NOTHING_TO_STOP = "Nothing to stop: no answer of yours is in progress."
 ANSWER_FAILED = "The answer failed."  # an error event without a message
 NOTHING_TO_RETRY = "Nothing to retry yet."
 NOT_YOUR_MESSAGE = "Only your own messages can be retried or edited."

@@ -1,5 +1,6 @@
 """Attack 2a: a stranger who knows a victim's Gradio session hash joins under it. The session hash is no
-identity: the stranger sees none of the victim's conversation, cannot continue it, and cannot stop its answer.
+identity: the stranger sees none of the victim's conversation, cannot continue it, and cannot stop its answer or
+reset its page with "New conversation".
 
 (Gradio itself treats the session hash as a per-tab secret: its holder can read that tab's event stream and
 cancel its events through Gradio's own routes. Owlet therefore never prints it or uses it as a label.)"""
@@ -40,6 +41,13 @@ def test_joining_under_a_victims_session_hash_gives_nothing(stack, r):
     response = httpx.post(stack.url + "gradio_api/run/stop", headers={"X-Forwarded-For": "203.0.113.31"},
                           json={"data": [None, attacker.owlet_token], "session_hash": victim.session_hash}, timeout=30)
     assert response.status_code == 200, response.text
+    assert "Nothing to stop" in response.json()["data"][1], "the stranger is not told something was stopped"
+    # ...and "New conversation" there: Gradio's `cancels=` would have ended every stream of that session hash.
+    response = httpx.post(stack.url + "gradio_api/run/new_conversation",
+                          headers={"X-Forwarded-For": "203.0.113.31"},
+                          json={"data": [None, attacker.owlet_token], "session_hash": victim.session_hash}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert "belongs to someone else" in str(response.json()["data"]), response.text
     time.sleep(1.5)
     assert all(r.hget(k, "state") != b"cancelled" for k in live), "the stranger's Stop cancelled nothing"
     assert not any(r.exists(f"{stack.prefix}cancel:{k.decode().rsplit(':', 1)[1]}") for k in live), \

@@ -72,6 +72,27 @@ def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
     assert [m["role"] for m in chat2] == ["user", "user", "assistant"], "a stopped answer is not stored"
 
 
+def test_new_conversation_ends_the_answer_in_progress_and_the_next_question_starts_afresh(stack, tmp_path):
+    from ui import wording
+
+    client = Client(stack.url, verbose=False)
+    job = submit(client, "Describe everything in detail.", make_image(tmp_path / "green.png", (20, 200, 20)),
+                 max_new_tokens=1500)
+    wait_for_first_token(job)
+    _box, chat, status = client.predict(identity(client), api_name="/new_conversation")
+    assert chat == [] and status == wording.NEW_CONVERSATION, status
+    job.result(timeout=60)  # the old stream ends by itself (its job cancelled), sending nothing after the reset
+    deadline = time.monotonic() + 10
+    while engine_running(metrics_text(stack)) > 0:
+        assert time.monotonic() < deadline, "the abandoned answer still holds an engine slot"
+        time.sleep(0.2)
+    _outputs, (_b, chat2, status2) = ask(client, "Hello again?")
+    assert "First token" in status2, status2
+    assert [m["role"] for m in chat2] == ["user", "assistant"], "the next question starts a new conversation"
+    _box, stop_status = client.predict(identity(client), api_name="/stop")
+    assert stop_status == wording.NOTHING_TO_STOP, "nothing was running any more"
+
+
 def test_bad_image_gets_a_clear_message_and_nothing_is_queued(stack, tmp_path):
     bad = tmp_path / "photo.png"
     bad.write_bytes(b"definitely not a png" * 50)
