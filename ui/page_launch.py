@@ -25,7 +25,7 @@ READY_TIMEOUT_S = 60.0
 
 
 class PageNotServed(RuntimeError):
-    """The page's server started but its front page never answered before the deadline."""
+    """The page cannot be served: its port or address is not available, or its front page never answered."""
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -62,7 +62,7 @@ def wait_until_served(url: str, timeout_s: float = READY_TIMEOUT_S, verify: bool
             except httpx.HTTPError as error:
                 last = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             if time.monotonic() - start >= timeout_s:
-                raise PageNotServed(f"Owlet UI: the page was started but {url} did not answer within "
+                raise PageNotServed(f"the page was started but {url} did not answer within "
                                     f"{timeout_s:.0f} s (last: {last}). Check that nothing else holds the port "
                                     "and that the machine is not out of memory or CPU.")
             time.sleep(0.25)
@@ -78,7 +78,13 @@ def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOU
     kwargs = dict(launch_kwargs, prevent_thread_lock=True)
     if "_frontend" in inspect.signature(page.launch).parameters:
         kwargs["_frontend"] = False  # the flag only gates Gradio's url_ok check (gradio 6.31)
-    page.launch(**kwargs)
+    try:
+        page.launch(**kwargs)
+    except OSError as exc:  # Gradio's "Cannot find empty port", or an address this host does not have
+        where = f"{launch_kwargs.get('server_name')}:{launch_kwargs.get('server_port')}"
+        raise PageNotServed(f"cannot serve the page on {where}: that port is in use, or the address is not "
+                            "this machine's. Choose another with --port (OWLET_UI_PORT) or --host (OWLET_UI_HOST). "
+                            f"({exc})") from exc
     try:
         return wait_until_served(local_probe_url(page), ready_timeout_s,
                                  verify=launch_kwargs.get("ssl_verify", True))

@@ -102,3 +102,18 @@ def test_python_m_ui_serves_with_an_http_proxy_that_cannot_reach_this_machine():
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_python_m_ui_on_a_port_already_taken_exits_1_with_one_clear_line():
+    import socket
+
+    with running_redis() as redis_url, socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(os.environ, OWLET_KEY_PREFIX=unique_prefix("taken"), PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-m", "ui", "--port", str(port), "--redis-url", redis_url], cwd="/",
+                              env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot serve the page on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
