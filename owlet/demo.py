@@ -221,6 +221,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the page could not listen on ``host:port``, found before anything is started; None if it can.
+
+    Binds the way the page's server does (``SO_REUSEADDR``, so a port a stopped demo left in TIME_WAIT passes).
+    """
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return (f"the page cannot listen on {host}:{port} ({exc.strerror or exc}): is another demo running? "
+                "Choose another port with --port")
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not (Path(args.model) / "config.json").exists():
@@ -228,6 +244,10 @@ def main(argv=None) -> int:
             "(python -m training.train --recipe demo --out models/owlet-shapes-vl), "
             "or pass --model / set OWLET_MODEL to a checkpoint folder")
         return 2
+    problem = listen_problem(args.host, args.port)
+    if problem:  # say so now, not after Redis, a worker and the model have been started for nothing
+        log(problem)
+        return 1
     ui_args = (["--share"] if args.share else []) + [a for pair in (args.auth or []) for a in ("--auth", pair)]
     # SIGTERM behaves like Ctrl-C, so `kill <launcher>` also cleans up.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -110,3 +110,22 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
             for pid in stragglers:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_demo_on_a_port_already_taken_says_so_before_starting_anything(tmp_path):
+    """The README's command, from outside the checkout: a taken port is reported in one line, at once, and no
+    Redis, worker or page is started for nothing."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--port", str(port)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-2000:]
+    assert f"the page cannot listen on 127.0.0.1:{port}" in output and "--port" in output, output[-2000:]
+    assert "starting the worker" not in output and "Traceback" not in output, output[-2000:]
+    assert time.monotonic() - started < 120, "it failed before loading anything"
