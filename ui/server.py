@@ -22,6 +22,7 @@ from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
 from ui.identity import ClientAddresses
+from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
 from ui.page_launch import launch_page
@@ -56,6 +57,7 @@ def build(config, client=None):
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
     page = build_page(ChatHandlers(client, config, metrics), config)
+    explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
     drop_queue_analytics(page)

@@ -19,8 +19,9 @@ def test_a_chat_cannot_attach_a_server_file_or_url(quiet_page, path):
         token = identity(client, url)
         for attached in ({"path": path, "meta": {"_type": "gradio.FileData"}}, path,
                          {"path": None, "url": path, "meta": {"_type": "gradio.FileData"}}):
-            with pytest.raises(RuntimeError, match="the page failed the event"):
+            with pytest.raises(RuntimeError, match="the page failed the event") as refused:
                 call(client, url, "chat", [{"text": "what is this?", "files": [attached]}, 16, token])
+            assert "must be uploaded to this page first" in str(refused.value), "the caller is told why"
     assert owlet.queue_stats()["queued"] == 0, "nothing was admitted"
     honest = Event(url, "chat", [{"text": "hello?", "files": []}, 16, token], forwarded="203.0.113.50")
     try:
