@@ -25,7 +25,8 @@ def usage_by_endpoint(max_new_tokens_cap: int) -> dict[str, str]:
     tokens = f"the longest answer as a whole number from 1 to {max_new_tokens_cap}"
     token = "your identity token from /identity"
     return {
-        "chat": f'/chat takes (message: {{"text": "...", "files": [one uploaded image, or none]}}, {tokens}, {token}).',
+        "chat": (f'/chat takes (message: {{"text": "...", "files": [one uploaded image, or none]}}, {tokens}, '
+                 f"{token}). {UPLOAD_FIRST}"),
         "retry": f"/retry takes ({tokens}, {token}) and the chat's event data {{\"index\": N}}.",
         "edit": f"/edit takes ({tokens}, {token}) and the chat's event data {{\"index\": N, \"value\": new text}}.",
         "stop": f"/stop takes ({token}).",
@@ -35,8 +36,8 @@ def usage_by_endpoint(max_new_tokens_cap: int) -> dict[str, str]:
 
 
 def refusal(api_name: str | None, usage: dict[str, str]) -> str:
-    how = usage.get(api_name or "", "Send the inputs this endpoint lists at /gradio_api/info.")
-    return f"This request could not be read: {how} {UPLOAD_FIRST}"
+    how = usage.get(api_name or "", "send the inputs this endpoint lists at /gradio_api/info.")
+    return f"This request could not be read: {how}"
 
 
 def explain_malformed_inputs(page: gr.Blocks, usage: dict[str, str]) -> None:
