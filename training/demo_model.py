@@ -6,6 +6,7 @@ the demo's sizes, so train and eval agree on them.
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 from pathlib import Path
@@ -31,7 +32,7 @@ VISION_SIZES = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, 
 PROJECTOR_HIDDEN = 192
 
 
-def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:
+def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123, describe_style: str = "listed") -> list[str]:
     """Every word the dialogues use, in context, the refusal and the chat role names (so each is one token)."""
     from training.ood import OOD_REPLY, off_topic_question
 
@@ -39,7 +40,7 @@ def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:
     texts = ["user\n", "assistant\n"] * 200
     for _ in range(n_scenes):
         scene = generate_scene(rng)
-        for turn in make_dialogue(scene, rng, 5):
+        for turn in make_dialogue(scene, rng, 5, describe_style=describe_style):
             texts += [turn.question, turn.answer]
         # The refusal is one of the most frequent answers; its words become single tokens. Off-topic questions
         # come from the training pool only (the evaluation's held-out words are spelled out in bytes).
@@ -47,11 +48,20 @@ def tokenizer_corpus(n_scenes: int = 3000, seed: int = 123) -> list[str]:
     return texts
 
 
-def build_processor():
+def build_processor(describe_style: str = "listed"):
     from training.tiny_checkpoint import make_lfm2vl_processor, train_tokenizer
 
-    tokenizer = train_tokenizer(tokenizer_corpus(), vocab_size=TOKENIZER_VOCAB)
+    tokenizer = train_tokenizer(tokenizer_corpus(describe_style=describe_style), vocab_size=TOKENIZER_VOCAB)
     return make_lfm2vl_processor(tokenizer, max_image_tokens=MAX_IMAGE_TOKENS, min_image_tokens=MIN_IMAGE_TOKENS)
+
+
+def describe_style_of(model_dir: Path) -> str:
+    """How the checkpoint in `model_dir` answers "describe the image.": its recipe's style, as its training run
+    recorded it (training_summary.json), else "listed" (the first recipes, which wrote no record of it)."""
+    summary = Path(model_dir) / "training_summary.json"
+    if summary.is_file():
+        return json.loads(summary.read_text()).get("recipe", {}).get("describe_style", "listed")
+    return "listed"
 
 
 def build_fresh_model(processor, seed: int = 0, vision_width: int = VISION_SIZES["hidden_size"]):

@@ -42,10 +42,28 @@ def position_of(shape: Shape) -> str | None:
     return None
 
 
-def describe(scene: Scene) -> str:
-    """Canonical description: shapes sorted by kind then colour, e.g. 'a red circle, a blue star and a green star'."""
+# How "describe the image." is answered. Both list shapes sorted by kind, then colour:
+# - "listed" names each shape: "a red circle, a blue star and a blue star";
+# - "grouped" names each kind-and-colour once, with its count: "a red circle and two blue stars". Twins are the
+#   "listed" answers' most common miss (one of two identical phrases dropped or repeated), and the count says up
+#   front how many to write.
+DESCRIBE_STYLES = ("listed", "grouped")
+_COUNT_WORDS = {2: "two", 3: "three", 4: "four"}
+
+
+def describe(scene: Scene, style: str = "listed") -> str:
+    """Canonical description of the scene in `style` (one of DESCRIBE_STYLES)."""
+    if style not in DESCRIBE_STYLES:
+        raise ValueError(f"describe style {style!r} is not one of {DESCRIBE_STYLES}")
     order = sorted(scene.shapes, key=lambda s: (SHAPES.index(s.kind), COLOUR_NAMES.index(s.colour)))
-    parts = [f"{'an' if s.colour == 'orange' else 'a'} {s.colour} {s.kind}" for s in order]
+    if style == "listed":
+        parts = [f"{'an' if s.colour == 'orange' else 'a'} {s.colour} {s.kind}" for s in order]
+    else:
+        counts: dict[tuple[str, str], int] = {}
+        for s in order:  # dicts keep insertion order, so the groups stay sorted
+            counts[(s.colour, s.kind)] = counts.get((s.colour, s.kind), 0) + 1
+        parts = [f"{'an' if colour == 'orange' else 'a'} {colour} {kind}" if n == 1
+                 else f"{_COUNT_WORDS[n]} {colour} {PLURALS[kind]}" for (colour, kind), n in counts.items()]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
@@ -65,7 +83,7 @@ def _shape_of_kind(scene: Scene, kind: str) -> Shape:
     return next(s for s in scene.shapes if s.kind == kind)
 
 
-def candidate_turns(scene: Scene, rng: random.Random) -> dict[str, list[Turn]]:
+def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "listed") -> dict[str, list[Turn]]:
     """Every askable question for the scene, grouped by type (some types may have none)."""
     out: dict[str, list[Turn]] = {t: [] for t in QUESTION_TYPES}
     for kind in _unique_kinds(scene):
@@ -89,18 +107,19 @@ def candidate_turns(scene: Scene, rng: random.Random) -> dict[str, list[Turn]]:
     big = largest(scene)
     if big:
         out["largest"].append(Turn("largest", "which shape is the largest?", f"the {big.colour} {big.kind}"))
-    out["describe"].append(Turn("describe", "describe the image.", describe(scene)))
+    out["describe"].append(Turn("describe", "describe the image.", describe(scene, describe_style)))
     return out
 
 
 def make_dialogue(scene: Scene, rng: random.Random, n_turns: int,
-                  type_weights: dict[str, float] | None = None) -> list[Turn]:
+                  type_weights: dict[str, float] | None = None, describe_style: str = "listed") -> list[Turn]:
     """Up to n_turns distinct questions about the scene, question types drawn as evenly as the scene allows.
 
     `type_weights` (training only) makes some types likelier where the scene allows them; without it the draw
-    is uniform over the available types, which is what evaluation uses.
+    is uniform over the available types, which is what evaluation uses. `describe_style` is how "describe the
+    image." is answered (DESCRIBE_STYLES); the questions and every other answer are the same in both.
     """
-    pool = candidate_turns(scene, rng)
+    pool = candidate_turns(scene, rng, describe_style)
     for turns in pool.values():
         rng.shuffle(turns)
     dialogue: list[Turn] = []

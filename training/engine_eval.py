@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from training.demo_model import describe_style_of
 from training.eval import (MAX_NEW_TOKENS, chat_so_far, probe_examples, scene_examples, score)
 from training.examples import Example
 
@@ -37,7 +38,7 @@ def converse(engine, example: Example, session_id: str) -> list[str]:
 def evaluate_engine(model_dir: Path, scenes: int, probes: int, users: int = 16, progress: bool = False) -> dict:
     from engine import EngineConfig, LLMEngine
 
-    scene_set, probe_set = scene_examples(scenes), probe_examples(probes)
+    scene_set, probe_set = scene_examples(scenes, describe_style_of(model_dir)), probe_examples(probes)
     # Interleave: one probe after every few scenes, so in-domain and out-of-domain turns share decode batches.
     jobs = [("scene", i) for i in range(scenes)]
     step = max(1, scenes // max(1, probes))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from training.demo_model import DEFAULT_MODEL_DIR
+from training.demo_model import DEFAULT_MODEL_DIR, describe_style_of
 from training.dialogues import QUESTION_TYPES, Turn, to_messages
 from training.examples import Example, eval_dialogue
 from training.ood import OOD_REPLY
@@ -49,10 +49,10 @@ def load(model_dir: Path):
     return model.eval(), processor
 
 
-def scene_examples(scenes: int) -> list[Example]:
+def scene_examples(scenes: int, describe_style: str = "listed") -> list[Example]:
     out = []
     for i in range(scenes):
-        scene, turns = eval_dialogue(i, TURNS_PER_SCENE)
+        scene, turns = eval_dialogue(i, TURNS_PER_SCENE, describe_style)
         out.append(Example(render_scene(scene), turns, scene))
     return out
 
@@ -141,9 +141,9 @@ def score(scenes: list[Example], scene_answers: list[list[str]], probes: list[Ex
 
 
 def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0,
-             teacher_forced: bool = False) -> dict:
+             teacher_forced: bool = False, describe_style: str = "listed") -> dict:
     """Generate-mode report on `scenes` held-out dialogues and `probes` out-of-domain probes."""
-    scene_set, probe_set = scene_examples(scenes), probe_examples(probes)
+    scene_set, probe_set = scene_examples(scenes, describe_style), probe_examples(probes)
     answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress, teacher_forced)
     return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
 
@@ -178,6 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
+    style = describe_style_of(args.model)  # the answers to "describe the image." are scored in the model's style
     if args.mode == "engine":
         from training.engine_eval import evaluate_engine
 
@@ -185,10 +186,10 @@ def main() -> None:
     else:
         model, processor = load(args.model)
         report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes,
-                          teacher_forced=args.mode == "teacher-forced")
+                          teacher_forced=args.mode == "teacher-forced", describe_style=style)
     print_report(report, args.show_failures)
     rate = report["ood_reply_rate"]
-    result = {"mode": args.mode, "accuracy": round(report["accuracy"], 4),
+    result = {"mode": args.mode, "describe_style": style, "accuracy": round(report["accuracy"], 4),
               "min_type_accuracy": round(report["min_type_accuracy"], 4),
               "ood_reply_rate": None if rate is None else round(rate, 4),
               "in_domain_refusal_rate": round(report["in_domain_refusal_rate"], 4),

@@ -30,11 +30,12 @@ def training_dialogue(index: int) -> tuple[Scene, list[Turn]]:
     return scene, make_dialogue(scene, rng, rng.randint(4, 10))
 
 
-def eval_dialogue(index: int, n_turns: int = 4) -> tuple[Scene, list[Turn]]:
-    """Held-out example `index`: seeded from a range training never touches."""
+def eval_dialogue(index: int, n_turns: int = 4, describe_style: str = "listed") -> tuple[Scene, list[Turn]]:
+    """Held-out example `index`: seeded from a range training never touches. The style changes only the answer
+    to "describe the image." (scenes and questions are the same in every style)."""
     rng = random.Random(EVAL_SEED_BASE + index)
     scene = generate_scene(rng)
-    return scene, make_dialogue(scene, rng, n_turns)
+    return scene, make_dialogue(scene, rng, n_turns, describe_style=describe_style)
 
 
 def assistant_labels(input_ids: torch.Tensor, header_ids: list[int], end_id: int) -> torch.Tensor:

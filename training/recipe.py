@@ -47,6 +47,7 @@ class Recipe:
     # to zero at `fade_window[1]`, so the features they forced can be re-spent on what the answers need.
     fading_targets: tuple[str, ...] = ()
     fade_window: tuple[float, float] = (0.4, 0.8)
+    describe_style: str = "listed"  # training/dialogues.py: DESCRIBE_STYLES; the model answers in this style
 
     def target_scale(self, key: str, progress: float) -> float:
         """Weight of auxiliary target `key` (relative to `aux_weight`) at `progress` (0..1) through the run."""
@@ -81,7 +82,11 @@ DEMO_WIDE = replace(DEMO, vision_width=128)
 # "describe", the weakest type with the target, drawn 2.5x. 0.973: "where" stays 1.0 after the target is gone,
 # but "describe" 0.897 (60.5 minutes on an AVX-512 Xeon). Not shipped; kept so the card's figure can be reproduced.
 DEMO_WHERE_FADE = replace(DEMO_WHERE_WIDE, fading_targets=("where",), type_weights=(("where", 3.0), ("describe", 2.5)))
-RECIPES = {"demo": DEMO, "demo-wide": DEMO_WIDE, "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE,
+# The 128-wide tower (which gave "where" 0.995 without a "where" target) with "describe" answered "grouped":
+# "two blue stars" instead of "a blue star and a blue star", since twins dropped or repeated are the most common
+# "describe" miss of every recipe before; "describe" drawn 2.5x, "where" 2x.
+DEMO_GROUPED_WIDE = replace(DEMO_WIDE, describe_style="grouped", type_weights=(("where", 2.0), ("describe", 2.5)))
+RECIPES = {"demo": DEMO, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE, "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE,
            "demo-where-fade": DEMO_WHERE_FADE, "demo-centre-wide": DEMO_CENTRE_WIDE}
 
 
@@ -106,7 +111,7 @@ def recipe_example(recipe: Recipe, index: int) -> Example:
     if draw < recipe.ood_image_share + recipe.text_only_share:
         return Example(None, _refused_turns(rng, rng.randint(1, 3)))
     scene = generate_scene(rng)
-    turns = make_dialogue(scene, rng, rng.randint(4, 10), dict(recipe.type_weights))
+    turns = make_dialogue(scene, rng, rng.randint(4, 10), dict(recipe.type_weights), recipe.describe_style)
     if rng.random() < recipe.mixed_share:
         for _ in range(rng.randint(1, 2)):
             turns.insert(rng.randint(0, len(turns)), refusal(off_topic_question(rng)))

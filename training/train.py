@@ -40,7 +40,7 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
           save_every: int = 0) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
-    processor = build_processor()
+    processor = build_processor(recipe.describe_style)
     model = build_fresh_model(processor, seed=recipe.seed, vision_width=recipe.vision_width)
     model.train()
     aux = TokenProbe(model, recipe.aux_targets)

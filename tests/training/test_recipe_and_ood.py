@@ -37,6 +37,18 @@ def test_recipe_examples_are_reproducible_and_mixed():
     assert counts["where"] > 0.1 * sum(counts.values()), f"'where' is drawn more often in training: {counts}"
 
 
+def test_a_grouped_recipe_answers_describe_grouped_and_its_tokenizer_knows_the_count_words():
+    from training.demo_model import build_processor
+
+    grouped = RECIPES["demo-grouped-wide"]
+    answers = [(e.scene, t.answer) for e in (recipe_example(grouped, i) for i in range(300)) if e.scene is not None
+               for t in e.turns if t.qtype == "describe"]
+    assert answers and all(answer == describe(scene, "grouped") for scene, answer in answers)
+    assert any(" two " in f" {answer} " for _, answer in answers), "twins appear, counted"
+    tokenizer = build_processor("grouped").tokenizer
+    assert len(tokenizer.encode("two blue stars", add_special_tokens=False)) <= 4
+
+
 def test_ood_images_look_like_uploads_not_scenes():
     import random
 

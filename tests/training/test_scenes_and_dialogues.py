@@ -1,9 +1,12 @@
 """The synthetic data is the demo model's ground truth: check that every answer follows from the scene."""
 
+import json
 import random
 
+import pytest
 import torch
 
+from training.demo_model import describe_style_of
 from training.dialogues import describe, largest, make_dialogue, position_of, to_messages
 from training.examples import EVAL_SEED_BASE, IGNORE, assistant_labels, eval_dialogue, training_dialogue
 from training.scenes import COLOURS, IMAGE_SIZE, Scene, Shape, generate_scene, render_scene
@@ -71,6 +74,29 @@ def test_position_largest_and_description_rules():
     assert largest(_scene(left, right)) == right
     assert largest(_scene(left, Shape("circle", "blue", 200, 128, 21))) is None  # too close to call
     assert describe(_scene(right, corner, left)) == "a red circle, an orange square and a blue star"
+
+
+def test_grouped_description_counts_twins_and_changes_nothing_else():
+    twin_a, twin_b = Shape("star", "blue", 40, 40, 20), Shape("star", "blue", 200, 200, 20)
+    other = Shape("circle", "orange", 40, 200, 20)
+    assert describe(_scene(twin_a, other, twin_b)) == "an orange circle, a blue star and a blue star"
+    assert describe(_scene(twin_a, other, twin_b), "grouped") == "an orange circle and two blue stars"
+    assert describe(_scene(twin_a, twin_b), "grouped") == "two blue stars"
+    assert describe(_scene(other), "grouped") == "an orange circle"
+    with pytest.raises(ValueError, match="describe style"):
+        describe(_scene(other), "poetic")
+    # Same scenes and questions in both styles: only the answers to "describe the image." differ.
+    for index in range(40):
+        (scene, listed), (same_scene, grouped) = eval_dialogue(index), eval_dialogue(index, describe_style="grouped")
+        assert scene == same_scene and [t.question for t in listed] == [t.question for t in grouped]
+        for a, b in zip(listed, grouped):
+            assert a.answer == b.answer if a.qtype != "describe" else b.answer == describe(scene, "grouped")
+
+
+def test_a_checkpoint_is_scored_in_the_describe_style_it_was_trained_in(tmp_path):
+    assert describe_style_of(tmp_path) == "listed"  # no training record: the first recipes' style
+    (tmp_path / "training_summary.json").write_text(json.dumps({"recipe": {"describe_style": "grouped"}}))
+    assert describe_style_of(tmp_path) == "grouped"
 
 
 def test_follow_up_turns_carry_no_image_and_eval_seeds_are_disjoint():
