@@ -118,6 +118,17 @@ def cancel_jobs(client) -> None:
         client.jobs.cancel(key.decode()[len(client.keys.job("")):])
 
 
+def assert_can_still_ask(base: str, owlet, token: str, forwarded: str) -> None:
+    """After a refused attempt, the same caller's plain question is queued (nothing was left locked or spent
+    wrongly); then every job is ended again."""
+    honest = Event(base, "chat", [{"text": "hello?", "files": []}, 16, token], forwarded=forwarded)
+    try:
+        assert honest.status().startswith("Queued"), "the same caller can still ask a plain question"
+    finally:
+        cancel_jobs(owlet)
+        honest.done.wait(30)
+
+
 def stack_client(stack):
     """An OwletClient on the stack's namespace (close it after use)."""
     from worker.client import OwletClient

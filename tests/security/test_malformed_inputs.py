@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.security.attack import Event, call, cancel_jobs, http, identity
+from tests.security.attack import assert_can_still_ask, call, http, identity
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,9 +34,4 @@ def test_unreadable_inputs_get_a_sentence_naming_what_the_endpoint_takes(quiet_p
         # Gradio's own readable refusals pass through as they were.
         with pytest.raises(RuntimeError, match="greater than maximum value"):
             call(client, url, "chat", [{"text": "hi", "files": []}, 10**9, token])
-    honest = Event(url, "chat", [{"text": "hello?", "files": []}, 16, token], forwarded="203.0.113.60")
-    try:
-        assert honest.status().startswith("Queued"), "the same caller can still ask"
-    finally:
-        cancel_jobs(owlet)
-        honest.done.wait(30)
+    assert_can_still_ask(url, owlet, token, forwarded="203.0.113.60")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.security.attack import Event, call, cancel_jobs, http, identity
+from tests.security.attack import assert_can_still_ask, call, http, identity
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,9 +23,4 @@ def test_a_chat_cannot_attach_a_server_file_or_url(quiet_page, path):
                 call(client, url, "chat", [{"text": "what is this?", "files": [attached]}, 16, token])
             assert "must be uploaded to this page first" in str(refused.value), "the caller is told why"
     assert owlet.queue_stats()["queued"] == 0, "nothing was admitted"
-    honest = Event(url, "chat", [{"text": "hello?", "files": []}, 16, token], forwarded="203.0.113.50")
-    try:
-        assert honest.status().startswith("Queued"), "the caller can still ask a plain question"
-    finally:
-        cancel_jobs(owlet)
-        honest.done.wait(30)
+    assert_can_still_ask(url, owlet, token, forwarded="203.0.113.50")
