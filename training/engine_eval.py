@@ -35,10 +35,12 @@ def converse(engine, example: Example, session_id: str) -> list[str]:
     return answers
 
 
-def evaluate_engine(model_dir: Path, scenes: int, probes: int, users: int = 16, progress: bool = False) -> dict:
+def evaluate_engine(model_dir: Path, scenes: int, probes: int, users: int = 16, progress: bool = False,
+                    phrasings: bool = False) -> dict:
     from engine import EngineConfig, LLMEngine
 
-    scene_set, probe_set = scene_examples(scenes, describe_style_of(model_dir)), probe_examples(probes)
+    scene_set = scene_examples(scenes, describe_style_of(model_dir), phrasings)
+    probe_set = probe_examples(probes)
     # Interleave: one probe after every few scenes, so in-domain and out-of-domain turns share decode batches.
     jobs = [("scene", i) for i in range(scenes)]
     step = max(1, scenes // max(1, probes))

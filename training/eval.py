@@ -14,6 +14,9 @@ Three ways to answer:
 - `teacher-forced`: like `generate`, but the history holds the true answers instead of the model's own (the
   older offline figure, kept for comparison: it hides how one wrong answer can mislead the next turn).
 
+`--phrasings` asks every scene question in another form ("What color is the circle?", "how many squares?",
+training/phrasings.py) on the same scenes, with the same answers.
+
 Prints tables per question type, per turn and per probe family, then one line:
 RESULT {"accuracy", "min_type_accuracy", "ood_reply_rate", "in_domain_refusal_rate", ...}.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,9 +36,11 @@ from training.demo_model import DEFAULT_MODEL_DIR, describe_style_of
 from training.dialogues import QUESTION_TYPES, Turn, to_messages
 from training.examples import Example, eval_dialogue
 from training.ood import OOD_REPLY
+from training.phrasings import rephrase
 from training.recipe import ood_probe, probe_family
 from training.scenes import render_scene
 
+PHRASINGS_SEED_BASE = 5 * 10**9  # the other forms' draws for eval scene i; disjoint from every other seed
 TURNS_PER_SCENE = 4
 TURNS_PER_PROBE = 2
 MAX_NEW_TOKENS = 32  # the longest canonical answer ("a red circle, ... and a blue star") is ~20 tokens
@@ -49,10 +55,15 @@ def load(model_dir: Path):
     return model.eval(), processor
 
 
-def scene_examples(scenes: int, describe_style: str = "listed") -> list[Example]:
+def scene_examples(scenes: int, describe_style: str = "listed", phrasings: bool = False) -> list[Example]:
+    """The held-out scene dialogues; with `phrasings`, every question asked in another form
+    (training/phrasings.py; the same scenes and answers)."""
     out = []
     for i in range(scenes):
         scene, turns = eval_dialogue(i, TURNS_PER_SCENE, describe_style)
+        if phrasings:
+            rng = random.Random(PHRASINGS_SEED_BASE + i)
+            turns = [rephrase(t, rng) for t in turns]
         out.append(Example(render_scene(scene), turns, scene))
     return out
 
@@ -141,9 +152,9 @@ def score(scenes: list[Example], scene_answers: list[list[str]], probes: list[Ex
 
 
 def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0,
-             teacher_forced: bool = False, describe_style: str = "listed") -> dict:
+             teacher_forced: bool = False, describe_style: str = "listed", phrasings: bool = False) -> dict:
     """Generate-mode report on `scenes` held-out dialogues and `probes` out-of-domain probes."""
-    scene_set, probe_set = scene_examples(scenes, describe_style), probe_examples(probes)
+    scene_set, probe_set = scene_examples(scenes, describe_style, phrasings), probe_examples(probes)
     answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress, teacher_forced)
     return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
 
@@ -175,6 +186,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16, help="engine mode: conversations in flight at once")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--show-failures", type=int, default=10)
+    parser.add_argument("--phrasings", action="store_true",
+                        help="ask every scene question in another form (training/phrasings.py): 'what color ...'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
@@ -182,14 +195,15 @@ def main() -> None:
     if args.mode == "engine":
         from training.engine_eval import evaluate_engine
 
-        report = evaluate_engine(args.model, args.scenes, args.probes, args.users, progress=True)
+        report = evaluate_engine(args.model, args.scenes, args.probes, args.users, progress=True,
+                                 phrasings=args.phrasings)
     else:
         model, processor = load(args.model)
         report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes,
-                          teacher_forced=args.mode == "teacher-forced", describe_style=style)
+                          teacher_forced=args.mode == "teacher-forced", describe_style=style, phrasings=args.phrasings)
     print_report(report, args.show_failures)
     rate = report["ood_reply_rate"]
-    result = {"mode": args.mode, "describe_style": style, "accuracy": round(report["accuracy"], 4),
+    result = {"mode": args.mode, "describe_style": style, "phrasings": args.phrasings, "accuracy": round(report["accuracy"], 4),
               "min_type_accuracy": round(report["min_type_accuracy"], 4),
               "ood_reply_rate": None if rate is None else round(rate, 4),
               "in_domain_refusal_rate": round(report["in_domain_refusal_rate"], 4),

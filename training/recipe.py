@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from training.dialogues import make_dialogue
 from training.examples import EVAL_SEED_BASE, Example
 from training.ood import IMAGE_KINDS, off_topic_question, ood_image, refusal
+from training.phrasings import rephrase
 from training.scenes import generate_scene, render_scene
 
 OOD_PROBE_SEED_BASE = 3 * EVAL_SEED_BASE  # disjoint from training (< 1e9) and from eval scenes (1e9 + i)
@@ -48,6 +49,7 @@ class Recipe:
     fading_targets: tuple[str, ...] = ()
     fade_window: tuple[float, float] = (0.4, 0.8)
     describe_style: str = "listed"  # training/dialogues.py: DESCRIBE_STYLES; the model answers in this style
+    phrasing_share: float = 0.0  # questions asked in another form (training/phrasings.py), scenes and not
 
     def target_scale(self, key: str, progress: float) -> float:
         """Weight of auxiliary target `key` (relative to `aux_weight`) at `progress` (0..1) through the run."""
@@ -88,18 +90,29 @@ DEMO_WHERE_FADE = replace(DEMO_WHERE_WIDE, fading_targets=("where",), type_weigh
 # still missed, now as "a blue star" for "two blue stars" (47.3 minutes on an AVX-512 EPYC). Not shipped; kept so
 # the card's figure can be reproduced.
 DEMO_GROUPED_WIDE = replace(DEMO_WIDE, describe_style="grouped", type_weights=(("where", 2.0), ("describe", 2.5)))
-RECIPES = {"demo": DEMO, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE, "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE,
+# The shipped recipe with a third of its questions asked in other forms ("What color is the circle?", "how many
+# squares?", "describe this image"), which the shipped weights refuse.
+DEMO_PHRASINGS = replace(DEMO, phrasing_share=0.3)
+RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE, "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE,
            "demo-where-fade": DEMO_WHERE_FADE, "demo-centre-wide": DEMO_CENTRE_WIDE}
 
 
-def _scene_questions(rng: random.Random, n: int) -> list[str]:
+def _rephrased(turns: list, rng: random.Random, share: float) -> list:
+    """`share` of the turns asked in another form (no RNG is drawn when share is 0, so older recipes stay as
+    they were)."""
+    if not share:
+        return turns
+    return [rephrase(t, rng) if rng.random() < share else t for t in turns]
+
+
+def _scene_questions(rng: random.Random, n: int, phrasing_share: float = 0.0) -> list[str]:
     """In-language questions about some other scene: asked of a picture that is not a scene, they get refused."""
-    turns = make_dialogue(generate_scene(rng), rng, n)
+    turns = _rephrased(make_dialogue(generate_scene(rng), rng, n), rng, phrasing_share)
     return [t.question for t in turns]
 
 
-def _refused_turns(rng: random.Random, n: int, held_out: bool = False) -> list:
-    in_language = _scene_questions(rng, n)
+def _refused_turns(rng: random.Random, n: int, held_out: bool = False, phrasing_share: float = 0.0) -> list:
+    in_language = _scene_questions(rng, n, phrasing_share)
     return [refusal(q if rng.random() < 0.5 else off_topic_question(rng, held_out)) for q in in_language]
 
 
@@ -109,11 +122,12 @@ def recipe_example(recipe: Recipe, index: int) -> Example:
     rng = random.Random(index)
     draw = rng.random()
     if draw < recipe.ood_image_share:
-        return Example(ood_image(rng), _refused_turns(rng, rng.randint(2, 5)))
+        return Example(ood_image(rng), _refused_turns(rng, rng.randint(2, 5), phrasing_share=recipe.phrasing_share))
     if draw < recipe.ood_image_share + recipe.text_only_share:
-        return Example(None, _refused_turns(rng, rng.randint(1, 3)))
+        return Example(None, _refused_turns(rng, rng.randint(1, 3), phrasing_share=recipe.phrasing_share))
     scene = generate_scene(rng)
     turns = make_dialogue(scene, rng, rng.randint(4, 10), dict(recipe.type_weights), recipe.describe_style)
+    turns = _rephrased(turns, rng, recipe.phrasing_share)
     if rng.random() < recipe.mixed_share:
         for _ in range(rng.randint(1, 2)):
             turns.insert(rng.randint(0, len(turns)), refusal(off_topic_question(rng)))
