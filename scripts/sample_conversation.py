@@ -20,8 +20,8 @@ from training.demo_model import DEFAULT_MODEL_DIR  # noqa: E402
 from training.example_scenes import EXAMPLES_DIR  # noqa: E402
 
 PICTURE = "three-shapes.png"  # a red circle on the left, a blue square on the right, a yellow star at the bottom
-QUESTIONS = ("What colour is the circle?", "how many shapes are there?", "is there a blue square?",
-             "describe the image.", "where is the circle?", "Where is the square?", "what is the capital of france?")
+QUESTIONS = ("What color is the circle?", "how many shapes?", "is there a blue square?",
+             "describe this image", "where is the circle?", "Where's the square?", "what is the capital of france?")
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ from owlet.demo import DEFAULT_MODEL, ROOT, Stack
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-# Follow-ups in the question forms the demo model was trained on (training/dialogues.py).
-QUESTIONS = ("How many shapes are there?", "What colour is the circle?")
+# Follow-ups in forms the demo model was trained on (training/dialogues.py, training/phrasings.py).
+QUESTIONS = ("How many shapes?", "What color is the circle?")
 
 
 def ask(page, text: str, timeout_s: float = 120) -> None:

@@ -1,6 +1,6 @@
 """The demo model's one training recipe: which conversations it sees, in which mix, and its fixed settings.
 
-    python -m training.train --recipe demo
+    python -m training.train --recipe demo-phrasings
 
 Example i of the recipe is a pure function of i (its RNG is seeded with i), so a run is reproducible from
 random weights and a snapshot can be checked at any step. The mix:
@@ -11,7 +11,9 @@ random weights and a snapshot can be checked at any step. The mix:
   model learns to refuse per question while still answering the rest from the same picture;
 - some examples show a picture that is not a scene (training/ood.py), and every question about it, in the
   shape language or not, gets `OOD_REPLY`;
-- a few are text-only chats, refused the same way.
+- a few are text-only chats, refused the same way;
+- in the shipped recipe (`demo-phrasings`) 30 % of all questions, answered or refused, are asked in another form
+  (training/phrasings.py: "what color is the circle?", "how many squares?").
 
 Evaluation probes (`ood_probe`) come from a disjoint seed range and held-out question pools.
 """
@@ -90,8 +92,8 @@ DEMO_WHERE_FADE = replace(DEMO_WHERE_WIDE, fading_targets=("where",), type_weigh
 # still missed, now as "a blue star" for "two blue stars" (47.3 minutes on an AVX-512 EPYC). Not shipped; kept so
 # the card's figure can be reproduced.
 DEMO_GROUPED_WIDE = replace(DEMO_WIDE, describe_style="grouped", type_weights=(("where", 2.0), ("describe", 2.5)))
-# The shipped recipe with a third of its questions asked in other forms ("What color is the circle?", "how many
-# squares?", "describe this image"), which the shipped weights refuse.
+# The shipped weights' recipe: `demo` with 30 % of its questions asked in other forms ("What color is the circle?",
+# "how many squares?", "describe this image"), which `demo`'s weights refused (0.213 on them; these 0.9755).
 DEMO_PHRASINGS = replace(DEMO, phrasing_share=0.3)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE, "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE,
            "demo-where-fade": DEMO_WHERE_FADE, "demo-centre-wide": DEMO_CENTRE_WIDE}

@@ -6,21 +6,18 @@ Two conversations run at once, so their turns share decode batches; follow-ups r
 import threading
 
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
-from training.dialogues import Turn, describe, to_messages
+from training.dialogues import Turn, describe, position_of, to_messages
+from training.example_scenes import EXAMPLES
 from training.scenes import Scene, Shape, render_scene
 
-# Hand-placed scenes, so the ground truth is plain to read here.
-SCENE_A = Scene(
-    shapes=(Shape("circle", "red", 50, 130, 30), Shape("square", "blue", 205, 125, 22),
-            Shape("star", "yellow", 128, 215, 26)),
-    background="stripes", background_tone=(225, 225, 215), seed=1,
-)
+# Scene A is the page's first example picture (ui/examples/three-shapes.png), the one visitors meet first; scene B
+# is hand-placed, so the ground truth is plain to read here.
+SCENE_A = EXAMPLES["three-shapes"][0]
 TURNS_A = [
     Turn("colour", "what colour is the circle?", "red"),
-    # "where" is the model's weakest type (79 % held-out, see the model card), so the known-scene check
-    # uses the types it has learned; the quality test covers "where" through the overall score.
     Turn("exists", "is there a blue square?", "yes"),
     Turn("count", "how many shapes are there?", "3"),
+    Turn("where", "where is the circle?", "left"),
     Turn("describe", "describe the image.", "a red circle, a blue square and a yellow star"),
 ]
 SCENE_B = Scene(
@@ -51,7 +48,8 @@ def _converse(engine: LLMEngine, scene: Scene, turns: list[Turn], session: str, 
 
 
 def test_known_scenes_answered_through_engine(demo_model_dir):
-    assert describe(SCENE_A) == TURNS_A[3].answer  # the hand-written truth agrees with the generator's rules
+    # The hand-written truth agrees with the generator's rules.
+    assert describe(SCENE_A) == TURNS_A[4].answer and position_of(SCENE_A.shapes[0]) == TURNS_A[3].answer
     engine = LLMEngine(EngineConfig(model=str(demo_model_dir), dtype="float32", device="cpu")).start()
     try:
         results = {"a": {}, "b": {}}
