@@ -65,7 +65,7 @@ class Recipe:
 DEMO = Recipe(steps=5000, batch_size=16, peak_lr=2e-3, aux_weight=0.5, seed=0,
               type_weights=(("where", 3.0), ("describe", 1.5)),
               ood_image_share=0.10, text_only_share=0.03, mixed_share=0.25)
-# The shipped recipe plus a per-token "where" target: "where" goes to 1.0 and "describe" and "count" drop
+# `demo` plus a per-token "where" target: "where" goes to 1.0 and "describe" and "count" drop
 # (the model card has the figures). Kept to be tried again with a wider vision tower.
 DEMO_WHERE = replace(DEMO, aux_targets=("kind", "colour", "where"))
 # The same with a vision tower 128 wide instead of 96, so kind and "where" need not share 96 features
@@ -77,7 +77,7 @@ DEMO_WHERE_WIDE = replace(DEMO_WHERE, vision_width=128)
 # reproduced.
 DEMO_CENTRE_WIDE = replace(DEMO_WHERE_WIDE, steps=4800, type_weights=(("where", 2.0), ("describe", 2.0)),
                            aux_targets=("kind", "colour", "where", "centre_row", "centre_col"))
-# The shipped recipe with only the vision tower widened (128), no "where" target: does width alone help shape
+# `demo` with only the vision tower widened (128), no "where" target: does width alone help shape
 # recognition ("describe")? Every wide run before it also had the "where" target. 0.9715: "where" 0.995 without
 # the target, "describe" 0.903 (59.7 minutes on an AVX-512 Xeon). Not shipped; kept for the card's figure.
 DEMO_WIDE = replace(DEMO, vision_width=128)

@@ -1,4 +1,4 @@
-"""Other forms of the demo's questions keep their answers, and older recipes draw exactly what they drew before."""
+"""Other forms of the demo's questions keep their answers, and recipes without them still ask the canonical forms."""
 
 import random
 
@@ -23,7 +23,8 @@ def test_every_question_type_gets_other_forms_with_the_same_answer():
     for qtype, questions in seen.items():
         assert len(questions) >= 4, (qtype, questions)
     assert any("color" in q for q in seen["colour"]) and any(not q.endswith(("?", ".")) for q in seen["count"])
-    assert "is there an orange" in " ".join(seen["exists"]) or all("orange" not in q for q in seen["exists"])
+    orange = {rephrase(Turn("exists", "is there a orange star?", "no"), rng).question for _ in range(40)}
+    assert any("an orange star" in q for q in orange) and not any(" a orange" in q for q in orange)
     refusal = Turn(OOD_TYPE, "hello", OOD_REPLY)
     assert rephrase(refusal, rng) == refusal
 
@@ -37,15 +38,15 @@ def test_the_eval_can_ask_in_other_forms_on_the_same_scenes():
     assert scene_examples(30, phrasings=True)[7].turns == other[7].turns, "reproducible"
 
 
-def test_a_phrasing_recipe_rephrases_and_the_shipped_recipe_is_untouched():
+def test_a_phrasing_recipe_rephrases_and_the_demo_recipe_is_untouched():
     recipe = RECIPES["demo-phrasings"]
     assert recipe.phrasing_share > 0 and DEMO.phrasing_share == 0
-    shipped = [recipe_example(DEMO, i) for i in range(200)]
+    plain = [recipe_example(DEMO, i) for i in range(200)]
     varied = [recipe_example(recipe, i) for i in range(200)]
     # Same scene for the same index (the rephrasing draws come after the scene and its dialogue) ...
-    assert all(a.scene == b.scene for a, b in zip(shipped, varied))
+    assert all(a.scene == b.scene for a, b in zip(plain, varied))
     questions = [t.question.lower() for e in varied for t in e.turns]
     assert any("color" in q for q in questions) and any(q.startswith("describe this") for q in questions)
-    # ... and the shipped recipe's questions are the canonical ones only.
-    canonical = {t.question.lower() for e in shipped for t in e.turns if t.qtype in QUESTION_TYPES}
+    # ... and the `demo` recipe's questions are the canonical ones only.
+    canonical = {t.question.lower() for e in plain for t in e.turns if t.qtype in QUESTION_TYPES}
     assert not any("color" in q or q.startswith("describe this") for q in canonical)
