@@ -64,17 +64,25 @@ def describe_style_of(model_dir: Path) -> str:
     return "listed"
 
 
-def build_fresh_model(processor, seed: int = 0, vision_width: int = VISION_SIZES["hidden_size"]):
+def build_fresh_model(processor, seed: int = 0, vision_width: int = VISION_SIZES["hidden_size"],
+                      text_layers: tuple[str, ...] | None = None,
+                      vision_layers: int = VISION_SIZES["num_hidden_layers"]):
     """A random-init demo model, saved and reloaded through from_pretrained like any checkpoint.
 
-    `vision_width` widens the vision tower (its MLP stays twice as wide); the text side is fixed."""
+    `vision_width` widens the vision tower (its MLP stays twice as wide) and `vision_layers` deepens it;
+    `text_layers` replaces the text stack's layer types ("conv" / "full_attention", one per layer), and so its
+    depth. The text stack's widths stay fixed."""
+    text_sizes = dict(TEXT_SIZES)
+    if text_layers:
+        text_sizes.update(layer_types=list(text_layers), num_hidden_layers=len(text_layers))
     from transformers import Lfm2VlForConditionalGeneration
 
     from training.tiny_checkpoint import build_lfm2vl_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
-        build_lfm2vl_checkpoint(tmp, tokenizer=processor.tokenizer, processor=processor, text_overrides=TEXT_SIZES,
+        build_lfm2vl_checkpoint(tmp, tokenizer=processor.tokenizer, processor=processor, text_overrides=text_sizes,
                                 vision_overrides=dict(VISION_SIZES, hidden_size=vision_width,
-                                                      intermediate_size=2 * vision_width),
+                                                      intermediate_size=2 * vision_width,
+                                                      num_hidden_layers=vision_layers),
                                 projector_hidden_size=PROJECTOR_HIDDEN, seed=seed)
         return Lfm2VlForConditionalGeneration.from_pretrained(tmp, dtype="float32")

@@ -41,7 +41,8 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
     processor = build_processor(recipe.describe_style)
-    model = build_fresh_model(processor, seed=recipe.seed, vision_width=recipe.vision_width)
+    model = build_fresh_model(processor, seed=recipe.seed, vision_width=recipe.vision_width,
+                              text_layers=recipe.text_layers, vision_layers=recipe.vision_layers)
     model.train()
     aux = TokenProbe(model, recipe.aux_targets)
     params = list(model.named_parameters()) + list(aux.heads.named_parameters())

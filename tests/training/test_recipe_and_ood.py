@@ -157,3 +157,22 @@ def test_a_fading_target_weighs_in_fully_then_fades_out_of_the_loss():
     assert where > 0
     torch.testing.assert_close(half, base + 0.5 * where, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gone, base, rtol=1e-5, atol=1e-5)
+
+
+def test_a_recipe_can_deepen_either_stack_and_the_default_stays_the_shipped_one():
+    from training.demo_model import TEXT_SIZES, VISION_SIZES, build_fresh_model, build_processor
+    from training.recipe import DEMO_DEEP_TEXT, DEMO_DEEP_VISION, DEMO_PHRASINGS
+
+    processor = build_processor()
+    deep_text = build_fresh_model(processor, text_layers=DEMO_DEEP_TEXT.text_layers).config
+    assert deep_text.text_config.layer_types == list(DEMO_DEEP_TEXT.text_layers)
+    assert deep_text.text_config.num_hidden_layers == 5
+    deep_vision = build_fresh_model(processor, vision_layers=DEMO_DEEP_VISION.vision_layers).config
+    assert deep_vision.vision_config.num_hidden_layers == 5
+    shipped = build_fresh_model(processor).config
+    assert DEMO_PHRASINGS.text_layers is None and DEMO_PHRASINGS.vision_layers == VISION_SIZES["num_hidden_layers"]
+    assert shipped.text_config.layer_types == TEXT_SIZES["layer_types"]
+    assert (shipped.text_config.num_hidden_layers, shipped.vision_config.num_hidden_layers) == (4, 3)
+    # depth only: the widths stay the demo's
+    assert deep_text.text_config.hidden_size == shipped.text_config.hidden_size
+    assert deep_vision.vision_config.hidden_size == shipped.vision_config.hidden_size
