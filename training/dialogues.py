@@ -83,8 +83,17 @@ def _shape_of_kind(scene: Scene, kind: str) -> Shape:
     return next(s for s in scene.shapes if s.kind == kind)
 
 
-def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "listed") -> dict[str, list[Turn]]:
-    """Every askable question for the scene, grouped by type (some types may have none)."""
+def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "listed",
+                    independent_exists: bool = False) -> dict[str, list[Turn]]:
+    """Every askable question for the scene, grouped by type (some types may have none).
+
+    "is there" questions come as one "yes" and one "no" per scene; with `independent_exists` each of the two
+    is "yes" or "no" by its own coin, so two questions in one chat can share their answer and the second cannot be
+    answered as the opposite of the first (training/eval.py's `--exists-pairs` measures that shortcut)."""
+    if independent_exists:
+        out = candidate_turns(scene, rng, describe_style)
+        out["exists"] = _independent_exists_turns(scene, rng)
+        return out
     out: dict[str, list[Turn]] = {t: [] for t in QUESTION_TYPES}
     for kind in _unique_kinds(scene):
         shape = _shape_of_kind(scene, kind)
@@ -111,15 +120,31 @@ def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "lis
     return out
 
 
+def _independent_exists_turns(scene: Scene, rng: random.Random) -> list[Turn]:
+    """Two "is there" questions, each answered "yes" or "no" by its own coin (different pairs asked)."""
+    present = sorted({(s.colour, s.kind) for s in scene.shapes})
+    absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
+    turns: list[Turn] = []
+    for _ in range(2):
+        yes = bool(present) and rng.random() < 0.5  # a one-shape scene has one "yes" to give
+        pool = present if yes else absent
+        near = [(c, k) for c, k in pool if any(c == pc or k == pk for pc, pk in present)] if not yes else []
+        colour, kind = rng.choice(near if near and rng.random() < 0.7 else pool)
+        (present if yes else absent).remove((colour, kind))
+        turns.append(Turn("exists", f"is there a {colour} {kind}?", "yes" if yes else "no"))
+    return turns
+
+
 def make_dialogue(scene: Scene, rng: random.Random, n_turns: int,
-                  type_weights: dict[str, float] | None = None, describe_style: str = "listed") -> list[Turn]:
+                  type_weights: dict[str, float] | None = None, describe_style: str = "listed",
+                  independent_exists: bool = False) -> list[Turn]:
     """Up to n_turns distinct questions about the scene, question types drawn as evenly as the scene allows.
 
     `type_weights` (training only) makes some types likelier where the scene allows them; without it the draw
     is uniform over the available types, which is what evaluation uses. `describe_style` is how "describe the
     image." is answered (DESCRIBE_STYLES); the questions and every other answer are the same in both.
     """
-    pool = candidate_turns(scene, rng, describe_style)
+    pool = candidate_turns(scene, rng, describe_style, independent_exists)
     for turns in pool.values():
         rng.shuffle(turns)
     dialogue: list[Turn] = []

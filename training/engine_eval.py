@@ -36,10 +36,10 @@ def converse(engine, example: Example, session_id: str) -> list[str]:
 
 
 def evaluate_engine(model_dir: Path, scenes: int, probes: int, users: int = 16, progress: bool = False,
-                    phrasings: bool = False) -> dict:
+                    phrasings: bool = False, exists_pairs: bool = False) -> dict:
     from engine import EngineConfig, LLMEngine
 
-    scene_set = scene_examples(scenes, describe_style_of(model_dir), phrasings)
+    scene_set = scene_examples(scenes, describe_style_of(model_dir), phrasings, exists_pairs)
     probe_set = probe_examples(probes)
     # Interleave: one probe after every few scenes, so in-domain and out-of-domain turns share decode batches.
     jobs = [("scene", i) for i in range(scenes)]

@@ -17,6 +17,11 @@ Three ways to answer:
 `--phrasings` asks every scene question in another form ("What color is the circle?", "how many squares?",
 training/phrasings.py) on the same scenes, with the same answers.
 
+`--exists-pairs` asks, of each held-out scene, two "is there a ...?" questions with the same answer (both yes or
+both no; half the scenes each). The standard dialogues, like the training ones, ask one "yes" and one "no" of a
+scene, so they cannot tell a model that looks at the picture from one that answers the second question as the
+opposite of the first. Turn 2's accuracy is the figure to read.
+
 Prints tables per question type, per turn and per probe family, then one line:
 RESULT {"accuracy", "min_type_accuracy", "ood_reply_rate", "in_domain_refusal_rate", ...}.
 """
@@ -38,9 +43,10 @@ from training.examples import Example, eval_dialogue
 from training.ood import OOD_REPLY
 from training.phrasings import rephrase
 from training.recipe import ood_probe, probe_family
-from training.scenes import render_scene
+from training.scenes import COLOUR_NAMES, SHAPES, generate_scene, render_scene
 
 PHRASINGS_SEED_BASE = 5 * 10**9  # the other forms' draws for eval scene i; disjoint from every other seed
+EXISTS_PAIRS_SEED_BASE = 6 * 10**9  # the pairs' scenes and questions; disjoint from every other seed
 TURNS_PER_SCENE = 4
 TURNS_PER_PROBE = 2
 MAX_NEW_TOKENS = 32  # the longest canonical answer ("a red circle, ... and a blue star") is ~20 tokens
@@ -55,15 +61,36 @@ def load(model_dir: Path):
     return model.eval(), processor
 
 
-def scene_examples(scenes: int, describe_style: str = "listed", phrasings: bool = False) -> list[Example]:
+def scene_examples(scenes: int, describe_style: str = "listed", phrasings: bool = False,
+                   exists_pairs: bool = False) -> list[Example]:
     """The held-out scene dialogues; with `phrasings`, every question asked in another form
-    (training/phrasings.py; the same scenes and answers)."""
+    (training/phrasings.py; the same scenes and answers); with `exists_pairs`, `exists_pair_examples` instead."""
+    if exists_pairs:
+        return exists_pair_examples(scenes)
     out = []
     for i in range(scenes):
         scene, turns = eval_dialogue(i, TURNS_PER_SCENE, describe_style)
         if phrasings:
             rng = random.Random(PHRASINGS_SEED_BASE + i)
             turns = [rephrase(t, rng) for t in turns]
+        out.append(Example(render_scene(scene), turns, scene))
+    return out
+
+
+def exists_pair_examples(scenes: int) -> list[Example]:
+    """Held-out scenes, each asked two "is there" questions with the same answer: both yes for even indices (two
+    different kind-and-colour pairs present; scenes with fewer are redrawn), both no for odd ones."""
+    out = []
+    for i in range(scenes):
+        rng = random.Random(EXISTS_PAIRS_SEED_BASE + i)
+        scene = generate_scene(rng)
+        present = sorted({(s.colour, s.kind) for s in scene.shapes})
+        while i % 2 == 0 and len(present) < 2:
+            scene = generate_scene(rng)
+            present = sorted({(s.colour, s.kind) for s in scene.shapes})
+        absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
+        asked, answer = (rng.sample(present, 2), "yes") if i % 2 == 0 else (rng.sample(absent, 2), "no")
+        turns = [Turn("exists", f"is there a {c} {k}?", answer) for c, k in asked]  # the canonical form
         out.append(Example(render_scene(scene), turns, scene))
     return out
 
@@ -152,9 +179,11 @@ def score(scenes: list[Example], scene_answers: list[list[str]], probes: list[Ex
 
 
 def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool = False, probes: int = 0,
-             teacher_forced: bool = False, describe_style: str = "listed", phrasings: bool = False) -> dict:
+             teacher_forced: bool = False, describe_style: str = "listed", phrasings: bool = False,
+             exists_pairs: bool = False) -> dict:
     """Generate-mode report on `scenes` held-out dialogues and `probes` out-of-domain probes."""
-    scene_set, probe_set = scene_examples(scenes, describe_style, phrasings), probe_examples(probes)
+    scene_set = scene_examples(scenes, describe_style, phrasings, exists_pairs)
+    probe_set = probe_examples(probes)
     answers = answer_with_generate(model, processor, scene_set + probe_set, batch_size, progress, teacher_forced)
     return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
 
@@ -188,6 +217,8 @@ def main() -> None:
     parser.add_argument("--show-failures", type=int, default=10)
     parser.add_argument("--phrasings", action="store_true",
                         help="ask every scene question in another form (training/phrasings.py): 'what color ...'")
+    parser.add_argument("--exists-pairs", action="store_true",
+                        help="ask each scene two 'is there' questions with the same answer (read turn 2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
@@ -196,14 +227,16 @@ def main() -> None:
         from training.engine_eval import evaluate_engine
 
         report = evaluate_engine(args.model, args.scenes, args.probes, args.users, progress=True,
-                                 phrasings=args.phrasings)
+                                 phrasings=args.phrasings, exists_pairs=args.exists_pairs)
     else:
         model, processor = load(args.model)
         report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes,
-                          teacher_forced=args.mode == "teacher-forced", describe_style=style, phrasings=args.phrasings)
+                          teacher_forced=args.mode == "teacher-forced", describe_style=style, phrasings=args.phrasings,
+                          exists_pairs=args.exists_pairs)
     print_report(report, args.show_failures)
     rate = report["ood_reply_rate"]
-    result = {"mode": args.mode, "describe_style": style, "phrasings": args.phrasings, "accuracy": round(report["accuracy"], 4),
+    result = {"mode": args.mode, "describe_style": style, "phrasings": args.phrasings,
+              "exists_pairs": args.exists_pairs, "accuracy": round(report["accuracy"], 4),
               "min_type_accuracy": round(report["min_type_accuracy"], 4),
               "ood_reply_rate": None if rate is None else round(rate, 4),
               "in_domain_refusal_rate": round(report["in_domain_refusal_rate"], 4),
