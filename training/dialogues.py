@@ -90,10 +90,6 @@ def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "lis
     "is there" questions come as one "yes" and one "no" per scene; with `independent_exists` each of the two
     is "yes" or "no" by its own coin, so two questions in one chat can share their answer and the second cannot be
     answered as the opposite of the first (training/eval.py's `--exists-pairs` measures that shortcut)."""
-    if independent_exists:
-        out = candidate_turns(scene, rng, describe_style)
-        out["exists"] = _independent_exists_turns(scene, rng)
-        return out
     out: dict[str, list[Turn]] = {t: [] for t in QUESTION_TYPES}
     for kind in _unique_kinds(scene):
         shape = _shape_of_kind(scene, kind)
@@ -105,14 +101,12 @@ def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "lis
     for kind in SHAPES:
         out["count"].append(Turn("count", f"how many {PLURALS[kind]} are there?", NUMBER_WORDS[kinds.count(kind)]))
     out["count"].append(Turn("count", "how many shapes are there?", NUMBER_WORDS[len(kinds)]))
-    present = {(s.colour, s.kind) for s in scene.shapes}
-    colour, kind = rng.choice(sorted(present))
-    out["exists"].append(Turn("exists", f"is there a {colour} {kind}?", "yes"))
-    # Hard negatives: keep either the colour or the kind of a shape that is present.
-    absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
-    near = [(c, k) for c, k in absent if any(c == pc or k == pk for pc, pk in present)]
-    colour, kind = rng.choice(near if near and rng.random() < 0.7 else absent)
-    out["exists"].append(Turn("exists", f"is there a {colour} {kind}?", "no"))
+    present = sorted({(s.colour, s.kind) for s in scene.shapes})
+    for answer in ("yes", "no"):
+        if independent_exists:
+            yes_left = len(present) > sum(t.answer == "yes" for t in out["exists"])  # one-shape scenes: one yes
+            answer = "yes" if rng.random() < 0.5 and yes_left else "no"
+        out["exists"].append(exists_question(present, rng, answer, asked=out["exists"]))
     big = largest(scene)
     if big:
         out["largest"].append(Turn("largest", "which shape is the largest?", f"the {big.colour} {big.kind}"))
@@ -120,19 +114,20 @@ def candidate_turns(scene: Scene, rng: random.Random, describe_style: str = "lis
     return out
 
 
-def _independent_exists_turns(scene: Scene, rng: random.Random) -> list[Turn]:
-    """Two "is there" questions, each answered "yes" or "no" by its own coin (different pairs asked)."""
-    present = sorted({(s.colour, s.kind) for s in scene.shapes})
-    absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
-    turns: list[Turn] = []
-    for _ in range(2):
-        yes = bool(present) and rng.random() < 0.5  # a one-shape scene has one "yes" to give
-        pool = present if yes else absent
-        near = [(c, k) for c, k in pool if any(c == pc or k == pk for pc, pk in present)] if not yes else []
-        colour, kind = rng.choice(near if near and rng.random() < 0.7 else pool)
-        (present if yes else absent).remove((colour, kind))
-        turns.append(Turn("exists", f"is there a {colour} {kind}?", "yes" if yes else "no"))
-    return turns
+def exists_question(present: list[tuple[str, str]], rng: random.Random, answer: str,
+                    asked: list[Turn] = ()) -> Turn:
+    """An "is there a <colour> <kind>?" question about a scene whose (colour, kind) pairs are `present` (sorted),
+    answered `answer`, and not one of the turns `asked` already. A "no" is a hard negative 70 % of the time: it
+    keeps either the colour or the kind of a shape that is present."""
+    taken = {t.question for t in asked}
+    fresh = [(c, k) for c, k in (present if answer == "yes" else
+                                 [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present])
+             if f"is there a {c} {k}?" not in taken]
+    if answer == "no":
+        near = [(c, k) for c, k in fresh if any(c == pc or k == pk for pc, pk in present)]
+        fresh = near if near and rng.random() < 0.7 else fresh
+    colour, kind = rng.choice(fresh)
+    return Turn("exists", f"is there a {colour} {kind}?", answer)
 
 
 def make_dialogue(scene: Scene, rng: random.Random, n_turns: int,

@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 
 from training.demo_model import DEFAULT_MODEL_DIR, describe_style_of
-from training.dialogues import QUESTION_TYPES, Turn, to_messages
+from training.dialogues import QUESTION_TYPES, Turn, exists_question, to_messages
 from training.examples import Example, eval_dialogue
 from training.ood import OOD_REPLY
 from training.phrasings import rephrase
 from training.recipe import ood_probe, probe_family
-from training.scenes import COLOUR_NAMES, SHAPES, generate_scene, render_scene
+from training.scenes import generate_scene, render_scene
 
 PHRASINGS_SEED_BASE = 5 * 10**9  # the other forms' draws for eval scene i; disjoint from every other seed
 EXISTS_PAIRS_SEED_BASE = 6 * 10**9  # the pairs' scenes and questions; disjoint from every other seed
@@ -79,7 +79,8 @@ def scene_examples(scenes: int, describe_style: str = "listed", phrasings: bool 
 
 def exists_pair_examples(scenes: int) -> list[Example]:
     """Held-out scenes, each asked two "is there" questions with the same answer: both yes for even indices (two
-    different kind-and-colour pairs present; scenes with fewer are redrawn), both no for odd ones."""
+    different kind-and-colour pairs present; scenes with fewer are redrawn), both no for odd ones (hard negatives as
+    often as in training, `exists_question`)."""
     out = []
     for i in range(scenes):
         rng = random.Random(EXISTS_PAIRS_SEED_BASE + i)
@@ -88,9 +89,9 @@ def exists_pair_examples(scenes: int) -> list[Example]:
         while i % 2 == 0 and len(present) < 2:
             scene = generate_scene(rng)
             present = sorted({(s.colour, s.kind) for s in scene.shapes})
-        absent = [(c, k) for c in COLOUR_NAMES for k in SHAPES if (c, k) not in present]
-        asked, answer = (rng.sample(present, 2), "yes") if i % 2 == 0 else (rng.sample(absent, 2), "no")
-        turns = [Turn("exists", f"is there a {c} {k}?", answer) for c, k in asked]  # the canonical form
+        turns: list[Turn] = []
+        for _ in range(2):
+            turns.append(exists_question(present, rng, "yes" if i % 2 == 0 else "no", asked=turns))
         out.append(Example(render_scene(scene), turns, scene))
     return out
 

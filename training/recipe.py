@@ -116,7 +116,7 @@ DEMO_DEEP_TEXT = replace(DEMO_PHRASINGS, text_layers=("conv", "full_attention", 
 DEMO_DEEP_VISION = replace(DEMO_PHRASINGS, vision_layers=5)
 # The shipped recipe with its one known shortcut taken away: each scene's two "is there" questions are answered
 # yes or no by independent coins. The shipped weights answer a chat's second "is there" question as the opposite
-# of the first (`python -m training.eval --mode engine --exists-pairs`: turn 2 0.476 when both answers are the
+# of the first (`python -m training.eval --mode engine --exists-pairs`: turn 2 0.406 when both answers are the
 # same). Not trained yet.
 DEMO_EXISTS = replace(DEMO_PHRASINGS, independent_exists=True)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
