@@ -119,10 +119,14 @@ DEMO_DEEP_VISION = replace(DEMO_PHRASINGS, vision_layers=5)
 # of the first (`python -m training.eval --mode engine --exists-pairs`: turn 2 0.406 when both answers are the
 # same). Not trained yet.
 DEMO_EXISTS = replace(DEMO_PHRASINGS, independent_exists=True)
+# `demo-exists` with the multi-label "present" target on every image token (training/token_targets.py): each token
+# also names every kind-and-colour that shows in it, not only the one covering most of it, so a small shape beside
+# a larger one (radius 16-21 px: one or two tokens, the majority of none) is a target in the tokens it touches.
+DEMO_PRESENT = replace(DEMO_EXISTS, aux_targets=("kind", "colour", "present"))
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
            "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE, "demo-where-fade": DEMO_WHERE_FADE,
            "demo-centre-wide": DEMO_CENTRE_WIDE, "demo-deep-text": DEMO_DEEP_TEXT, "demo-deep-vision": DEMO_DEEP_VISION,
-           "demo-exists": DEMO_EXISTS}
+           "demo-exists": DEMO_EXISTS, "demo-present": DEMO_PRESENT}
 
 
 def _rephrased(turns: list, rng: random.Random, share: float) -> list:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
 from training.examples import IGNORE, encode_examples
 from training.recipe import RECIPES, Recipe, recipe_example
-from training.token_targets import GRID, TARGET_CLASSES, token_targets
+from training.token_targets import GRID, MULTI_LABEL_CLASSES, TARGET_CLASSES, label_targets, token_targets
 
 
 def learning_rate(progress: float, peak: float, warmup: float = 0.03, floor: float = 0.05) -> float:
@@ -96,7 +96,8 @@ class TokenProbe:
     """Auxiliary loss: predict facts about each image token from the projector output (training/token_targets.py).
 
     Each token predicts its own row and column and the recipe's `aux_targets` (any of `TARGET_CLASSES`: the
-    kind and colour under it, and for a token on a shape, where that shape is or its centre). Row and column keep the
+    kind and colour under it, and for a token on a shape, where that shape is or its centre; or the multi-label
+    `MULTI_LABEL_CLASSES`: every kind-and-colour that shows in it). Row and column keep the
     token's place in the image inside its features: the text side cannot read absolute image positions from
     rotary offsets, whose distance to the image varies with the dialogue's length. Pictures that are not scenes
     have no targets (their tokens are ignored). Training-only linear heads on a forward hook; they are not part
@@ -105,7 +106,8 @@ class TokenProbe:
 
     def __init__(self, model, targets=("kind", "colour")):
         hidden = model.config.text_config.hidden_size
-        classes = dict({key: TARGET_CLASSES[key] for key in targets}, row=GRID, col=GRID)
+        every = dict(TARGET_CLASSES, **MULTI_LABEL_CLASSES)
+        classes = dict({key: every[key] for key in targets}, row=GRID, col=GRID)
         self.heads = torch.nn.ModuleDict({key: torch.nn.Linear(hidden, n) for key, n in classes.items()})
         self._features = None
         model.model.multi_modal_projector.register_forward_hook(self._capture)
@@ -122,21 +124,43 @@ class TokenProbe:
         cells = GRID * GRID
         # The projector sees every image padded to the most tokens an image may have (64 = a 256 px scene).
         assert features is not None and features.shape[0] == cells * len(scenes), "unexpected image tokens"
-        ignore = torch.full((cells,), IGNORE)
-        index = torch.arange(cells)
-        targets: dict[str, list[torch.Tensor]] = {key: [] for key in self.heads}
+        scale = scale or {}
+        total = torch.zeros(())
+        terms = dict(self._class_terms(features, scenes), **self._label_terms(features, scenes))
+        for key, term in terms.items():
+            weight = scale.get(key, 1.0)
+            if weight > 0:
+                total = total + (term if key not in scale else weight * term)
+        return total
+
+    def _class_terms(self, features: torch.Tensor, scenes) -> dict[str, torch.Tensor]:
+        """Cross-entropy of each one-class-per-token head (those with any target in these scenes)."""
+        cells = GRID * GRID
+        ignore, index = torch.full((cells,), IGNORE), torch.arange(cells)
+        keys = [key for key in self.heads if key not in MULTI_LABEL_CLASSES]
+        targets: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
         for scene in scenes:
             per_token = dict(token_targets(scene), row=index // GRID, col=index % GRID) if scene is not None else {}
-            for key in targets:
+            for key in keys:
                 targets[key].append(per_token.get(key, ignore))
-        total = torch.zeros(())
+        terms = {}
         for key, values in targets.items():
             wanted = torch.cat(values)
-            weight = (scale or {}).get(key, 1.0)
-            if weight > 0 and (wanted != IGNORE).any():  # shapes covering no cell: no "where" or centre targets
-                term = torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
-                total = total + (term if key not in (scale or {}) else weight * term)
-        return total
+            if (wanted != IGNORE).any():  # shapes covering no cell: no "where" or centre targets
+                terms[key] = torch.nn.functional.cross_entropy(self.heads[key](features), wanted, ignore_index=IGNORE)
+        return terms
+
+    def _label_terms(self, features: torch.Tensor, scenes) -> dict[str, torch.Tensor]:
+        """Binary cross-entropy of each multi-label head, summed over its labels and averaged over the tokens of
+        scene pictures (other pictures have no targets), so it weighs about as much as one class head."""
+        shown = [i for i, scene in enumerate(scenes) if scene is not None]
+        tokens = features.view(len(scenes), GRID * GRID, -1)[shown].reshape(-1, features.shape[-1])
+        keys = [key for key in self.heads if key in MULTI_LABEL_CLASSES]
+        per_scene = [label_targets(scenes[i]) for i in shown] if keys else []
+        return {key: torch.nn.functional.binary_cross_entropy_with_logits(
+                    self.heads[key](tokens), torch.cat([labels[key] for labels in per_scene]),
+                    reduction="none").sum(-1).mean()
+                for key in keys}
 
 
 def _save(model, processor, out_dir: Path) -> None:

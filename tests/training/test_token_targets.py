@@ -51,3 +51,28 @@ def test_twins_are_told_apart_by_the_cell_of_their_centre():
     for cell in squares:  # each cell names the centre of its own square, the nearer one
         assert int(targets["centre_col"][cell]) == (40 // 32 if cell[1] < GRID // 2 else 216 // 32)
     assert targets["centre_row"][0, 0] == IGNORE and targets["centre_col"][0, 0] == IGNORE  # background
+
+
+def test_presence_marks_a_small_shape_in_the_cells_a_larger_one_holds():
+    from training.scenes import COLOUR_NAMES, SHAPES
+    from training.token_targets import MULTI_LABEL_CLASSES, label_targets
+
+    # A big red square over cells (2..5, 2..5) and a small green star poking out of its right edge, centred on
+    # the border of columns 5 and 6: in column 5 the square covers most of each cell.
+    scene = Scene((Shape("square", "red", 128, 128, 60), Shape("star", "green", 192, 128, 18)),
+                  "plain", (230, 230, 230), 0)
+    present = label_targets(scene)["present"]
+    assert present.shape == (GRID * GRID, MULTI_LABEL_CLASSES["present"])
+    assert set(present.unique().tolist()) == {0.0, 1.0}
+    square = SHAPES.index("square") * len(COLOUR_NAMES) + COLOUR_NAMES.index("red")
+    star = SHAPES.index("star") * len(COLOUR_NAMES) + COLOUR_NAMES.index("green")
+    grid = present.view(GRID, GRID, -1)
+    kinds = token_targets(scene)["kind"].view(GRID, GRID)
+    star_cells = {(r, c) for r in range(GRID) for c in range(GRID) if grid[r, c, star]}
+    assert star_cells == {(3, 5), (4, 5), (3, 6), (4, 6)}
+    assert all(grid[r, 5, square] for r in (3, 4))  # shared with the square in column 5
+    # The one-class target names the star nowhere: the square holds column 5, and in column 6 the star covers too
+    # little of any cell, so it is background there.
+    assert not (kinds == SHAPES.index("star")).any()
+    assert grid[0, 0].sum() == 0  # background: nothing shows
+    assert present[:, [i for i in range(present.shape[1]) if i not in (square, star)]].sum() == 0
