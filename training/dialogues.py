@@ -42,13 +42,17 @@ def position_of(shape: Shape) -> str | None:
     return None
 
 
-# How "describe the image." is answered. Both list shapes sorted by kind, then colour:
+# How "describe the image." is answered. All list shapes sorted by kind, then colour:
 # - "listed" names each shape: "a red circle, a blue star and a blue star";
 # - "grouped" names each kind-and-colour once, with its count: "a red circle and two blue stars". Twins are the
 #   "listed" answers' most common miss (one of two identical phrases dropped or repeated), and the count says up
 #   front how many to write.
-DESCRIBE_STYLES = ("listed", "grouped")
-_COUNT_WORDS = {2: "two", 3: "three", 4: "four"}
+# - "counted" is "listed" after the number of shapes: "three shapes: a red circle, a blue star and a blue star".
+#   Most "listed" misses have the wrong number of items (a well-separated shape written twice, or one left out),
+#   while "how many shapes are there?" is answered right far more often; written first, the number is in the
+#   context while the list is written, and says when to stop.
+DESCRIBE_STYLES = ("listed", "grouped", "counted")
+_COUNT_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
 
 
 def describe(scene: Scene, style: str = "listed") -> str:
@@ -56,7 +60,7 @@ def describe(scene: Scene, style: str = "listed") -> str:
     if style not in DESCRIBE_STYLES:
         raise ValueError(f"describe style {style!r} is not one of {DESCRIBE_STYLES}")
     order = sorted(scene.shapes, key=lambda s: (SHAPES.index(s.kind), COLOUR_NAMES.index(s.colour)))
-    if style == "listed":
+    if style in ("listed", "counted"):
         parts = [f"{'an' if s.colour == 'orange' else 'a'} {s.colour} {s.kind}" for s in order]
     else:
         counts: dict[tuple[str, str], int] = {}
@@ -64,7 +68,11 @@ def describe(scene: Scene, style: str = "listed") -> str:
             counts[(s.colour, s.kind)] = counts.get((s.colour, s.kind), 0) + 1
         parts = [f"{'an' if colour == 'orange' else 'a'} {colour} {kind}" if n == 1
                  else f"{_COUNT_WORDS[n]} {colour} {PLURALS[kind]}" for (colour, kind), n in counts.items()]
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    listing = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    if style == "counted":
+        n = len(scene.shapes)
+        return f"{_COUNT_WORDS[n]} shape{'s' if n > 1 else ''}: {listing}"
+    return listing
 
 
 def largest(scene: Scene) -> Shape | None:

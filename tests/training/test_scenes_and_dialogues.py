@@ -93,6 +93,19 @@ def test_grouped_description_counts_twins_and_changes_nothing_else():
             assert a.answer == b.answer if a.qtype != "describe" else b.answer == describe(scene, "grouped")
 
 
+def test_counted_description_gives_the_number_of_shapes_then_the_listed_one():
+    twin_a, twin_b = Shape("star", "blue", 40, 40, 20), Shape("star", "blue", 200, 200, 20)
+    other = Shape("circle", "orange", 40, 200, 20)
+    assert describe(_scene(twin_a, other, twin_b), "counted") == \
+        "three shapes: an orange circle, a blue star and a blue star"
+    assert describe(_scene(other), "counted") == "one shape: an orange circle"
+    for index in range(40):
+        (scene, listed), (same_scene, counted) = eval_dialogue(index), eval_dialogue(index, describe_style="counted")
+        assert scene == same_scene and [t.question for t in listed] == [t.question for t in counted]
+        for a, b in zip(listed, counted):
+            assert a.answer == b.answer if a.qtype != "describe" else b.answer.endswith(": " + a.answer)
+
+
 def test_a_checkpoint_is_scored_in_the_describe_style_it_was_trained_in(tmp_path):
     assert describe_style_of(tmp_path) == "listed"  # no training record: the first recipes' style
     (tmp_path / "training_summary.json").write_text(json.dumps({"recipe": {"describe_style": "grouped"}}))
