@@ -59,9 +59,12 @@ def _overlap_fraction(a: Shape, b: Shape) -> float:
     return max(0.0, min(1.0, (a.radius + b.radius - d) / (2 * small)))
 
 
-def generate_scene(rng: random.Random) -> Scene:
-    """Draw a random scene. Overlap is allowed (sometimes) but never enough to hide a shape."""
-    n = rng.randint(1, 4)
+def generate_scene(rng: random.Random, twins: bool = False) -> Scene:
+    """Draw a random scene. Overlap is allowed (sometimes) but never enough to hide a shape.
+
+    With `twins` the scene has 2-4 shapes and its second has the first's kind and colour (its size and place drawn
+    as usual); without, the draws are exactly those of the plain scene."""
+    n = rng.randint(2, 4) if twins else rng.randint(1, 4)
     allow_overlap = rng.random() < 0.25
     shapes: list[Shape] = []
     while len(shapes) < n:
@@ -74,6 +77,8 @@ def generate_scene(rng: random.Random) -> Scene:
             y=rng.uniform(margin, IMAGE_SIZE - margin),
             radius=radius,
         )
+        if twins and len(shapes) == 1:
+            shape = Shape(shapes[0].kind, shapes[0].colour, shape.x, shape.y, shape.radius)
         limit = 0.35 if allow_overlap else 0.0
         if all(_overlap_fraction(shape, other) <= limit for other in shapes):
             shapes.append(shape)

@@ -129,3 +129,21 @@ def test_labels_cover_assistant_replies_only():
     labels = assistant_labels(ids, header, end)
     kept = labels[0][labels[0] != IGNORE].tolist()
     assert kept == [50, 51, 3, 60, 3]
+
+
+def test_a_twin_scene_holds_two_shapes_of_one_kind_and_colour_and_plain_draws_are_unchanged():
+    from training.recipe import RECIPES, recipe_example
+
+    for seed in range(60):
+        scene = generate_scene(random.Random(seed), twins=True)
+        first, second = scene.shapes[:2]
+        assert 2 <= len(scene.shapes) <= 4
+        assert (first.kind, first.colour) == (second.kind, second.colour) and (first.x, first.y) != (second.x, second.y)
+        assert generate_scene(random.Random(seed)) == generate_scene(random.Random(seed), twins=False)
+    # The twin recipe's pictures hold twins far more often than plain scenes (about 9 % of them).
+    base, twins = RECIPES["demo-present"], RECIPES["demo-present-twins"]
+    assert base.twin_share == 0 and twins.twin_share > 0
+    with_twins = [recipe_example(twins, i).scene for i in range(300)]
+    share = sum(len({(s.kind, s.colour) for s in scene.shapes}) < len(scene.shapes)
+                for scene in with_twins if scene is not None) / sum(scene is not None for scene in with_twins)
+    assert share > 0.25, share
