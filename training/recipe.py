@@ -101,25 +101,25 @@ DEMO_WHERE_FADE = replace(DEMO_WHERE_WIDE, fading_targets=("where",), type_weigh
 # still missed, now as "a blue star" for "two blue stars" (47.3 minutes on an AVX-512 EPYC). Not shipped; kept so
 # the card's figure can be reproduced.
 DEMO_GROUPED_WIDE = replace(DEMO_WIDE, describe_style="grouped", type_weights=(("where", 2.0), ("describe", 2.5)))
-# The shipped weights' recipe: `demo` with 30 % of its questions asked in other forms ("What color is the circle?",
+# The weights shipped before `demo-present`: `demo` with 30 % of its questions asked in other forms ("What color is the circle?",
 # "how many squares?", "describe this image"), which `demo`'s weights refused (0.213 on them; these 0.9755).
 DEMO_PHRASINGS = replace(DEMO, phrasing_share=0.3)
-# The shipped recipe with a deeper text stack: 5 layers, 3 of them attention (conv, attention, conv, attention,
+# `demo-phrasings` (the shipped recipe then) with a deeper text stack: 5 layers, 3 of them attention (conv, attention, conv, attention,
 # attention) instead of 4 with 2, in case the "describe" misses (a twin added or left out) were the text side
 # losing count of what it had listed. 0.977, "describe" 0.922, "where" 0.984, count 0.975 (47.1 minutes on an
-# AVX-512 Xeon): no better. 13 of its 25 "describe" misses are scenes the shipped weights miss too, and those
+# AVX-512 Xeon): no better. 13 of its 25 "describe" misses are scenes the demo-phrasings weights miss too, and those
 # looked at are a small shape touching another or two twins overlapping: the limit is what the 8x8 image tokens
 # show, not the text stack's depth. Not shipped; kept so the card's figure can be reproduced.
 DEMO_DEEP_TEXT = replace(DEMO_PHRASINGS, text_layers=("conv", "full_attention", "conv", "full_attention",
                                                       "full_attention"))
-# The shipped recipe with a deeper vision tower: 5 layers instead of 3, in case more depth lets the tower group a
+# `demo-phrasings` with a deeper vision tower: 5 layers instead of 3, in case more depth lets the tower group a
 # small shape's patches apart from its neighbour's. Worse: 0.9575, "describe" 0.922, "exists" 0.909 (in 17 chats
 # both "is there" questions wrong, the yes and the no swapped: each scene has one of each, so an answer can lean on
 # the other one instead of the picture), "where" 0.995 (47.3 minutes on an AVX-512 Xeon). Not shipped; kept so the
 # card's figure can be reproduced.
 DEMO_DEEP_VISION = replace(DEMO_PHRASINGS, vision_layers=5)
-# The shipped recipe with its one known shortcut taken away: each scene's two "is there" questions are answered
-# yes or no by independent coins. The shipped weights answer a chat's second "is there" question as the opposite
+# `demo-phrasings` with its one known shortcut taken away: each scene's two "is there" questions are answered
+# yes or no by independent coins. The demo-phrasings weights answer a chat's second "is there" question as the opposite
 # of the first (`python -m training.eval --mode engine --exists-pairs`: turn 2 0.406 when both answers are the
 # same). Shortcut gone (turn 2 0.996), but 0.9575 overall: "where" 0.8385, "describe" 0.894 (33.2 minutes on an AMX
 # Xeon). Not shipped; `demo-present` below is built on it.
@@ -136,7 +136,7 @@ DEMO_PRESENT = replace(DEMO_EXISTS, aux_targets=("kind", "colour", "present"))
 # "describe" 0.9156, "where" 0.849 (36.4 minutes on an AMX Xeon). Not shipped; kept so the card's figure can be
 # reproduced.
 DEMO_PRESENT_COUNTED = replace(DEMO_PRESENT, describe_style="counted")
-# `demo-present` with a quarter of its scene pictures made to hold twins (about 17 % of plain 1-4 shape scenes
+# `demo-present` with a quarter of its scene pictures made to hold twins (about 9 % of plain 1-4 shape scenes
 # have them): 11 of the shipped weights' 20 "describe" misses are twins written once. Worse: 0.9525, "where" 0.667,
 # "describe" 0.934, count 0.988 (40.5 minutes on an AMX Xeon, its first 10 beside the test suite). Not shipped; kept
 # so the card's figure can be reproduced.

@@ -153,10 +153,12 @@ class TokenProbe:
     def _label_terms(self, features: torch.Tensor, scenes) -> dict[str, torch.Tensor]:
         """Binary cross-entropy of each multi-label head, summed over its labels and averaged over the tokens of
         scene pictures (other pictures have no targets), so it weighs about as much as one class head."""
+        keys = [key for key in self.heads if key in MULTI_LABEL_CLASSES]
+        if not keys:
+            return {}
         shown = [i for i, scene in enumerate(scenes) if scene is not None]
         tokens = features.view(len(scenes), GRID * GRID, -1)[shown].reshape(-1, features.shape[-1])
-        keys = [key for key in self.heads if key in MULTI_LABEL_CLASSES]
-        per_scene = [label_targets(scenes[i]) for i in shown] if keys else []
+        per_scene = [label_targets(scenes[i]) for i in shown]
         return {key: torch.nn.functional.binary_cross_entropy_with_logits(
                     self.heads[key](tokens), torch.cat([labels[key] for labels in per_scene]),
                     reduction="none").sum(-1).mean()

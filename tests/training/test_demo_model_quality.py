@@ -52,4 +52,4 @@ def test_a_second_is_there_question_is_answered_from_the_picture(demo_model_dir,
     model, processor = load(demo_model_dir)
     report = evaluate(model, processor, scenes=100, batch_size=100, exists_pairs=True)
     assert report["questions"] == 200
-    assert report["per_turn"][2] >= 0.95, f"turn 2 {report['per_turn']['2']:.3f}; misses: {report['failures'][:5]}"
+    assert report["per_turn"][2] >= 0.95, f"turn 2 {report['per_turn'][2]:.3f}; misses: {report['failures'][:5]}"
