@@ -16,6 +16,10 @@ model card.
 Those targets name one shape per cell, the one covering most of it, so a small shape that covers no cell's
 majority (radius 16-21 px beside a larger one: the "describe" misses that remain) is never a target at all. The
 multi-label "present" target marks every (kind, colour) whose shape shows in a cell, however little of it.
+Neither counts: two shapes of one kind and colour (twins) give tokens with the same targets, and the commonest
+"describe" miss left is twins written once, even far apart. The multi-label "centres" target marks, in the one
+cell that holds a shape's centre, that shape's (kind, colour): one mark per shape, so twins are two marks in two
+cells, and the centre is also what "where" is asked about.
 The heads that use these targets are dropped after training: the saved model is a plain LFM2-VL.
 """
 
@@ -37,7 +41,9 @@ TARGET_CLASSES = {"kind": len(SHAPES) + 1, "colour": len(COLOUR_NAMES) + 1, "whe
                   "centre_row": GRID, "centre_col": GRID}
 _MIN_COVER = 0.15  # a cell belongs to a shape when the shape covers at least this share of it
 # Multi-label targets: one 0/1 per class per token (binary cross-entropy), not one class per token.
-MULTI_LABEL_CLASSES = {"present": len(SHAPES) * len(COLOUR_NAMES)}  # (kind, colour) pairs, kind-major
+# "present": every (kind, colour) showing in the cell; "centres": every (kind, colour) whose shape is centred in it.
+MULTI_LABEL_CLASSES = {"present": len(SHAPES) * len(COLOUR_NAMES),  # (kind, colour) pairs, kind-major
+                       "centres": len(SHAPES) * len(COLOUR_NAMES)}
 _MIN_PRESENT = 0.04  # a shape shows in a cell from this share of it (41 of 1,024 px: more than a sliver)
 
 
@@ -63,9 +69,25 @@ def _visible_pixels(scene: Scene) -> torch.Tensor:
     return torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)
 
 
-def label_targets(scene: Scene) -> dict[str, torch.Tensor]:
-    """Per-token 0/1 labels for each of MULTI_LABEL_CLASSES, each of shape [GRID * GRID, classes], raster order."""
-    return {"present": presence_targets(scene)}
+def label_targets(scene: Scene, keys=tuple(MULTI_LABEL_CLASSES)) -> dict[str, torch.Tensor]:
+    """Per-token 0/1 labels for each of `keys` (of MULTI_LABEL_CLASSES), each [GRID * GRID, classes], raster order."""
+    makers = {"present": presence_targets, "centres": centre_targets}
+    return {key: makers[key](scene) for key in keys}
+
+
+def _label_column(shape) -> int:
+    return SHAPES.index(shape.kind) * len(COLOUR_NAMES) + COLOUR_NAMES.index(shape.colour)
+
+
+def centre_targets(scene: Scene) -> torch.Tensor:
+    """[GRID * GRID, MULTI_LABEL_CLASSES["centres"]] floats: 1 in the cell holding a shape's centre, in its
+    (kind, colour) column. Twins whose centres share a cell make one mark (they overlap by more than half)."""
+    centres = torch.zeros(GRID * GRID, MULTI_LABEL_CLASSES["centres"])
+    for shape in scene.shapes:
+        row = min(GRID - 1, max(0, int(shape.y) // CELL))
+        col = min(GRID - 1, max(0, int(shape.x) // CELL))
+        centres[row * GRID + col, _label_column(shape)] = 1.0
+    return centres
 
 
 def presence_targets(scene: Scene) -> torch.Tensor:
@@ -73,8 +95,7 @@ def presence_targets(scene: Scene) -> torch.Tensor:
     counts = _visible_pixels(scene)
     present = torch.zeros(GRID * GRID, MULTI_LABEL_CLASSES["present"])
     for i, shape in enumerate(scene.shapes):
-        column = SHAPES.index(shape.kind) * len(COLOUR_NAMES) + COLOUR_NAMES.index(shape.colour)
-        present[counts[:, i] >= _MIN_PRESENT * CELL * CELL, column] = 1.0
+        present[counts[:, i] >= _MIN_PRESENT * CELL * CELL, _label_column(shape)] = 1.0
     return present
 
 

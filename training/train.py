@@ -158,7 +158,7 @@ class TokenProbe:
             return {}
         shown = [i for i, scene in enumerate(scenes) if scene is not None]
         tokens = features.view(len(scenes), GRID * GRID, -1)[shown].reshape(-1, features.shape[-1])
-        per_scene = [label_targets(scenes[i]) for i in shown]
+        per_scene = [label_targets(scenes[i], keys) for i in shown]
         return {key: torch.nn.functional.binary_cross_entropy_with_logits(
                     self.heads[key](tokens), torch.cat([labels[key] for labels in per_scene]),
                     reduction="none").sum(-1).mean()
