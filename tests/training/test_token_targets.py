@@ -76,3 +76,31 @@ def test_presence_marks_a_small_shape_in_the_cells_a_larger_one_holds():
     assert not (kinds == SHAPES.index("star")).any()
     assert grid[0, 0].sum() == 0  # background: nothing shows
     assert present[:, [i for i in range(present.shape[1]) if i not in (square, star)]].sum() == 0
+
+
+def test_centres_mark_each_twin_once_in_the_cell_of_its_centre():
+    from training.scenes import COLOUR_NAMES, SHAPES
+    from training.token_targets import MULTI_LABEL_CLASSES, label_targets
+
+    # Two purple squares far apart (same kind and colour: "present" and the class targets cannot tell one from
+    # two) and a red circle whose centre sits exactly on a cell border (it counts in the cell it starts).
+    scene = Scene((Shape("square", "purple", 40, 128, 20), Shape("square", "purple", 216, 128, 20),
+                   Shape("circle", "red", 128, 64, 20)), "plain", (230, 230, 230), 0)
+    centres = label_targets(scene)["centres"]
+    assert centres.shape == (GRID * GRID, MULTI_LABEL_CLASSES["centres"])
+    square = SHAPES.index("square") * len(COLOUR_NAMES) + COLOUR_NAMES.index("purple")
+    circle = SHAPES.index("circle") * len(COLOUR_NAMES) + COLOUR_NAMES.index("red")
+    grid = centres.view(GRID, GRID, -1)
+    marked = {(r, c, k) for r, c, k in grid.nonzero().tolist()}
+    assert marked == {(4, 1, square), (4, 6, square), (2, 4, circle)}  # one mark per shape, twins in two cells
+    # "present" marks every cell a twin shows in, so it sees one kind-and-colour over many cells.
+    present = label_targets(scene)["present"].view(GRID, GRID, -1)
+    assert int(present[..., square].sum()) > 2
+
+
+def test_label_targets_builds_only_the_labels_asked_for():
+    from training.token_targets import label_targets
+
+    scene = Scene((Shape("circle", "red", 128, 64, 20),), "plain", (230, 230, 230), 0)
+    assert set(label_targets(scene, ("centres",))) == {"centres"}
+    assert set(label_targets(scene)) == {"present", "centres"}
