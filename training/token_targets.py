@@ -25,6 +25,8 @@ The heads that use these targets are dropped after training: the saved model is 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
@@ -62,8 +64,9 @@ def shape_index_map(scene: Scene) -> Image.Image:
     return mask
 
 
+@functools.lru_cache(maxsize=256)  # a training step asks twice per scene (class and label targets): draw it once
 def _visible_pixels(scene: Scene) -> torch.Tensor:
-    """[cells, shapes]: how many of each cell's pixels (cells in raster order) show each shape."""
+    """[cells, shapes]: how many of each cell's pixels (cells in raster order) show each shape. Read-only (cached)."""
     ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
     cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
     return torch.stack([(cells == i + 1).sum(1) for i in range(len(scene.shapes))], 1)
