@@ -189,7 +189,9 @@ def evaluate(model, processor, scenes: int, batch_size: int = 50, progress: bool
     return score(scene_set, answers[:scenes], probe_set, answers[scenes:])
 
 
-def print_report(report: dict, show_failures: int) -> None:
+def print_report(report: dict, show_failures: int, scenes: list[Example] | None = None) -> None:
+    """The tables, then up to `show_failures` misses; with `scenes` (the scene set asked), each scene miss is
+    followed by its scene's geometry (training/miss_geometry.py)."""
     print(f"\n{'question type':<16}{'questions':>10}{'accuracy':>10}")
     for qtype, acc in report["per_type"].items():
         print(f"{qtype:<16}{report['per_type_count'][qtype]:>10}{acc:>10.4f}")
@@ -204,6 +206,11 @@ def print_report(report: dict, show_failures: int) -> None:
         print(f"{'all probes':<16}{report['ood_probe_turns']:>10}{report['ood_reply_rate']:>10.4f}")
     for failure in report["failures"][:show_failures]:
         print("  miss:", json.dumps(failure))
+        if scenes is not None and "scene" in failure:
+            from training.miss_geometry import shape_lines
+
+            for line in shape_lines(scenes[failure["scene"]].scene):
+                print("        ", line)
 
 
 def main() -> None:
@@ -220,6 +227,8 @@ def main() -> None:
                         help="ask every scene question in another form (training/phrasings.py): 'what color ...'")
     parser.add_argument("--exists-pairs", action="store_true",
                         help="ask each scene two 'is there' questions with the same answer (read turn 2)")
+    parser.add_argument("--explain", action="store_true",
+                        help="print each missed scene's shapes: sizes, gaps, twins (training/miss_geometry.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
@@ -234,7 +243,8 @@ def main() -> None:
         report = evaluate(model, processor, args.scenes, args.batch_size, progress=True, probes=args.probes,
                           teacher_forced=args.mode == "teacher-forced", describe_style=style, phrasings=args.phrasings,
                           exists_pairs=args.exists_pairs)
-    print_report(report, args.show_failures)
+    asked = scene_examples(args.scenes, style, args.phrasings, args.exists_pairs) if args.explain else None
+    print_report(report, args.show_failures, asked)
     rate = report["ood_reply_rate"]
     result = {"mode": args.mode, "describe_style": style, "phrasings": args.phrasings,
               "exists_pairs": args.exists_pairs, "accuracy": round(report["accuracy"], 4),
