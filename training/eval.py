@@ -22,6 +22,9 @@ both no; half the scenes each). The standard dialogues, like the training ones, 
 scene, so they cannot tell a model that looks at the picture from one that answers the second question as the
 opposite of the first. Turn 2's accuracy is the figure to read.
 
+`--explain` prints, under each missed scene question, the scene's shapes: size, how much shows, the gap to the
+nearest shape and to a twin (training/miss_geometry.py).
+
 Prints tables per question type, per turn and per probe family, then one line:
 RESULT {"accuracy", "min_type_accuracy", "ood_reply_rate", "in_domain_refusal_rate", ...}.
 """

@@ -84,7 +84,7 @@ def _label_column(shape) -> int:
 
 def centre_targets(scene: Scene) -> torch.Tensor:
     """[GRID * GRID, MULTI_LABEL_CLASSES["centres"]] floats: 1 in the cell holding a shape's centre, in its
-    (kind, colour) column. Twins whose centres share a cell make one mark (they overlap by more than half)."""
+    (kind, colour) column. Twins whose centres fall in one cell make one mark."""
     centres = torch.zeros(GRID * GRID, MULTI_LABEL_CLASSES["centres"])
     for shape in scene.shapes:
         row = min(GRID - 1, max(0, int(shape.y) // CELL))
