@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from training.scenes import Scene, Shape
-from training.token_targets import _visible_pixels
+from training.token_targets import visible_pixels
 
 
 def gap(a: Shape, b: Shape) -> float:
@@ -22,7 +22,7 @@ def gap(a: Shape, b: Shape) -> float:
 
 def shape_lines(scene: Scene) -> list[str]:
     """One line per shape: kind, colour, centre, radius, visible pixels, nearest gap, and its twin's gap if any."""
-    visible = _visible_pixels(scene).sum(0).tolist()
+    visible = visible_pixels(scene).sum(0).tolist()
     lines = []
     for i, shape in enumerate(scene.shapes):
         others = [other for j, other in enumerate(scene.shapes) if j != i]

@@ -143,7 +143,7 @@ DEMO_PRESENT_COUNTED = replace(DEMO_PRESENT, describe_style="counted")
 DEMO_PRESENT_TWINS = replace(DEMO_PRESENT, twin_share=0.25)
 # `demo-present` with the multi-label "centres" target too (training/token_targets.py): the cell that holds a
 # shape's centre also names the shape's kind and colour, so twins are two marks in two cells, not one region.
-# Most "describe" misses of the shipped weights are twins written once (11 of 20), some 100+ px apart.
+# Half the shipped weights' "describe" misses are twins written once (10-11 of 20), some 100+ px apart.
 # 49.2 minutes on an Intel Xeon with AVX-512 (no native bf16; CPU family 6 model 106): 0.956, "describe" 0.9437 (twins
 # still written once, and a large lone shape now sometimes written twice), "where" 0.734 (left and right swapped).
 # Not shipped; kept so the card's figure can be reproduced.

@@ -65,7 +65,7 @@ def shape_index_map(scene: Scene) -> Image.Image:
 
 
 @functools.lru_cache(maxsize=256)  # a training step asks twice per scene (class and label targets): draw it once
-def _visible_pixels(scene: Scene) -> torch.Tensor:
+def visible_pixels(scene: Scene) -> torch.Tensor:
     """[cells, shapes]: how many of each cell's pixels (cells in raster order) show each shape. Read-only (cached)."""
     ids = torch.from_numpy(np.asarray(shape_index_map(scene), dtype=np.int64)).view(GRID, CELL, GRID, CELL)
     cells = ids.permute(0, 2, 1, 3).reshape(GRID * GRID, CELL * CELL)
@@ -95,7 +95,7 @@ def centre_targets(scene: Scene) -> torch.Tensor:
 
 def presence_targets(scene: Scene) -> torch.Tensor:
     """[GRID * GRID, MULTI_LABEL_CLASSES["present"]] floats: 1 where a (kind, colour) shape shows in the cell."""
-    counts = _visible_pixels(scene)
+    counts = visible_pixels(scene)
     present = torch.zeros(GRID * GRID, MULTI_LABEL_CLASSES["present"])
     for i, shape in enumerate(scene.shapes):
         present[counts[:, i] >= _MIN_PRESENT * CELL * CELL, _label_column(shape)] = 1.0
@@ -107,7 +107,7 @@ def token_targets(scene: Scene) -> dict[str, torch.Tensor]:
 
     Background cells are kind/colour BACKGROUND_*, and IGNORE for "where" and the centre.
     """
-    counts = _visible_pixels(scene)
+    counts = visible_pixels(scene)
     targets = {key: torch.full((GRID * GRID,), value)
                for key, value in (("kind", BACKGROUND_KIND), ("colour", BACKGROUND_COLOUR), ("where", IGNORE),
                                           ("centre_row", IGNORE), ("centre_col", IGNORE))}
