@@ -27,6 +27,7 @@ from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
 from ui.page_launch import launch_page
 from ui.upload_budget import UploadBudget, UploadLedger
+from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -53,6 +54,7 @@ def build(config, client=None):
     """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
     skip_missing_matplotlib()
     share_component_schemas()
+    limit_files_per_upload()
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
@@ -102,6 +104,7 @@ def serve(config, block: bool = True, client=None):
               '"Running it in public" (OWLET_UI_TRUSTED_PROXIES).', flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
     launch_page(page, launch_kwargs)
+    start_upload_dir_sweeper(config.upload_cache_ttl_s)
     print(f"Owlet UI: {page.local_url}", flush=True)
     if config.share:
         if page.share_url:

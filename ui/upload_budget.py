@@ -12,7 +12,8 @@ else, works. So the page keeps a ledger of the bytes it accepted:
 
 An upload over either budget gets 429 with a ``Retry-After`` before its body is read. An upload must declare
 its size (``Content-Length``, which browsers and ``gradio_client`` always send): the budget is charged
-before the body is read, never after it is on disk. The ledger is per page process (like ``AddressSlots``).
+before the body is read, never after it is on disk. Each upload is charged at least
+``ui.upload_cache.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make. The ledger is per page process (like ``AddressSlots``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
+from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
 
 
 class UploadLedger:
@@ -101,7 +103,8 @@ class UploadBudget:
                 scope, receive, send)
         size = int(declared)
         if size <= self.max_upload_request_bytes:  # an oversized one is refused unread; nothing to charge
-            refused = self.ledger.charge(self.addresses.of(request), size)
+            # however small, an upload leaves a file and a directory: each costs at least a minimum
+            refused = self.ledger.charge(self.addresses.of(request), max(size, MIN_UPLOAD_CHARGE_BYTES))
             if refused is not None:
                 which, wait_s = refused
                 retry = max(1, math.ceil(wait_s))
