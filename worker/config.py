@@ -25,6 +25,13 @@ class Settings:
     # Bytes of new images stored per identity and per group within image_ttl_s (admission refuses beyond).
     image_quota_user_bytes: int = 64 * 1024 * 1024
     image_quota_group_bytes: int = 256 * 1024 * 1024
+    # Bytes of text stored (each turn, and each job's payload, which carries the history so far) per identity and
+    # per group in a window of text_quota_window_s from its first charge. Turns live history_ttl_s (a week), so
+    # without it one address sending long questions at the submit rate could fill Redis for a week. A long
+    # conversation at the history limits (64 turns, 32,000 characters) stores about 1-2 MB of payloads.
+    text_quota_user_bytes: int = 8 * 1024 * 1024
+    text_quota_group_bytes: int = 32 * 1024 * 1024
+    text_quota_window_s: int = 24 * 3600
     holder_ttl_s: int = 24 * 3600  # how long the worker that ran a conversation's last turn stays its holder
     queue_timeout_s: float = 300.0  # a job that cannot start within this ends with an error
     job_deadline_s: float = 300.0  # wall-clock budget for generation once started

@@ -55,3 +55,10 @@ class RateLimited(OwletError):
 class QuotaExceeded(OwletError):
     user_message = ("You have uploaded too many images recently. Ask about an image you already sent, or try "
                     "again later.")
+
+
+class TextQuotaExceeded(OwletError):
+    """More text stored for one identity or client group within the text-quota window than it allows."""
+
+    user_message = ("You have sent a lot of text in the last day: long questions and long conversations add up "
+                    "to a daily limit. Please try again later.")

@@ -62,4 +62,5 @@ class ConversationStore:
 
 def turn_json(role: str, text: str, image_sha: str | None = None, job_id: str | None = None) -> str:
     """The stored form of one turn."""
-    return json.dumps({"role": role, "text": text, "image_sha": image_sha, "job_id": job_id})
+    # ensure_ascii=False: UTF-8 as is, since escaping would store an emoji as 12 bytes instead of 4
+    return json.dumps({"role": role, "text": text, "image_sha": image_sha, "job_id": job_id}, ensure_ascii=False)

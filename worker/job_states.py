@@ -18,7 +18,7 @@ import redis
 
 from worker.config import Settings
 from worker.errors import (ClientBusy, ConversationBusy, NotYourConversation, QuotaExceeded, RateLimited,
-                           ServiceBusy, UserCapReached)
+                           ServiceBusy, TextQuotaExceeded, UserCapReached)
 from worker.jobs import Job
 from worker.keys import Keys
 from worker.lua import Scripts
@@ -27,7 +27,7 @@ from worker.queue_readouts import QueueReadouts
 FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
-            -7: QuotaExceeded, -8: QuotaExceeded}
+            -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded}
 ENDED = ("done", "error", "cancelled")
 
 
@@ -64,14 +64,16 @@ class JobStates:
         ttl = int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s)
         per_position = self.readouts.seconds_per_position()
         extra = [k.job(job_id), k.stream(job_id), k.conversation(conv), k.turns(conv), k.image(image_sha or ""),
-                 k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group)]
+                 k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group),
+                 k.text_quota("u:" + user), k.text_quota("g:" + group)]
         try:
             (code,) = self._scripts.call(
                 self._scripts.submit, job_id, user, quser, group, qgroup, conv, "1" if new_conv else "0", payload,
                 repr(time.time()), s.user_queue_cap, s.group_job_cap, s.global_queue_cap, s.stream_maxlen, ttl,
                 turn_json or "", "" if per_position is None else repr(per_position), s.history_ttl_s,
                 bytes(image) if image else b"", s.image_ttl_s, s.image_quota_user_bytes, s.image_quota_group_bytes,
-                s.group_submit_limit, s.group_submit_window_s, extra_keys=extra)
+                s.group_submit_limit, s.group_submit_window_s, s.text_quota_user_bytes, s.text_quota_group_bytes,
+                s.text_quota_window_s, extra_keys=extra)
         except redis.exceptions.OutOfMemoryError:  # Redis is full: the script was refused whole, nothing written
             raise ServiceBusy() from None
         if code == -1:

@@ -33,7 +33,7 @@ class Job:
     def to_json(self) -> str:
         d = asdict(self)
         d["messages"] = [asdict(m) for m in self.messages]
-        return json.dumps(d)
+        return json.dumps(d, ensure_ascii=False)  # UTF-8 as is: escaped, an emoji takes 12 bytes, not 4
 
 
 def _require(cond: bool, message: str) -> None:

@@ -104,6 +104,11 @@ class Keys:
         """Bytes of images stored for one identity (``u:<id>``) or one group (``g:<group>``) in the quota window."""
         return f"{self.prefix}quota:{owner}"
 
+    def text_quota(self, owner: str) -> str:
+        """Bytes of text (turns and job payloads) stored for one identity (``u:<id>``) or group (``g:<group>``)
+        in the current text-quota window."""
+        return f"{self.prefix}textquota:{owner}"
+
     def submit_rate(self, group: str) -> str:
         """Turns admitted for one group in the current rate-limit window."""
         return f"{self.prefix}rate:{group}"

@@ -135,11 +135,12 @@ end
 """
 
 # Admission and storage in one step: every check comes before the first write, so a refused turn creates
-# nothing (no image, no conversation, no turn). KEYS[9..16]: job, stream, conv, turns, image, quota of the
-# identity, quota of the group, submit rate of the group.
+# nothing (no image, no conversation, no turn). KEYS[9..18]: job, stream, conv, turns, image, image quota of
+# the identity, image quota of the group, submit rate of the group, text quota of the identity, of the group.
 # ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
 #   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
-#   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s
+#   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s,
+#   text_user_quota, text_group_quota, text_window_s (text stored: the turn and the job's payload, in bytes)
 # Returns {position} or {negative code} (see ``job_states.REFUSALS``).
 SUBMIT = _ADMIT + _COMMON + r"""
 local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
@@ -149,6 +150,9 @@ local user_cap, group_cap, global_cap = tonumber(ARGV[11]), tonumber(ARGV[12]), 
 local maxlen, ttl, turn, per_pos, conv_ttl = ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]
 local image, image_ttl, user_quota, group_quota = ARGV[19], ARGV[20], tonumber(ARGV[21]), tonumber(ARGV[22])
 local rate_max, rate_window = tonumber(ARGV[23]), ARGV[24]
+local TU, TG = KEYS[17], KEYS[18]
+local text_user_quota, text_group_quota, text_window = tonumber(ARGV[25]), tonumber(ARGV[26]), ARGV[27]
+local text_bytes = #payload + #turn
 if turn ~= '' then
   if new_conv == '1' then
     if redis.call('EXISTS', CK) == 1 then return {-3} end
@@ -173,8 +177,13 @@ if new_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
 end
+if tonumber(redis.call('GET', TU) or '0') + text_bytes > text_user_quota then return {-9} end
+if tonumber(redis.call('GET', TG) or '0') + text_bytes > text_group_quota then return {-10} end
 -- admitted: from here on, only writes
 if redis.call('INCR', RK) == 1 then redis.call('EXPIRE', RK, rate_window) end
+for _, tk in ipairs({TU, TG}) do  -- a fixed window from the first charge: a day's text, not a week of it
+  if redis.call('INCRBY', tk, text_bytes) == text_bytes then redis.call('EXPIRE', tk, text_window) end
+end
 if new_image then
   redis.call('SET', IK, image, 'EX', image_ttl)
   for _, qk in ipairs({QU, QG}) do

@@ -18,7 +18,7 @@ from tests.security.attack import LIMITS, LONG, ask, cancel_jobs, gradio_client,
 from tests.ui.stack import free_port
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.errors import ClientBusy, QuotaExceeded, RateLimited, ServiceBusy
+from worker.errors import ClientBusy, QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -105,6 +105,35 @@ def test_byte_quotas_per_identity_and_per_address(queue_client):
         c.submit("anon:c", None, "and another", image=images[3], group="addr:1")
     assert keys_of(c) == before
     c.submit("anon:d", None, "another address", image=images[3], group="addr:2")
+
+
+def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_client):
+    """Turns live a week and each job's payload carries the history: long questions at the submit rate were a
+    way to fill Redis. Text stored (turn plus payload, in bytes) has a daily quota per identity and address."""
+    question = "🦉" * 3000  # 3,000 code points, 12,000 bytes of UTF-8 (72,000 if JSON-escaped, twice)
+    c = queue_client(text_quota_user_bytes=60_000, text_quota_group_bytes=100_000, group_job_cap=50,
+                     group_submit_limit=100)
+    first = c.submit("anon:a", None, question, group="addr:1")
+    stored_turn = c.r.lrange(c.keys.turns(first.conv), 0, -1)[0]
+    assert len(stored_turn) < 12_000 + 200, "stored as UTF-8, an emoji in 4 bytes, not 12 escaped"
+    for _ in range(3):  # about 24,000 bytes a turn (the turn and the payload that carries it)
+        try:
+            c.submit("anon:a", None, question, group="addr:1")
+        except TextQuotaExceeded:
+            break
+    else:
+        pytest.fail("the identity's text quota never refused")
+    before = keys_of(c)
+    with pytest.raises(TextQuotaExceeded) as refused:
+        c.submit("anon:a", None, question, group="addr:1")
+    assert "daily limit" in refused.value.user_message
+    assert keys_of(c) == before, "a refused turn stores nothing"
+    c.submit("anon:a", None, "a short question still fits", group="addr:1")
+    with pytest.raises(TextQuotaExceeded):  # new identities at that address share the address's quota
+        for i in range(5):
+            c.submit(f"anon:new{i}", None, question, group="addr:1")
+    c.submit("anon:z", None, question, group="addr:2")  # another address has its own
+    assert 0 < c.r.ttl(c.keys.text_quota("g:addr:1")) <= 24 * 3600, "the quota window ends"
 
 
 def test_per_address_cap_and_rate_limit(queue_client):
