@@ -32,17 +32,24 @@ class AddressSlots:
 
     @contextlib.contextmanager
     def hold(self, address: str):
+        self.acquire(address)
+        try:
+            yield
+        finally:
+            self.release(address)
+
+    def acquire(self, address: str) -> None:
+        """Take one of ``address``'s slots, or raise SlotRefused; pair with ``release`` (or use ``hold``)."""
         with self._lock:
             if self._held[address] >= self.limit:
                 raise SlotRefused(self.refusal)
             self._held[address] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held[address] -= 1
-                if self._held[address] <= 0:
-                    del self._held[address]
+
+    def release(self, address: str) -> None:
+        with self._lock:
+            self._held[address] -= 1
+            if self._held[address] <= 0:
+                del self._held[address]
 
     def held(self, address: str) -> int:
         with self._lock:

@@ -148,9 +148,19 @@ class DecodePool:
                                                "Wait a moment, then send yours again.")
 
     async def check(self, path: str, limits: UploadLimits, address: str) -> CheckedImage:
-        """Check one upload for ``address``; raises UploadRejected, or SlotRefused when it has too many going."""
-        with self.slots.hold(address):
-            return await asyncio.get_running_loop().run_in_executor(self._pool, check_upload, path, limits)
+        """Check one upload for ``address``; raises UploadRejected, or SlotRefused when it has too many going.
+
+        The address's slot is held until the decode itself ends, not until this call does: a client that
+        cancels its request mid-decode (the thread cannot be stopped) would otherwise get the slot back at once
+        and could keep every decode thread busy with decodes nobody waits for."""
+        self.slots.acquire(address)
+        try:
+            decode = self._pool.submit(check_upload, path, limits)
+        except BaseException:
+            self.slots.release(address)
+            raise
+        decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
+        return await asyncio.wrap_future(decode)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -143,3 +143,34 @@ def test_edit_applies_the_same_text_limit_as_chat():
         finally:
             h.decoder.close()
             client.close(purge=True)
+
+
+def test_a_cancelled_check_keeps_its_address_slot_until_the_decode_ends(tmp_path):
+    """A decode thread cannot be stopped: a client cancelling its request mid-decode used to get its slot back
+    at once, so one address could start decode after decode and keep every decode thread busy."""
+    heavy = tmp_path / "heavy.png"
+    heavy.write_bytes(noise_png(3000))
+    limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
+                          allowed_formats=("PNG", "JPEG"))
+    pool = DecodePool(workers=2, per_address=1)
+    address = "203.0.113.62"
+
+    async def scenario():
+        first = asyncio.create_task(pool.check(str(heavy), limits, address))
+        await asyncio.sleep(0.05)
+        first.cancel()  # the client went away; its decode goes on in the pool
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert pool.slots.held(address) == 1, "the slot is held while the abandoned decode runs"
+        with pytest.raises(SlotRefused):
+            await pool.check(str(heavy), limits, address)
+        deadline = time.monotonic() + 60
+        while pool.slots.held(address) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert pool.slots.held(address) == 0, "and given back when the decode ends"
+        return await pool.check(str(heavy), limits, address)
+
+    try:
+        assert asyncio.run(scenario()).downscaled
+    finally:
+        pool.close()
