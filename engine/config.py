@@ -23,7 +23,7 @@ class EngineConfig:
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_waiting: int = 256  # requests queued inside the engine before add_request refuses
     max_image_pixels: int = limits.MODEL_MAX_PIXELS  # larger images are downscaled before preprocessing
-    max_images_per_request: int = 8
+    max_images_per_request: int = limits.MAX_IMAGES_PER_REQUEST
     default_deadline_s: float | None = 300.0  # wall-clock cap per request unless the request sets one
     # Session cache (multi-turn KV reuse) and image feature cache.
     session_cache: bool = True

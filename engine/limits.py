@@ -11,6 +11,10 @@ An image passes three gates on its way to the model, and their numbers belong to
   vision towers tile big images into thousands of tokens. It equals a ``MAX_SIDE`` square, so an image that
   passed the page arrives unchanged.
 
+A conversation may hold at most ``MAX_IMAGES_PER_REQUEST`` images (every image turn counts, the same picture sent
+twice too): the engine refuses more, and the worker counts them before it decodes any, at admission and again
+when it runs the job, so a conversation past the limit costs no decodes.
+
 Each layer's settings take these as defaults (``UIConfig``, ``worker.config.Settings``, ``EngineConfig``); a
 deployment may still override one layer through its own variable.
 """
@@ -21,3 +25,4 @@ ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 DECODE_MAX_PIXELS = 16_000_000  # about 16 MP is plenty for what any model here uses
 MAX_SIDE = 1024
 MODEL_MAX_PIXELS = MAX_SIDE * MAX_SIDE
+MAX_IMAGES_PER_REQUEST = 8

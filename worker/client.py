@@ -21,7 +21,7 @@ from worker.fair_dispatch import FairDispatch
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
 from worker.job_states import JobStates, new_job_id
-from worker.jobs import Job, Message
+from worker.jobs import Job, Message, check_image_count
 from worker.keys import Keys
 from worker.queue_readouts import QueueReadouts
 from worker.reaper import Reaper
@@ -113,6 +113,7 @@ class OwletClient:
         messages += (Message("user", text, image_sha),)
         if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
             raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
+        check_image_count(messages, s.max_images_per_request)
         job_id = new_job_id()
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
         self.jobs.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,

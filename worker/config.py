@@ -41,6 +41,7 @@ class Settings:
     history_ttl_s: int = 7 * 24 * 3600
     history_max_turns: int = 64
     history_max_chars: int = 32_000
+    max_images_per_request: int = limits.MAX_IMAGES_PER_REQUEST  # the engine's limit (same variable)
     turn_max_chars: int = 8_000
     stream_maxlen: int = 10_000  # token events per job stream (approximate trim)
     # At most one token event per job per this many seconds: tokens that arrive meanwhile share one write

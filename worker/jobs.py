@@ -36,6 +36,13 @@ class Job:
         return json.dumps(d, ensure_ascii=False)  # UTF-8 as is: escaped, an emoji takes 12 bytes, not 4
 
 
+def check_image_count(messages, limit: int) -> None:
+    """Refuse a history with more than ``limit`` image turns before any of them is decoded."""
+    count = sum(1 for m in messages if m.image_sha)
+    _require(count <= limit, f"This conversation already holds {limit} images, the most one conversation can use. "
+                             "Start a new conversation to ask about another image.")
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise InvalidInput(message)

@@ -23,7 +23,7 @@ from worker.errors import InvalidInput, NotYourConversation, OwletError
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
 from worker.job_states import JobStates
-from worker.jobs import Job, parse_job
+from worker.jobs import Job, check_image_count, parse_job
 from worker.keys import Keys
 from worker.metrics import WorkerMetrics
 from worker.queue_readouts import QueueReadouts
@@ -123,12 +123,19 @@ class JobRunner:
         self._finish_result(job, result)
 
     def _messages(self, job: Job) -> list[dict]:
-        """The engine's chat: consecutive turns of one role (e.g. an unanswered question) are merged."""
+        """The engine's chat: consecutive turns of one role (e.g. an unanswered question) are merged.
+
+        Images are counted before any is decoded, and each stored image is decoded once however often the
+        conversation shows it."""
+        check_image_count(job.messages, self.settings.max_images_per_request)
+        loaded: dict[str, object] = {}
         out: list[dict] = []
         for m in job.messages:
             content = []
             if m.image_sha:
-                content.append({"type": "image", "image": self.images.load(m.image_sha, self.settings.image_max_side)})
+                if m.image_sha not in loaded:
+                    loaded[m.image_sha] = self.images.load(m.image_sha, self.settings.image_max_side)
+                content.append({"type": "image", "image": loaded[m.image_sha]})
             content.append({"type": "text", "text": m.text})
             if out and out[-1]["role"] == m.role:
                 out[-1]["content"].extend(content)

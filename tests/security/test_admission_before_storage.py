@@ -18,7 +18,7 @@ from tests.security.attack import LIMITS, LONG, ask, cancel_jobs, gradio_client,
 from tests.ui.stack import free_port
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.errors import ClientBusy, QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded
+from worker.errors import ClientBusy, InvalidInput, QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -134,6 +134,22 @@ def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_c
             c.submit(f"anon:new{i}", None, question, group="addr:1")
     c.submit("anon:z", None, question, group="addr:2")  # another address has its own
     assert 0 < c.r.ttl(c.keys.text_quota("g:addr:1")) <= 24 * 3600, "the quota window ends"
+
+
+def test_a_turn_past_the_conversation_image_limit_is_refused_before_storage(queue_client):
+    """The engine takes at most max_images_per_request images a conversation, and the worker decoded every
+    one before learning that: the turn past the limit is now refused at admission, with what to do."""
+    c = queue_client(max_images_per_request=2, group_submit_limit=100, group_job_cap=20)
+    first = c.submit("anon:a", None, "one", image=jpeg(0), group="addr:1")
+    c.jobs.cancel(first.job)
+    second = c.submit("anon:a", first.conv, "the same picture again counts too", image_sha=first.image_sha,
+                      group="addr:1")
+    c.jobs.cancel(second.job)
+    before = keys_of(c)
+    with pytest.raises(InvalidInput, match="already holds 2 images.*Start a new conversation"):
+        c.submit("anon:a", first.conv, "three", image=jpeg(1), group="addr:1")
+    assert keys_of(c) == before, "nothing stored, not even the image"
+    c.submit("anon:a", first.conv, "a question without a picture still fits", group="addr:1")
 
 
 def test_per_address_cap_and_rate_limit(queue_client):

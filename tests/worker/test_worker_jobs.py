@@ -22,7 +22,7 @@ LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def live(redis_url, tmp_path_factory):
     settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("live"), heartbeat_interval_s=0.5,
-                                 heartbeat_ttl_s=2.0, history_max_turns=6)
+                                 heartbeat_ttl_s=2.0, history_max_turns=6, max_images_per_request=2)
     client = OwletClient(settings=settings)
     proc = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl")), tmp_path_factory.mktemp("logs"))
     try:
@@ -110,6 +110,7 @@ def _payload(client, user="ann", **changes):
     ("messages_not_list", "history as a non-empty list"),
     ("bad_sampling", "temperature"),
     ("not_json", "not valid JSON"),
+    ("too_many_images", "already holds 2 images"),  # counted before any is loaded: the images do not exist
 ])
 def test_malformed_payloads_end_in_error_and_the_worker_keeps_serving(live, case, expected):
     client, proc = live
@@ -131,6 +132,8 @@ def test_malformed_payloads_end_in_error_and_the_worker_keeps_serving(live, case
         p["messages"] = "hi"
     elif case == "bad_sampling":
         p["sampling"] = {"temperature": "hot"}
+    elif case == "too_many_images":
+        p["messages"] = [{"role": "user", "text": "look", "image_sha": f"{i}" * 64} for i in range(3)]
     job_id = hashlib.sha1(case.encode() + p["conv"].encode()).hexdigest()
     p["job_id"] = job_id
     _raw_job(client, "{not json" if case == "not_json" else p, job_id=job_id)

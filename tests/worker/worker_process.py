@@ -25,6 +25,7 @@ def worker_env(settings: Settings, model: Path, max_running: int = 4, **extra: s
         "OWLET_JOB_DEADLINE_S": str(settings.job_deadline_s),
         "OWLET_HISTORY_MAX_TURNS": str(settings.history_max_turns),
         "OWLET_HISTORY_MAX_CHARS": str(settings.history_max_chars),
+        "OWLET_MAX_IMAGES_PER_REQUEST": str(settings.max_images_per_request),
         "OWLET_MODEL": str(model),
         "OWLET_MAX_RUNNING": str(max_running),
         "OWLET_DEVICE": "cpu",
