@@ -110,6 +110,7 @@ def main() -> None:
                    # Every simulated user comes from 127.0.0.1: lift the per-address limits (tests/security and
                    # bench/abuse.py measure those) so this measures the page's streaming cost alone.
                    OWLET_UI_ADDRESS_MAX_EVENTS=str(2 * args.users), OWLET_UI_ADDRESS_MAX_DECODES=str(args.users),
+                   OWLET_UI_ADDRESS_NEW_SESSIONS=str(max(240, 4 * args.users)),
                    OWLET_GROUP_JOB_CAP=str(4 * args.users), OWLET_GROUP_SUBMIT_LIMIT="100000")
         client = OwletClient(settings=settings)
         worker = WorkerProcess(env, work, concurrency=args.users + 4)

@@ -68,6 +68,10 @@ class UIConfig:
     ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
+    # New Gradio sessions (tabs, page loads, API clients) one address may open per window (ui/session_budget.py):
+    # a flood of them would push other visitors' tab state out of Gradio's 10,000-session memory.
+    address_new_sessions: int = 240
+    address_new_sessions_window_s: float = 600.0
     address_max_decodes: int = 1  # image decodes one client address may run at once
     # Generation requested per turn.
     max_new_tokens: int = 256  # the default answer length
@@ -101,6 +105,8 @@ class UIConfig:
         assert self.address_upload_window_s > 0, "address_upload_window_s must be positive"
         assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
+        assert self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0, \
+            "address_new_sessions must be at least 1 per positive window"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
         assert 32 <= self.ipv6_prefix <= 128, "ipv6_prefix must be 32..128 bits"

@@ -26,6 +26,7 @@ from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
 from ui.page_launch import launch_page
+from ui.session_budget import NewSessionBudget, SessionLedger
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
@@ -74,12 +75,17 @@ def build(config, client=None):
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
                     # Outermost first: oversized bodies, then strangers without a login, then upload budgets
-                    # (so nobody unauthenticated can spend the page's upload budget).
+                    # (so nobody unauthenticated can spend the page's upload budget), then new-session budgets
+                    # (whose body reading is bounded by the first).
                     "middleware": [Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
+                                              addresses=ClientAddresses.from_config(config)),
+                                   Middleware(NewSessionBudget,
+                                              ledger=SessionLedger(config.address_new_sessions,
+                                                                   config.address_new_sessions_window_s),
                                               addresses=ClientAddresses.from_config(config))]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are

@@ -1,0 +1,126 @@
+"""How many new Gradio sessions one client address may open in a window of time.
+
+Gradio keeps each session's state (Owlet's ``gr.State``: the conversation a tab is in, its images, the answer it
+is streaming) in an in-memory LRU of ``state_session_capacity`` sessions (10,000), and any request naming a
+session hash it has not seen makes a new entry; an API call without one (``/call/…``, ``/run/…``) gets a fresh
+hash of its own. A stranger making ten thousand cheap calls would push every other visitor's tab out of it:
+their Stop would stop nothing and their next question would silently start a new conversation while the old
+one stayed on screen. A visitor opens one session per tab (a reload makes another), an API client one per
+``gradio_client.Client``; so each address may open ``address_new_sessions`` per ``address_new_sessions_window_s``,
+and a request that would open one more gets 429 with a sentence and ``Retry-After`` before Gradio sees it.
+Sessions in use are never refused: their hashes are remembered per address.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ui.identity import DIRECT, ClientAddresses
+
+# Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
+_EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")
+
+
+class SessionLedger:
+    """Per address: the session hashes it has opened (remembered, so reusing one costs nothing) and when, in a
+    sliding window (thread-safe)."""
+
+    def __init__(self, per_address: int, window_s: float, remembered_per_address: int | None = None,
+                 clock=time.monotonic):
+        assert per_address >= 1 and window_s > 0
+        self.per_address, self.window_s, self._clock = per_address, window_s, clock
+        self._remembered = remembered_per_address or 4 * per_address
+        self._opened: dict[str, deque] = {}  # address -> times of the sessions it opened in the window
+        self._known: dict[str, OrderedDict] = {}  # address -> its recent session hashes, least recent first
+        self._next_sweep = clock() + window_s
+        self._lock = threading.Lock()
+
+    def admit(self, address: str, session_hash: str | None) -> float | None:
+        """None if the request may go on (a known session, or a new one within the budget, now recorded);
+        otherwise the seconds until one more session fits."""
+        now = self._clock()
+        with self._lock:
+            known = self._known.setdefault(address, OrderedDict())
+            if session_hash is not None and session_hash in known:
+                known.move_to_end(session_hash)
+                return None
+            opened = self._opened.setdefault(address, deque())
+            while opened and opened[0] <= now - self.window_s:
+                opened.popleft()
+            if len(opened) >= self.per_address:
+                return max(0.0, opened[0] + self.window_s - now)
+            opened.append(now)
+            if session_hash is not None:
+                known[session_hash] = now
+                while len(known) > self._remembered:
+                    known.popitem(last=False)
+            if now >= self._next_sweep:
+                self._forget_idle(now)
+                self._next_sweep = now + self.window_s
+            return None
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop addresses with nothing in the window, so the ledger does not grow with every address ever seen
+        (a session hash of theirs counts as new again, which only costs a place in the budget)."""
+        for address in [a for a, opened in self._opened.items() if not opened or opened[-1] <= now - self.window_s]:
+            del self._opened[address]
+            self._known.pop(address, None)
+
+
+class NewSessionBudget:
+    """ASGI middleware: a request that runs an event and opens a new session is charged to its address first."""
+
+    def __init__(self, app: ASGIApp, ledger: SessionLedger, addresses: ClientAddresses = DIRECT):
+        self.app, self.ledger, self.addresses = app, ledger, addresses
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or not any(marker in scope["path"] for marker in _EVENT_ROUTE_MARKERS)):
+            return await self.app(scope, receive, send)
+        body, replay = await _buffered(receive)  # bounded: ui.body_limits runs before this
+        wait_s = self.ledger.admit(self.addresses.of(Request(scope)), _session_hash(body))
+        if wait_s is not None:
+            retry = max(1, math.ceil(wait_s))
+            minutes = max(1, math.ceil(self.ledger.window_s / 60))
+            return await PlainTextResponse(
+                f"Too many new sessions from your network: at most {self.ledger.per_address} every {minutes} min. "
+                f"Keep using the page you have open (API clients: one Client for many calls), or try again in "
+                f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})(scope, replay, send)
+        await self.app(scope, replay, send)
+
+
+def _session_hash(body: bytes) -> str | None:
+    """The body's ``session_hash`` (None when absent or unreadable: Gradio then makes a new session, or
+    refuses the body itself)."""
+    try:
+        value = json.loads(body).get("session_hash") if body else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """Read the whole request body; return it and a ``receive`` that hands the same body to the app."""
+    chunks, more, last = [], True, None
+    while more:
+        last = await receive()
+        if last["type"] != "http.request":
+            break  # the client went away: let the app see that
+        chunks.append(last.get("body", b""))
+        more = last.get("more_body", False)
+    body = b"".join(chunks)
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    if last is not None and last["type"] != "http.request":
+        pending.append(last)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return body, replay
