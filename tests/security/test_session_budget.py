@@ -9,6 +9,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
+from tests.fake_clock import FakeClock
 from tests.redis_server import running_redis, unique_prefix
 from tests.security.attack import call, http, identity
 from tests.ui.stack import free_port, launched_page
@@ -16,14 +17,6 @@ from ui.config import UIConfig
 from ui.session_budget import SessionLedger
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_ledger_counts_new_sessions_per_address_and_never_a_known_one():

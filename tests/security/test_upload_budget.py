@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fake_clock import FakeClock
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
@@ -18,14 +19,6 @@ from ui.upload_budget import UploadLedger
 pytestmark = pytest.mark.timeout(180)
 
 MB = 1024 * 1024
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_ledger_refuses_past_an_address_budget_and_frees_it_as_the_window_slides():
