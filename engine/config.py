@@ -47,7 +47,7 @@ class EngineConfig:
     # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
     decode_attention: str = "varlen"
     # fp32 on CPU: pack the text stack's weight matrices once for MKL's packed GEMM, so a decode step's few-row
-    # products skip re-packing them every call (engine/packed_linear.py). auto: where it applies and the copy
+    # products skip re-packing them every call (engine/cpu_linear.py). auto: where it applies and the copy
     # (at most as large as the text stack) fits in a quarter of the available memory, each matrix shape packed
     # from the row count where a measurement at load shows the packed product faster on this CPU (never, on some)
     # | on (every matrix, from 3 rows; refused where it cannot apply) | off.

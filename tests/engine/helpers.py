@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from PIL import Image, ImageDraw
 
-from engine.packed_linear import unpacked
+from engine.cpu_linear import unpacked
 
 
 def image(seed: int, size=(64, 64)) -> Image.Image:

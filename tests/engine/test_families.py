@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import greedy
-from engine.packed_linear import unpacked
+from engine.cpu_linear import unpacked
 
 from .helpers import chat, image, run_until_done, serve_staggered
 

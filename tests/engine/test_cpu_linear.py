@@ -1,9 +1,9 @@
-"""Prepacked fp32 text weights (engine/packed_linear.py): the same products, the packed kernel only where it
+"""Prepacked fp32 text weights (engine/cpu_linear.py): the same products, the packed kernel only where it
 applies, and only the text stack packed."""
 import pytest
 import torch
 
-from engine import EngineConfig, packed_linear
+from engine import EngineConfig, cpu_linear
 from engine.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -13,12 +13,12 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="t
 @pytest.fixture
 def packed_calls(monkeypatch):
     calls = []
-    real = packed_linear._packed_product
+    real = cpu_linear._packed_product
 
     def spy(x, *args):
         calls.append(x.shape[0])
         return real(x, *args)
-    monkeypatch.setattr(packed_linear, "_packed_product", spy)
+    monkeypatch.setattr(cpu_linear, "_packed_product", spy)
     return calls
 
 
@@ -32,7 +32,7 @@ def test_products_match_nn_linear(bias, packed_calls):
     layer = _linear(bias=bias)
     plain = torch.nn.Linear(96, 160, bias=bias)
     plain.load_state_dict(layer.state_dict())
-    assert packed_linear.pack_linears(layer, rows=8) == [layer]
+    assert cpu_linear.pack_linears(layer, rows=8) == [layer]
     x = torch.randn(2, 4, 96)  # 8 rows, the packed count: bit for bit what nn.Linear gives
     with torch.inference_mode():
         assert torch.equal(layer(x), plain(x))
@@ -50,11 +50,11 @@ def test_products_match_nn_linear(bias, packed_calls):
 
 def test_training_and_reference_runs_take_the_plain_path(packed_calls):
     layer = _linear()
-    packed_linear.pack_linears(layer, rows=8)
+    cpu_linear.pack_linears(layer, rows=8)
     x = torch.randn(6, 96)
     layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
     assert layer.weight.grad is not None
-    with torch.inference_mode(), packed_linear.unpacked():
+    with torch.inference_mode(), cpu_linear.unpacked():
         layer(x)
     assert packed_calls == []
     with torch.inference_mode():
@@ -74,7 +74,7 @@ def test_runner_packs_the_text_stack_only(runners):
         model.get_output_embeddings().weight.numel() * 4)
     wide = runners("lfm2vl", max_running=64)  # larger batches keep 16-row packs (see MAX_PACKED_ROWS)
     assert {getattr(m, "_owlet_packed_rows", None) for m in wide.model.get_decoder().modules()
-            if isinstance(m, torch.nn.Linear)} == {packed_linear.MAX_PACKED_ROWS}
+            if isinstance(m, torch.nn.Linear)} == {cpu_linear.MAX_PACKED_ROWS}
     narrow = runners("lfm2vl", max_running=4)
     assert {getattr(m, "_owlet_packed_rows", None) for m in narrow.model.get_decoder().modules()
             if isinstance(m, torch.nn.Linear)} == {4}
@@ -118,8 +118,8 @@ def test_calibration_packs_from_the_measured_crossover_and_not_where_packing_nev
             return 10.0
         return float(n) if shape == (160, 96) else 1.0
     model = torch.nn.Sequential(_linear(0), _linear(1), torch.nn.Linear(160, 96)).eval()
-    calibration = packed_linear.Calibration(16, fake)
-    packed = packed_linear.pack_linears(model, 16, calibration)
+    calibration = cpu_linear.Calibration(16, fake)
+    packed = cpu_linear.pack_linears(model, 16, calibration)
     assert packed == [model[0], model[1]]
     assert calibration.by_shape == {(160, 96, True): 12, (96, 160, True): None}
     assert clock.count((160, 96)) == 6, "each shape is measured once (16, 12, 8 rows; packed and sgemm)"
@@ -132,12 +132,12 @@ def test_calibration_packs_from_the_measured_crossover_and_not_where_packing_nev
 
 def test_calibration_on_this_machine_gives_a_row_count_it_tried_or_none():
     layer = torch.nn.Linear(512, 1024).eval()
-    found = packed_linear.Calibration(16)(layer)
+    found = cpu_linear.Calibration(16)(layer)
     assert found is None or found in (16, 12, 8, 6, 4, 3)
 
 
 def test_auto_packs_nothing_where_the_packed_product_never_wins(monkeypatch, caplog):
-    monkeypatch.setattr(packed_linear, "_time_product", lambda packed, *a: 2.0 if packed is not None else 1.0)
+    monkeypatch.setattr(cpu_linear, "_time_product", lambda packed, *a: 2.0 if packed is not None else 1.0)
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
     assert runner.packed_weight_bytes == 0
