@@ -16,7 +16,8 @@ Fairness:
   ``max_new_tokens`` in both, and the tokens are compared request by request.
 
 Run: ``python -m bench.peers`` (3-5 minutes on 2 shared cores) or ``--tiny`` (seconds). Last line: ``RESULT {json}``
-with ``vs_hf_cb`` = Owlet tokens/s ÷ peer tokens/s.
+with ``vs_hf_cb`` = Owlet tokens/s ÷ peer tokens/s. ``--with-nn-linear`` also times Owlet with every matmul through
+the model's own ``nn.Linear`` (engine/cpu_linear.py off), alternated with the other two (``vs_owlet_nn_linear``).
 """
 from __future__ import annotations
 
@@ -149,6 +150,9 @@ def parse_args(argv=None):
     p.add_argument("--hf-batch-tokens", default="256,512,1024",
                    help="comma list of the peer's max_batch_tokens to try on the warm-up; the fastest is used")
     p.add_argument("--page-size", type=int, default=64, help="the peer's KV page size in tokens")
+    p.add_argument("--with-nn-linear", action="store_true",
+                   help="also time Owlet with every matmul through the model's own nn.Linear (cpu_packed_weights and "
+                        "cpu_onednn_linear off), alternated with the others: the CPU kernels' share of the lead")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (see bench.engine --threads)")
     p.add_argument("--cache-dir", default=None)
     return p.parse_args(argv)
@@ -168,8 +172,11 @@ def main(argv=None) -> dict:
     shape = "tiny" if args.tiny else "small"
     min_new, max_new = (4, 16) if args.tiny else (8, 128)
     ckpt = peer_checkpoint(shape, Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models")
-    engine = LLMEngine(EngineConfig(model=str(ckpt), dtype="float32", device="cpu", max_running=args.max_running,
-                                    session_cache=False, default_deadline_s=None)).start()
+    def owlet_engine(**kernels):
+        return LLMEngine(EngineConfig(model=str(ckpt), dtype="float32", device="cpu", max_running=args.max_running,
+                                      session_cache=False, default_deadline_s=None, **kernels)).start()
+    engine = owlet_engine()
+    plain = owlet_engine(cpu_packed_weights="off", cpu_onednn_linear="off") if args.with_nn_linear else None
     lm = LlamaForCausalLM.from_pretrained(ckpt / "lm", dtype=torch.float32, attn_implementation="paged|sdpa").eval()
     prompts = make_prompts(args.requests, min_new, max_new)
     warm = make_prompts(8, min_new, max_new, seed=1)
@@ -191,6 +198,8 @@ def main(argv=None) -> dict:
         # Warm-up: Owlet twice on the warm-up set; the peer once per batch-token budget, the best one kept.
         for _ in range(2):
             run_owlet(engine, warm)
+            if plain:
+                run_owlet(plain, warm)
         best_tokens, best_s = None, float("inf")
         for tokens in [int(t) for t in args.hf_batch_tokens.split(",") if t.strip()]:
             candidate = HFPeer(lm, args.max_running, tokens, args.page_size, blocks)
@@ -203,37 +212,48 @@ def main(argv=None) -> dict:
         peer = HFPeer(lm, args.max_running, best_tokens, args.page_size, blocks)
         peer.run(warm_ids, warm_budgets)
 
-        times = {"owlet": [], "hf_cb": []}
+        times = {"owlet": [], "hf_cb": [], **({"owlet_nn_linear": []} if plain else {})}
         tokens_out = {}
         for attempt in range(args.repeats):
             s, toks = run_owlet(engine, prompts)
             times["owlet"].append(s)
             tokens_out["owlet"] = toks
             print(f"  burst {attempt + 1}: owlet {s:.1f}s", flush=True)
+            if plain:
+                s, tokens_out["owlet_nn_linear"] = run_owlet(plain, prompts)
+                times["owlet_nn_linear"].append(s)
+                print(f"  burst {attempt + 1}: owlet (nn.Linear) {s:.1f}s", flush=True)
             s, toks = peer.run(ids, budgets)
             times["hf_cb"].append(s)
             tokens_out["hf_cb"] = toks
             print(f"  burst {attempt + 1}: transformers CB {s:.1f}s", flush=True)
     finally:
         engine.stop()
+        if plain:
+            plain.stop()
         if peer:
             peer.stop()
 
     total = sum(budgets)
-    exact = [len(t) == n for t, n in zip(tokens_out["owlet"], budgets)] + \
-            [len(t) == n for t, n in zip(tokens_out["hf_cb"], budgets)]
+    exact = [len(t) == n for way in times for t, n in zip(tokens_out[way], budgets)]
     agree = sum(a == b for a, b in zip(tokens_out["owlet"], tokens_out["hf_cb"]))
     rate = {w: total / min(t) for w, t in times.items()}
     print(f"\n{'way':38} {'best s':>7} {'tok/s':>8} {'owlet x':>8}")
-    labels = {"owlet": "owlet engine", "hf_cb": f"transformers CB (paged|sdpa, {best_tokens} tok)"}
-    for way in ("hf_cb", "owlet"):
+    labels = {"owlet": "owlet engine", "hf_cb": f"transformers CB (paged|sdpa, {best_tokens} tok)",
+              "owlet_nn_linear": "owlet engine, nn.Linear kernels"}
+    for way in [w for w in ("hf_cb", "owlet_nn_linear", "owlet") if w in times]:
         print(f"{labels[way]:38} {min(times[way]):7.1f} {rate[way]:8.1f} {rate['owlet'] / rate[way]:7.2f}x")
     print(f"token agreement: {agree}/{len(prompts)} requests identical; every request exactly its budget: "
           f"{'yes' if all(exact) else 'NO'}")
+    if plain:
+        same = sum(a == b for a, b in zip(tokens_out["owlet"], tokens_out["owlet_nn_linear"]))
+        print(f"owlet with its CPU kernels vs nn.Linear: {same}/{len(prompts)} requests identical")
     result = dict(shape=shape, dtype="float32", requests=len(prompts), hf_batch_tokens=best_tokens,
                   owlet_tok_s=round(rate["owlet"], 1), hf_cb_tok_s=round(rate["hf_cb"], 1),
                   vs_hf_cb=round(rate["owlet"] / rate["hf_cb"], 2), tokens_agree=agree == len(prompts),
                   requests_agree=agree, equal_work=all(exact))
+    if plain:
+        result["vs_owlet_nn_linear"] = round(rate["owlet"] / rate["owlet_nn_linear"], 2)
     print("RESULT " + json.dumps(result))
     return result
 

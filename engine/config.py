@@ -52,6 +52,10 @@ class EngineConfig:
     # from the row count where a measurement at load shows the packed product faster on this CPU (never, on some)
     # | on (every matrix, from 3 rows; refused where it cannot apply) | off.
     cpu_packed_weights: str = "auto"
+    # fp32 on CPU: oneDNN's GEMM for the text stack's matmuls where it is faster than MKL's sgemm (and than the
+    # packed product) on this CPU (engine/cpu_linear.py). auto: per matrix shape and row count, as measured at
+    # load | on (every product of 3 rows or more that the packed product does not take) | off.
+    cpu_onednn_linear: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -75,6 +79,8 @@ class EngineConfig:
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if self.cpu_packed_weights not in ("auto", "on", "off"):
             raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
+        if self.cpu_onednn_linear not in ("auto", "on", "off"):
+            raise ValueError(f"cpu_onednn_linear must be auto, on or off, got {self.cpu_onednn_linear!r}")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

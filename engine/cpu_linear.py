@@ -1,51 +1,62 @@
-"""Prepacked fp32 weights for the text stack's matmuls on CPU (MKL's packed GEMM).
+"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of three kernels, measured at
+load on this machine.
 
-A decode step multiplies a few rows (one per running sequence) by every weight matrix of the text stack. For so
-few rows, MKL's ordinary ``sgemm`` spends most of its time re-packing the weight matrix into its kernel's layout
-on every call, which reads and writes the whole matrix once more than the product needs; at some row counts it
-also picks a poor kernel (on an AVX-512 Xeon, 8 and 12 rows took longer than 16). Packing each matrix once, at
-load, and calling ``cblas_sgemm_compute`` on it removes that: measured over the "small" bench model's matrices,
-one thread, a 16-row product took 54 ms instead of 77 (and 63 instead of 154 at 12 rows).
+Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Two other kernels compute the same
+product (to rounding) faster on some CPUs and row counts:
 
-MKL packs for one row count (``rows``: the decode batch size, at most ``MAX_PACKED_ROWS``). A product with fewer
-rows, but at least ``MIN_PACKED_ROWS`` (or the calibrated minimum, below), is zero-padded to ``rows`` (its real
-rows come out as they would alone: GEMM never mixes rows); a product with more rows (a prefill chunk) or with
-fewer takes the ordinary path (one or two rows are a matrix-vector product at memory speed anyway). At exactly
-``rows`` rows the packed product is bit-identical to ``torch.nn.functional.linear``; at other counts it may round
-differently in the last bit, as any change of batch size may.
+- **MKL's packed GEMM** (``cblas_sgemm_compute`` on a copy packed once, at load). For few rows (a decode step's
+  one row per running sequence), ``sgemm`` spends most of its time re-packing the weight matrix into its kernel's
+  layout on every call; the packed copy skips that. Measured over the "small" bench model's matrices, one thread,
+  an AVX-512 Xeon: a 16-row product took 54 ms instead of 77 (63 instead of 154 at 12 rows). MKL packs for one row
+  count (``rows``: the decode batch size, at most ``MAX_PACKED_ROWS``); a product with fewer rows is zero-padded
+  to ``rows`` (its real rows come out as they would alone: GEMM never mixes rows). At exactly ``rows`` rows the
+  packed product is bit-identical to ``sgemm``. It costs a second copy of each matrix it is used for.
+- **oneDNN's fp32 GEMM** (``torch.ops.mkldnn._linear_pointwise`` on the dense weight; no copy). On the AMD EPYC
+  with AVX-512 it beat ``sgemm`` at every row count that matters, over the same matrices, one thread: 68-71 ms
+  against 76-93 at 16 rows, 348-367 against 410-422 at 150 rows (a prefill chunk), 1,140 against 1,307-1,338 at
+  512. Its rows do not depend on how many rows the product has (from 3 rows up), so a prompt prefilled in one
+  chunk or several gets the same values.
 
-Whether it pays depends on the CPU. On an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row
-count, and only on a matrix kept in cache (1.2-1.3x at 16 rows; 0.96-1.07x streamed from memory, as a decode
-step reads it), and padded from 4 or 8 rows it was slower (0.6-0.9x); packing everything measured 0.92-0.96x the
-unpacked engine there (at that machine's noise of about 7 %, but never a gain). ``Calibration`` therefore
-measures, at load and on this machine, from how many rows the padded packed product beats ``sgemm`` for each
-distinct matrix shape; fewer rows take the ordinary path, and a shape where it never wins is not packed at all.
+Which wins depends on the CPU: on an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row count
+and only on a matrix kept in cache (0.96-1.07x streamed from memory, as a decode step reads it; 0.6-0.9x padded
+from 4 or 8 rows). So ``Calibration`` times the candidates at load, for each distinct matrix shape, at a long
+product's row count (``LONG_ROWS``) and at each decode row count it probes, with the matrix streamed from memory
+as in a forward pass; a kernel other than ``sgemm`` is used only where it beats ``sgemm`` by 5 %. A product of n
+rows takes the kernel chosen for the smallest probed count >= n (the long one for more rows than that); one or
+two rows are a matrix-vector product at memory speed and keep ``sgemm``.
 
-The packed copy costs as much memory as the matrices themselves; ``packable_bytes`` lets the caller decide.
-Only fp32 on CPU, and only where torch was built with MKL.
+The kernels round differently in the last bits, as any change of batch size already does (a 16-row ``sgemm`` row
+is not bit-equal to a 1-row one). The engine's token-exactness tests run every kernel against the model's own
+``nn.Linear`` (``unpacked()`` below).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-MIN_PACKED_ROWS = 3
+SGEMM, PACKED, ONEDNN = "sgemm", "packed", "onednn"
+MIN_FAST_ROWS = 3  # fewer rows: a matrix-vector product, memory bound whatever the kernel
 # The most rows a pack is made for. A padded product costs what a full one does, and past 16 rows the re-packing
 # that packing saves matters less: packed for 64 rows, a 16-row product took 127 ms against sgemm's 81, and
 # packed for 32, a 4-row one 96 against 85 (the "small" bench matrices, one thread, AVX-512 Xeon). So a larger
-# decode batch still gets 16-row packs for its small batches, and sgemm beyond 16 rows.
+# decode batch still gets 16-row packs for its small batches, and another kernel beyond 16 rows.
 MAX_PACKED_ROWS = 16
+# A long product (a prefill chunk: tens to hundreds of rows) is measured at this many rows.
+LONG_ROWS = 128
 _local = threading.local()
+log = logging.getLogger("owlet.engine")
 
 
 @contextlib.contextmanager
 def unpacked():
-    """Within this block, on this thread only, packed modules compute exactly as ``nn.Linear`` does: for a
+    """Within this block, on this thread only, every product computes exactly as ``nn.Linear`` does: for a
     reference run (``model.generate()``) on the engine's own model object while the engine keeps serving."""
     before = getattr(_local, "off", False)
     _local.off = True
@@ -62,113 +73,221 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
+def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """fp32 on CPU, with torch built with oneDNN and its (private) linear op present."""
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in module.modules()
             if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
 
 
 def packable_bytes(module: torch.nn.Module) -> int:
-    """Extra memory `pack_linears(module, ...)` would take."""
+    """Extra memory a packed copy of every matrix under ``module`` would take."""
     return sum(m.weight.numel() * m.weight.element_size() for m in _linears(module))
 
 
-def pack_linears(module: torch.nn.Module, rows: int,
-                 min_rows_for: Callable[[torch.nn.Linear], int | None] | None = None) -> list[torch.nn.Linear]:
-    """Give fp32 CPU ``nn.Linear``s under ``module`` a weight packed for ``rows``-row products; returns the
-    modules packed. ``min_rows_for(linear)`` gives the fewest rows that take the packed product (default
-    ``MIN_PACKED_ROWS``), or None to leave that module unpacked. The modules keep their weights (embeddings tied
-    to them and longer products still read the original)."""
-    packed_modules = []
+@dataclass(frozen=True)
+class KernelPlan:
+    """Which kernel a product of n rows takes: ``choices`` maps probed row counts to kernels; n takes the choice of
+    the smallest probed count >= n (the largest count's for more rows), fewer than MIN_FAST_ROWS take sgemm."""
+    choices: tuple[tuple[int, str], ...]  # (rows, kernel), ascending rows
+
+    def kernel_for(self, n: int) -> str:
+        if n < MIN_FAST_ROWS:
+            return SGEMM
+        for rows, kernel in self.choices:
+            if n <= rows:
+                return kernel
+        return self.choices[-1][1]
+
+    def uses(self, kernel: str) -> bool:
+        return any(k == kernel for _, k in self.choices)
+
+    def describe(self) -> str:
+        """e.g. ``4-8 packed, 9+ onednn`` (adjacent counts with one kernel merged; sgemm ranges left out)."""
+        ranges: list[list] = []  # [low, high, kernel]
+        low = MIN_FAST_ROWS
+        for rows, kernel in self.choices:
+            if ranges and ranges[-1][2] == kernel:
+                ranges[-1][1] = rows
+            else:
+                ranges.append([low, rows, kernel])
+            low = rows + 1
+        ranges[-1][1] = None  # the last choice holds for any larger product
+        parts = [f"{lo}+ {k}" if hi is None else f"{lo}-{hi} {k}" for lo, hi, k in ranges if k != SGEMM]
+        return ", ".join(parts) or "sgemm"
+
+    def forced(self, rows: int, packed: bool, onednn: bool) -> "KernelPlan":
+        """This plan with kernels asked for outright (``on``): ``packed`` takes every product of 3..rows rows,
+        ``onednn`` every other product of 3 rows or more."""
+        def pick(count: int, kernel: str) -> str:
+            if packed and count <= rows:
+                return PACKED
+            return ONEDNN if onednn else kernel
+        return KernelPlan(tuple((count, pick(count, kernel)) for count, kernel in self.choices))
+
+
+def sgemm_plan(rows: int) -> KernelPlan:
+    """Every product through sgemm (what ``forced`` starts from when nothing is measured)."""
+    return KernelPlan(((rows, SGEMM), (rows + 1, SGEMM)))
+
+
+def use_kernels(module: torch.nn.Module, rows: int,
+                plan_for: Callable[[torch.nn.Linear], KernelPlan]) -> list[tuple[torch.nn.Linear, KernelPlan]]:
+    """Route the fp32 CPU ``nn.Linear``s under ``module`` through ``plan_for(linear)``; returns the modules whose
+    plan uses a kernel other than sgemm, with their plans. A packed copy for ``rows``-row products is made only for
+    modules whose plan uses it. The modules keep their weights (tied embeddings and the sgemm path read them)."""
+    routed = []
     for linear in _linears(module):
-        if getattr(linear, "_owlet_packed_rows", None) == rows:
+        plan = plan_for(linear)
+        if not (plan.uses(PACKED) or plan.uses(ONEDNN)):
             continue
-        measured = MIN_PACKED_ROWS if min_rows_for is None else min_rows_for(linear)
-        if measured is None:
-            continue
-        min_rows = max(measured, MIN_PACKED_ROWS)
         with torch.no_grad():
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
-        linear.forward = functools.partial(_packed_forward, linear, packed, rows, min_rows)
-        linear._owlet_packed_rows = rows
-        packed_modules.append(linear)
-    return packed_modules
+            packed = (torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
+                      if plan.uses(PACKED) else None)
+        linear.forward = functools.partial(_routed_forward, linear, plan, packed, rows)
+        linear._owlet_kernels = plan
+        linear._owlet_packed_rows = rows if packed is not None else None
+        routed.append((linear, plan))
+    return routed
 
 
-# Row counts tried by the calibration, from the most down: the packed product's cost does not depend on how
-# many of its rows are real, sgemm's grows with them, so once the packed product loses it loses below too.
+# Decode row counts probed below ``rows`` (from the most down).
 _PROBE_ROWS = (12, 8, 6, 4, 3)
-# The packed product must beat sgemm by this margin to be used: measurement noise must not decide a tie.
+# A kernel must beat sgemm by this margin to be used: measurement noise must not decide a tie.
 _WIN_MARGIN = 0.95
-# A decode step reads each matrix once, from memory, not from cache: the calibration cycles through copies of a
+# A forward pass reads each matrix once, from memory, not from cache: the calibration cycles through copies of a
 # matrix that together exceed the last-level cache (on the AVX2 EPYC, packing won 1.2-1.3x at 16 rows on a
 # matrix kept in cache and nothing on one streamed from memory, which is what the engine meets).
 _STREAM_BYTES = 64 * 2**20
 
 
-def _time_product(packed: list[torch.Tensor] | None, weights: list[torch.Tensor], bias, rows: int,
+def _time_product(kernel: str, weights: list[torch.Tensor], packed: list[torch.Tensor] | None, bias, rows: int,
                   n: int) -> float:
-    """Seconds an ``n``-row product takes per matrix, over ``weights`` (copies of one matrix) in turn: through
-    their ``packed`` copies (padded to ``rows``), or sgemm when ``packed`` is None. Best of 3 passes."""
+    """Seconds an ``n``-row product takes per matrix through ``kernel``, over ``weights`` (copies of one matrix)
+    in turn (``packed``: their packed copies, for the packed kernel, padded to ``rows``). One pass."""
     x = torch.randn(n, weights[0].shape[1])
-    if packed is not None:
+    if kernel == PACKED:
         padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])]) if n < rows else x
-        calls = [functools.partial(torch.ops.mkl._mkl_linear, padded, p, w, bias, rows)
-                 for p, w in zip(packed, weights)]
+        calls = [functools.partial(_packed_product, padded, p, w, bias, rows) for p, w in zip(packed, weights)]
+    elif kernel == ONEDNN:
+        calls = [functools.partial(_onednn_product, x, w, bias) for w in weights]
     else:
         calls = [functools.partial(torch.nn.functional.linear, x, w, bias) for w in weights]
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for call in calls:
-            call()
-        best = min(best, time.perf_counter() - t)
-    return best / len(calls)
+    t = time.perf_counter()
+    for call in calls:
+        call()
+    return (time.perf_counter() - t) / len(calls)
+
+
+# Passes per kernel and row count; the kernels take turns, pass by pass, so a drift in the machine's speed (other
+# work on a shared host) touches them all alike, and each keeps its best pass.
+_ROUNDS = 4
 
 
 class Calibration:
-    """``min_rows_for`` for ``pack_linears``: the fewest rows from which the packed product (padded to ``rows``)
-    beats sgemm, measured once per distinct (out, in, bias) shape on this machine with its thread setting, the
-    matrix streamed from memory as in a decode step; None where it does not win even at ``rows``.
-    ``time_product(packed_copies_or_None, weight_copies, bias, rows, n)`` is the clock (tests give their own)."""
+    """``plan_for`` for ``use_kernels``: per distinct (out, in, bias) shape, the kernel that is fastest on this
+    machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
+    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``), measured once with the matrix
+    streamed from memory. ``time_product(kernel, weight_copies, packed_copies, bias, rows, n)`` is the clock
+    (tests give their own)."""
 
-    def __init__(self, rows: int, time_product: Callable[..., float] | None = None):
+    def __init__(self, rows: int, packed: bool = True, onednn: bool = True,
+                 time_product: Callable[..., float] | None = None):
         self.rows = rows
+        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn)) if allowed]
         self._time = time_product or _time_product
-        self.by_shape: dict[tuple[int, int, bool], int | None] = {}
+        self.by_shape: dict[tuple[int, int, bool], KernelPlan] = {}
 
-    def __call__(self, linear: torch.nn.Linear) -> int | None:
+    def __call__(self, linear: torch.nn.Linear) -> KernelPlan:
         key = (linear.out_features, linear.in_features, linear.bias is not None)
         if key not in self.by_shape:
             self.by_shape[key] = self._measure(linear.weight.detach(), None if linear.bias is None
                                                else linear.bias.detach())
         return self.by_shape[key]
 
-    def _measure(self, weight: torch.Tensor, bias) -> int | None:
-        least = None
+    def _measure(self, weight: torch.Tensor, bias) -> KernelPlan:
+        counts = sorted({r for r in _PROBE_ROWS if r < self.rows} | {self.rows, max(LONG_ROWS, self.rows + 1)})
         with torch.inference_mode():
             copies = min(64, -(-_STREAM_BYTES // (weight.numel() * weight.element_size())))
             weights = [weight] + [weight.clone() for _ in range(copies - 1)]
-            packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, self.rows) for w in weights]
-            for n in (self.rows,) + tuple(r for r in _PROBE_ROWS if r < self.rows):
-                plain = self._time(None, weights, bias, self.rows, n)
-                if self._time(packed, weights, bias, self.rows, n) >= _WIN_MARGIN * plain:
-                    break
-                least = n
-        return least
+            packed = ([torch.ops.mkl._mkl_reorder_linear_weight(w, self.rows) for w in weights]
+                      if PACKED in self.kernels else None)
+            choices = []
+            for n in counts:
+                kernels = [SGEMM] + [k for k in self.kernels if not (k == PACKED and n > self.rows)]
+                for k in kernels:  # once untimed: first-call costs (oneDNN's primitive cache) are not the kernel's
+                    self._time(k, weights[:1], packed[:1] if packed else None, bias, self.rows, n)
+                seconds = dict.fromkeys(kernels, float("inf"))
+                for _ in range(_ROUNDS):
+                    for k in kernels:
+                        seconds[k] = min(seconds[k], self._time(k, weights, packed, bias, self.rows, n))
+                best = min(kernels[1:], key=seconds.get, default=SGEMM)
+                choices.append((n, best if seconds.get(best, 0) < _WIN_MARGIN * seconds[SGEMM] else SGEMM))
+        return KernelPlan(tuple(choices))
 
 
 def _packed_product(x, packed, weight, bias, rows):
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
-def _packed_forward(linear: torch.nn.Linear, packed: torch.Tensor, rows: int, min_rows: int,
+def _onednn_product(x, weight, bias):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Tensor | None, rows: int,
                     x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32 or torch.is_grad_enabled() or getattr(_local, "off", False):
+        return torch.nn.functional.linear(x, linear.weight, linear.bias)
     flat = x.reshape(-1, x.shape[-1])
     n = flat.shape[0]
-    if (not min_rows <= n <= rows or x.dtype != torch.float32 or torch.is_grad_enabled()
-            or getattr(_local, "off", False)):
+    kernel = plan.kernel_for(n)
+    if kernel == PACKED and n <= rows:
+        if n < rows:
+            flat = torch.cat([flat, flat.new_zeros(rows - n, flat.shape[1])])
+        out = _packed_product(flat.contiguous(), packed, linear.weight, linear.bias, rows)[:n]
+    elif kernel == ONEDNN:
+        out = _onednn_product(flat.contiguous(), linear.weight, linear.bias)
+    else:
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
-    if n < rows:
-        flat = torch.cat([flat, flat.new_zeros(rows - n, flat.shape[1])])
-    out = _packed_product(flat.contiguous(), packed, linear.weight, linear.bias, rows)
-    return out[:n].reshape(*x.shape[:-1], out.shape[-1])
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, device: torch.device,
+          dtype: torch.dtype, room_bytes: int) -> int:
+    """The engine's settings applied to ``modules`` (``cpu_packed_weights`` and ``cpu_onednn_linear``: auto, on or
+    off); returns the bytes the packed copies take. ``on`` where a kernel cannot run is refused; ``auto`` packs
+    only if a copy of every matrix fits in ``room_bytes``, and measures (``Calibration``)."""
+    can_pack, can_onednn = available(device, dtype), onednn_available(device, dtype)
+    for name, mode, can, lib in (("cpu_packed_weights", packed_mode, can_pack, "MKL"),
+                                 ("cpu_onednn_linear", onednn_mode, can_onednn, "oneDNN")):
+        if mode == "on" and not can:
+            raise ValueError(f"{name}=on needs float32 on a CPU with {lib}; this engine runs {dtype} on {device}")
+    use_packed, use_onednn = can_pack and packed_mode != "off", can_onednn and onednn_mode != "off"
+    if not (use_packed or use_onednn):
+        return 0
+    if use_packed and packed_mode == "auto":
+        size = sum(packable_bytes(m) for m in modules)
+        if size > room_bytes:
+            log.info("not packing %.0f MB of text weights: more than a quarter of the available memory",
+                     size / 2**20)
+            use_packed = False
+    measured = (use_packed and packed_mode == "auto") or (use_onednn and onednn_mode == "auto")
+    calibration = Calibration(rows, packed=use_packed, onednn=use_onednn) if measured else None
+    force_packed, force_onednn = use_packed and packed_mode == "on", use_onednn and onednn_mode == "on"
+
+    def plan_for(linear):
+        plan = calibration(linear) if calibration else sgemm_plan(rows)
+        return plan.forced(rows, force_packed, force_onednn)
+    routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
+    if calibration is not None:
+        log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
+                 "; ".join(f"{o}x{i}: {plan.describe()}" for (o, i, _), plan in calibration.by_shape.items()))
+    packed = [linear for linear, plan in routed if plan.uses(PACKED)]
+    size = sum(linear.weight.numel() * linear.weight.element_size() for linear in packed)
+    log.info("text-stack matrices: %d through oneDNN for some products, %d packed (%.1f MB) for %d-row decode "
+             "products", sum(plan.uses(ONEDNN) for _, plan in routed), len(packed), size / 2**20, rows)
+    return size

@@ -17,7 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from . import families, cpu_linear
+from . import cpu_linear, families
 from .byte_lru import ByteLRU
 from .config import EngineConfig
 
@@ -87,38 +87,16 @@ class ModelRunner:
         self._embed = self.model.get_input_embeddings()
         log.info("loaded %s (%s) on %s in %s: %.1f MB of weights", config.model,
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
-        self.packed_weight_bytes = self._pack_text_weights(
-            config.cpu_packed_weights, min(config.max_running, cpu_linear.MAX_PACKED_ROWS))
+        self.packed_weight_bytes = self._choose_linear_kernels(
+            config, min(config.max_running, cpu_linear.MAX_PACKED_ROWS))
 
-    def _pack_text_weights(self, mode: str, rows: int) -> int:
-        """Pack the text stack's matrices for decode-sized products (engine/cpu_linear.py); returns the
-        bytes the packed copy takes (0 when not packed). The vision tower only ever runs long products."""
-        if mode == "off":
-            return 0
-        if not cpu_linear.available(self.device, self.dtype):
-            if mode == "on":
-                mkl = "" if torch.backends.mkl.is_available() else " without MKL"
-                raise ValueError(f"cpu_packed_weights=on needs float32 on a CPU with MKL; this engine runs "
-                                 f"{self.dtype} on {self.device}{mkl}")
-            return 0
-        modules = [self._text_stack(), self.model.get_output_embeddings()]
-        size = sum(cpu_linear.packable_bytes(m) for m in modules if m is not None)
-        room = _available_memory_bytes() // 4
-        if mode == "auto" and size > room:
-            log.info("not packing %.0f MB of text weights: more than a quarter of the available memory",
-                     size / 2**20)
-            return 0
-        # auto: measured here, per matrix shape, from how many rows the packed product wins (cpu_linear.py)
-        calibration = cpu_linear.Calibration(rows) if mode == "auto" else None
-        packed = [linear for m in modules if m is not None
-                  for linear in cpu_linear.pack_linears(m, rows, calibration)]
-        size = sum(linear.weight.numel() * linear.weight.element_size() for linear in packed)
-        if calibration is not None:
-            log.info("packed-GEMM calibration (min rows per out x in matrix, None = never wins): %s",
-                     ", ".join(f"{o}x{i}: {n}" for (o, i, _), n in calibration.by_shape.items()))
-        log.info("packed %d text-stack matrices (%.1f MB) for %d-row decode products", len(packed), size / 2**20,
-                 rows)
-        return size
+    def _choose_linear_kernels(self, config: EngineConfig, rows: int) -> int:
+        """Route the text stack's fp32 matmuls through the fastest CPU kernel per matrix shape and row count
+        (engine/cpu_linear.py); returns the bytes the packed copies take. The vision tower keeps nn.Linear: it
+        only runs long products, once per new image."""
+        modules = [m for m in (self._text_stack(), self.model.get_output_embeddings()) if m is not None]
+        return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear, self.device,
+                                self.dtype, room_bytes=_available_memory_bytes() // 4)
 
     def _text_stack(self) -> torch.nn.Module:
         try:

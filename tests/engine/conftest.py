@@ -23,9 +23,11 @@ def runners():
     def get(fam: str, **overrides) -> ModelRunner:
         key = (fam, tuple(sorted(overrides.items())))
         if key not in cache:
-            # On CPU the packed products always (not as calibrated on this machine): every run tests that path.
+            # On CPU the fast kernels always (not as calibrated on this machine), so every run tests them: MKL's
+            # packed product for decode rows, oneDNN for prefill chunks (test_cpu_linear.py runs oneDNN alone).
             on_cpu = resolve_device(overrides.get("device", "auto")).type == "cpu"
-            settings = {"cpu_packed_weights": "on" if on_cpu else "auto", **overrides}
+            fast = "on" if on_cpu else "auto"
+            settings = {"cpu_packed_weights": fast, "cpu_onednn_linear": fast, **overrides}
             cfg = EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", **settings)
             cache[key] = ModelRunner(cfg)
         return cache[key]

@@ -1,5 +1,5 @@
-"""Prepacked fp32 text weights (engine/cpu_linear.py): the same products, the packed kernel only where it
-applies, and only the text stack packed."""
+"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM and
+oneDNN, each only where the plan puts it, only the text stack routed, and engines on either kernel exact."""
 import pytest
 import torch
 
@@ -22,6 +22,22 @@ def packed_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    calls = []
+    real = cpu_linear._onednn_product
+
+    def spy(x, *args):
+        calls.append(x.shape[0])
+        return real(x, *args)
+    monkeypatch.setattr(cpu_linear, "_onednn_product", spy)
+    return calls
+
+
+def _packed_plan(rows):
+    return cpu_linear.sgemm_plan(rows).forced(rows, packed=True, onednn=False)
+
+
 def _linear(seed=0, bias=True):
     torch.manual_seed(seed)
     return torch.nn.Linear(96, 160, bias=bias).eval()
@@ -32,7 +48,7 @@ def test_products_match_nn_linear(bias, packed_calls):
     layer = _linear(bias=bias)
     plain = torch.nn.Linear(96, 160, bias=bias)
     plain.load_state_dict(layer.state_dict())
-    assert cpu_linear.pack_linears(layer, rows=8) == [layer]
+    assert [m for m, _ in cpu_linear.use_kernels(layer, 8, lambda _: _packed_plan(8))] == [layer]
     x = torch.randn(2, 4, 96)  # 8 rows, the packed count: bit for bit what nn.Linear gives
     with torch.inference_mode():
         assert torch.equal(layer(x), plain(x))
@@ -50,7 +66,7 @@ def test_products_match_nn_linear(bias, packed_calls):
 
 def test_training_and_reference_runs_take_the_plain_path(packed_calls):
     layer = _linear()
-    cpu_linear.pack_linears(layer, rows=8)
+    cpu_linear.use_kernels(layer, 8, lambda _: _packed_plan(8))
     x = torch.randn(6, 96)
     layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
     assert layer.weight.grad is not None
@@ -62,14 +78,44 @@ def test_training_and_reference_runs_take_the_plain_path(packed_calls):
     assert packed_calls == [8]
 
 
-def test_runner_packs_the_text_stack_only(runners):
-    runner = runners("lfm2vl")  # fp32 on CPU, default settings: packed for max_running rows
+def test_onednn_products_match_nn_linear_and_do_not_depend_on_the_row_count(onednn_calls, packed_calls):
+    layer = _linear(bias=True)
+    plain = torch.nn.Linear(96, 160)
+    plain.load_state_dict(layer.state_dict())
+    plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=True)
+    assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
+    assert layer._owlet_packed_rows is None, "no packed copy where the plan never packs"
+    x = torch.randn(40, 96)
+    with torch.inference_mode():
+        got = layer(x.reshape(2, 20, 96))
+        torch.testing.assert_close(got.reshape(40, 160), plain(x), rtol=1e-5, atol=1e-6)
+        assert torch.equal(layer(x[:5]), got.reshape(40, 160)[:5]), "a row is the same in a 5- or 40-row product"
+        assert onednn_calls == [40, 5] and packed_calls == []
+        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
+            assert torch.equal(layer(x[:rows]), plain(x[:rows]))
+        assert onednn_calls == [40, 5]
+
+
+def test_plan_takes_the_choice_of_the_smallest_probed_count_at_or_above():
+    plan = cpu_linear.KernelPlan(((3, "sgemm"), (8, "packed"), (16, "onednn"), (128, "sgemm")))
+    assert [plan.kernel_for(n) for n in (1, 2, 3, 4, 8, 9, 16, 17, 128, 4000)] == \
+        ["sgemm", "sgemm", "sgemm", "packed", "packed", "onednn", "onednn", "sgemm", "sgemm", "sgemm"]
+    assert plan.describe() == "4-8 packed, 9-16 onednn"
+    forced = plan.forced(16, packed=True, onednn=False)
+    assert [k for _, k in forced.choices] == ["packed", "packed", "packed", "sgemm"]
+    assert plan.forced(16, packed=False, onednn=True).describe() == "3+ onednn"
+
+
+def test_runner_routes_the_text_stack_only(runners):
+    runner = runners("lfm2vl")  # fp32 on CPU, the test settings: packed for decode rows, oneDNN for the rest
     model = runner.model
     text = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     vision = [m for m in model.model.vision_tower.modules() if isinstance(m, torch.nn.Linear)]
     assert text and vision
     assert all(getattr(m, "_owlet_packed_rows", None) == 16 for m in text)
-    assert not any(hasattr(m, "_owlet_packed_rows") for m in vision)
+    assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16)} == {"packed"}
+    assert {m._owlet_kernels.kernel_for(n) for m in text for n in (17, 500)} == {"onednn"}
+    assert not any(hasattr(m, "_owlet_kernels") for m in vision)
     assert runner.packed_weight_bytes == sum(m.weight.numel() * 4 for m in text) + (
         model.get_output_embeddings().weight.numel() * 4)
     wide = runners("lfm2vl", max_running=64)  # larger batches keep 16-row packs (see MAX_PACKED_ROWS)
@@ -78,68 +124,110 @@ def test_runner_packs_the_text_stack_only(runners):
     narrow = runners("lfm2vl", max_running=4)
     assert {getattr(m, "_owlet_packed_rows", None) for m in narrow.model.get_decoder().modules()
             if isinstance(m, torch.nn.Linear)} == {4}
-    off = runners("lfm2vl", cpu_packed_weights="off")
+    off = runners("lfm2vl", cpu_packed_weights="off", cpu_onednn_linear="off")
     assert off.packed_weight_bytes == 0
-    assert not any(hasattr(m, "_owlet_packed_rows") for m in off.model.modules())
+    assert not any(hasattr(m, "_owlet_kernels") for m in off.model.modules())
 
 
-def test_packing_asked_for_where_it_cannot_apply_is_refused_clearly():
-    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="bfloat16", cpu_packed_weights="on")
+@pytest.mark.parametrize("fam", ["lfm2vl", "llava"])
+def test_an_engine_on_onednn_alone_matches_generate(fam, runners):
+    """Every product of 3 rows or more through oneDNN (prefill chunks and decode steps alike), staggered arrivals
+    batched together: the same greedy tokens as per-request generate() on the model's own nn.Linear."""
+    from engine import LLMEngine
+
+    from .helpers import reference_tokens, serve_staggered
+    from .test_exactness import workload
+
+    runner = runners(fam, cpu_packed_weights="off", cpu_onednn_linear="on")
+    text = [m for m in runner.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16, 200)} == {"onednn"}
+    engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", max_running=4),
+                       runner=runner)
+    try:
+        reqs = workload()
+        handles = serve_staggered(engine, reqs)
+        assert engine.stats()["mean_batch_occupancy"] > 1.5, "requests were not batched together"
+        for (messages, n), h in zip(reqs, handles):
+            assert h.result(timeout=0).token_ids == reference_tokens(runner, messages, n)
+    finally:
+        engine.stop()
+
+
+def test_kernels_asked_for_where_they_cannot_apply_are_refused_clearly():
+    model = str(ensure_tiny_checkpoint("lfm2vl"))
     with pytest.raises(ValueError, match="cpu_packed_weights=on needs float32"):
-        ModelRunner(cfg)
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="on"))
+    with pytest.raises(ValueError, match="cpu_onednn_linear=on needs float32 on a CPU with oneDNN"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="on"))
     with pytest.raises(ValueError, match="cpu_packed_weights must be auto, on or off"):
         EngineConfig(model="x", cpu_packed_weights="yes")
+    with pytest.raises(ValueError, match="cpu_onednn_linear must be auto, on or off"):
+        EngineConfig(model="x", cpu_onednn_linear="fast")
 
 
 def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
     from engine import model_runner
 
     monkeypatch.setattr(model_runner, "_available_memory_bytes", lambda: 4 * 2**20)  # a quarter: 1 MiB
-    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32")
+    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32", cpu_onednn_linear="off")
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(cfg)
     assert runner.packed_weight_bytes == 0
-    assert not any(hasattr(m, "_owlet_packed_rows") for m in runner.model.modules())
+    assert not any(getattr(m, "_owlet_packed_rows", None) for m in runner.model.modules())
     assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
     forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
     assert forced.packed_weight_bytes > 0  # "on" is the operator's call
 
 
-def test_calibration_packs_from_the_measured_crossover_and_not_where_packing_never_wins(packed_calls):
-    """A made-up clock: the packed product costs 10 whatever its real rows; sgemm costs 1 per row on the 96x160
-    matrices (so packing wins from 11 rows: measured at 16 and 12, lost at 8) and 1 in all on the 160x96 one."""
+def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_sgemm(packed_calls, onednn_calls):
+    """A made-up clock. On the 96x160 matrices (out 160, in 96): the packed product costs 10 whatever its rows,
+    sgemm 1 a row, oneDNN 0.97 a row below 16 rows (inside sgemm's 5 % margin: not used) and 0.5 a row from 16 up.
+    So 16 rows -> oneDNN (8 < 10), 12 -> packed (10 < 11.4), 8 and fewer -> sgemm, 128 -> oneDNN. On the 160x96
+    matrix every kernel costs 1: sgemm everywhere, so that module is not routed at all."""
     clock = []
 
-    def fake(packed, weights, bias, rows, n):
+    def fake(kernel, weights, packed, bias, rows, n):
         shape = tuple(weights[0].shape)
-        clock.append(shape)
-        assert len(weights) > 1 and (packed is None or len(packed) == len(weights)), "streamed through copies"
-        if packed is not None:
-            return 10.0
-        return float(n) if shape == (160, 96) else 1.0
+        assert kernel != "packed" or (packed is not None and len(packed) == len(weights) and n <= rows)
+        if len(weights) > 1:  # a timed pass streams through copies (an untimed first call uses one)
+            clock.append((shape, kernel, n))
+        if shape != (160, 96):
+            return 1.0
+        return {"packed": 10.0, "sgemm": float(n), "onednn": (0.5 if n >= 16 else 0.97) * n}[kernel]
     model = torch.nn.Sequential(_linear(0), _linear(1), torch.nn.Linear(160, 96)).eval()
-    calibration = cpu_linear.Calibration(16, fake)
-    packed = cpu_linear.pack_linears(model, 16, calibration)
-    assert packed == [model[0], model[1]]
-    assert calibration.by_shape == {(160, 96, True): 12, (96, 160, True): None}
-    assert clock.count((160, 96)) == 6, "each shape is measured once (16, 12, 8 rows; packed and sgemm)"
+    calibration = cpu_linear.Calibration(16, time_product=fake)
+    routed = cpu_linear.use_kernels(model, 16, calibration)
+    assert [m for m, _ in routed] == [model[0], model[1]]
+    plan = calibration.by_shape[(160, 96, True)]
+    assert plan.choices == ((3, "sgemm"), (4, "sgemm"), (6, "sgemm"), (8, "sgemm"), (12, "packed"),
+                            (16, "onednn"), (128, "onednn"))
+    assert plan.describe() == "9-12 packed, 13+ onednn"
+    assert calibration.by_shape[(96, 160, True)].describe() == "sgemm"
+    assert sum(1 for shape, _, _ in clock if shape == (160, 96)) == (6 * 3 + 2) * 4, \
+        "each shape measured once: three kernels at 6 decode counts, sgemm and oneDNN at 128, in 4 rounds"
     with torch.inference_mode():
-        model[0](torch.randn(11, 96))
-        assert packed_calls == []
-        model[0](torch.randn(12, 96))
-        assert packed_calls == [16]
+        model[0](torch.randn(8, 96))
+        assert packed_calls == [] and onednn_calls == []
+        model[0](torch.randn(10, 96))
+        assert packed_calls == [16] and onednn_calls == []
+        model[0](torch.randn(2, 50, 96))
+        assert onednn_calls == [100]
+    without = cpu_linear.Calibration(16, packed=False, onednn=False, time_product=fake)
+    assert without(model[0]).describe() == "sgemm"
 
 
-def test_calibration_on_this_machine_gives_a_row_count_it_tried_or_none():
+def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
     layer = torch.nn.Linear(512, 1024).eval()
-    found = cpu_linear.Calibration(16)(layer)
-    assert found is None or found in (16, 12, 8, 6, 4, 3)
+    plan = cpu_linear.Calibration(16)(layer)
+    assert [n for n, _ in plan.choices] == [3, 4, 6, 8, 12, 16, 128]
+    assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn"}
+    assert plan.kernel_for(128) != "packed"
 
 
-def test_auto_packs_nothing_where_the_packed_product_never_wins(monkeypatch, caplog):
-    monkeypatch.setattr(cpu_linear, "_time_product", lambda packed, *a: 2.0 if packed is not None else 1.0)
+def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_linear, "_time_product", lambda kernel, *a: 1.0 if kernel == "sgemm" else 2.0)
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
     assert runner.packed_weight_bytes == 0
-    assert not any(hasattr(m, "_owlet_packed_rows") for m in runner.model.modules())
-    assert "packed-GEMM calibration" in caplog.text and "None" in caplog.text
+    assert not any(hasattr(m, "_owlet_kernels") for m in runner.model.modules())
+    assert "CPU linear calibration" in caplog.text and ": sgemm" in caplog.text
