@@ -7,7 +7,8 @@ may wait in Gradio's queue before new ones are told the page is busy.
 
 Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
 cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``), uploads
-have byte budgets per address and in total (``ui.upload_budget``), ``/metrics`` needs a bearer token
+have byte budgets per address and in total (``ui.upload_budget``), only the routes the page uses answer
+(``ui.public_routes``), ``/metrics`` needs a bearer token
 (``ui.ops``), and the client address is the socket peer unless the operator names trusted proxies. Gradio's
 own traffic monitoring (``/monitoring``, public by default) is off.
 """
@@ -26,7 +27,9 @@ from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
 from ui.ops import LoginRequired, ops_routes
 from ui.page_launch import launch_page
+from ui.public_routes import PublicRoutes
 from ui.session_budget import NewSessionBudget, SessionLedger
+from ui.session_queues import keep_sessions_with_answers
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
@@ -63,6 +66,7 @@ def build(config, client=None):
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
+    keep_sessions_with_answers(page)
     drop_queue_analytics(page)
     launch_kwargs = dict(
         server_name=config.host,
@@ -74,10 +78,11 @@ def build(config, client=None):
         # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
-                    # Outermost first: oversized bodies, then strangers without a login, then upload budgets
-                    # (so nobody unauthenticated can spend the page's upload budget), then new-session budgets
-                    # (whose body reading is bounded by the first).
-                    "middleware": [Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
+                    # Outermost first: routes the page does not use, oversized bodies, then strangers without a
+                    # login, then upload budgets (so nobody unauthenticated can spend the page's upload budget),
+                    # then new-session budgets (whose body reading is bounded by the body limits).
+                    "middleware": [Middleware(PublicRoutes),
+                                   Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -26,6 +27,9 @@ from ui.identity import DIRECT, ClientAddresses
 
 # Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
 _EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")
+# What Gradio's own clients send as a session hash (the page: 11 random characters; gradio_client: a UUID).
+# Gradio accepts any string, and keeps it as a key of its session stores: a megabyte-long one would be kept too.
+SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class SessionLedger:
@@ -85,7 +89,12 @@ class NewSessionBudget:
                 or not any(marker in scope["path"] for marker in _EVENT_ROUTE_MARKERS)):
             return await self.app(scope, receive, send)
         body, replay = await _buffered(receive)  # bounded: ui.body_limits runs before this
-        wait_s = self.ledger.admit(self.addresses.of(Request(scope)), _session_hash(body))
+        session_hash = _session_hash(body)
+        if session_hash is not None and not SESSION_HASH.fullmatch(session_hash):
+            return await PlainTextResponse(
+                "Malformed session_hash: use up to 64 letters, digits, '-' or '_' (or leave it out).",
+                status_code=400)(scope, replay, send)
+        wait_s = self.ledger.admit(self.addresses.of(Request(scope)), session_hash)
         if wait_s is not None:
             retry = max(1, math.ceil(wait_s))
             minutes = max(1, math.ceil(self.ledger.window_s / 60))

@@ -52,11 +52,13 @@ def test_with_auth_nothing_but_login_and_healthz_answers(page_with_login):
     url = page_with_login
     closed = [("GET", "config"), ("GET", "gradio_api/info"), ("POST", "gradio_api/upload"),
               ("POST", "gradio_api/queue/join"), ("POST", "gradio_api/call/chat"), ("POST", "gradio_api/call/identity"),
-              ("GET", "openapi.json"), ("POST", "gradio_api/cancel"), ("GET", "gradio_api/heartbeat/x"),
+              ("POST", "gradio_api/cancel"), ("GET", "gradio_api/heartbeat/x"),
               ("GET", "metrics"), ("GET", "gradio_api/file=/etc/hostname")]
     for method, path in closed:
         response = httpx.request(method, url + path, json={} if method == "POST" else None, timeout=10)
         assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+    # routes the page never uses (ui/public_routes.py) are closed to everyone, logged in or not
+    assert httpx.get(url + "openapi.json", timeout=10).status_code == 404
     assert httpx.get(url + "healthz", timeout=10).json() == {"ok": False}  # no worker here; and no detail
     assert httpx.get(url, timeout=10).status_code == 200, "the login page itself"
     with httpx.Client(base_url=url, timeout=10) as browser:

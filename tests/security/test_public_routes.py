@@ -1,0 +1,78 @@
+"""Only the routes the page uses answer (ui.public_routes).
+
+Gradio mounts many more: ``/gradio_api/deep_link`` wrote a session's saved inputs to a new file on disk on every
+call (a ~900 KB "input" a call filled the disk, outside every upload budget), ``/gradio_api/component_server``
+made a session entry for any session hash before looking the function up (around the new-session budget), and
+run history acts with the host's Hugging Face token."""
+from __future__ import annotations
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.ui.stack import free_port, launched_page
+from ui.config import UIConfig
+from ui.public_routes import is_open
+
+pytestmark = pytest.mark.timeout(180)
+
+CLOSED = ["/gradio_api/deep_link?session_hash=abc", "/gradio_api/component_server",
+          "/gradio_api/process_recording", "/gradio_api/run-history/buckets", "/gradio_api/runs",
+          "/gradio_api/stream/abc", "/gradio_api/vibe-code", "/gradio_api/undo-vibe-edit",
+          "/gradio_api/dev/reload", "/gradio_api/token", "/gradio_api/proxy=https://x.hf.space/a",
+          "/gradio_api/custom_component/1/client/js/index.js", "/openapi.json", "/gradio_api/openapi.json",
+          "/monitoring", "/gradio_api/some-route-a-later-gradio-adds"]
+
+
+def test_the_allow_list_opens_what_the_page_uses_and_nothing_else():
+    for path in ("/", "/config", "/gradio_api/info", "/gradio_api/queue/join", "/gradio_api/queue/data",
+                 "/gradio_api/upload", "/gradio_api/file=/tmp/x.png", "/gradio_api/heartbeat/abc",
+                 "/gradio_api/call/chat", "/gradio_api/run/identity", "/assets/index.js", "/healthz", "/metrics"):
+        assert is_open(path), path
+    for path in CLOSED:
+        assert not is_open(path.split("?")[0]), path
+
+
+def test_routes_the_page_does_not_use_are_404_and_write_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("routes"))
+        with launched_page(config) as (url, _client):
+            base = url.rstrip("/")
+            visitor = Client(url, verbose=False)
+            token = visitor.predict(None, api_name="/identity")  # a session with saved inputs
+            assert token.startswith("v1.")
+            session = visitor.session_hash
+            with httpx.Client(timeout=30) as http:
+                deep = http.get(f"{base}/gradio_api/deep_link", params={"session_hash": session})
+                assert deep.status_code == 404 and deep.text == "Not found."
+                served = http.post(f"{base}/gradio_api/component_server",
+                                   json={"session_hash": "fresh", "component_id": 1, "fn_name": "x", "data": None})
+                assert served.status_code == 404
+                for path in CLOSED:
+                    assert http.request("POST" if "recording" in path else "GET", base + path).status_code == 404, \
+                        path
+                assert http.get(f"{base}/").status_code == 200, "the page itself still answers"
+                assert http.get(f"{base}/config").status_code == 200
+                uploaded = http.post(f"{base}/gradio_api/upload", files={"files": ("a.png", b"x" * 100)})
+                assert uploaded.status_code == 200
+            assert any(tmp_path.rglob("a.png")), "the page's upload cache is under tmp_path (so the check below looks)"
+            assert not list(tmp_path.rglob("state.json")), "no deep-link file was written"
+            assert visitor.predict(None, api_name="/identity").startswith("v1."), "API clients keep working"
+
+
+def test_a_malformed_session_hash_is_refused_before_gradio_keeps_it():
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("routes"))
+        with launched_page(config) as (url, _client):
+            with httpx.Client(timeout=30) as http:
+                for bad in ("x" * 65, "a/b", "ünïcode", "x" * 500_000):
+                    refused = http.post(f"{url}gradio_api/queue/join",
+                                        json={"data": [None], "fn_index": 0, "session_hash": bad})
+                    assert refused.status_code in (400, 413), bad[:10]
+                    if len(bad) < 1000:
+                        assert refused.status_code == 400 and refused.text.startswith("Malformed session_hash")
+                ok = http.post(f"{url}gradio_api/queue/join",
+                               json={"data": [None], "fn_index": 0, "session_hash": "Ab_9-xyz"})
+                assert ok.status_code == 200, ok.text[:200]

@@ -1,0 +1,80 @@
+"""New sessions must not end another visitor's answer in flight (ui.session_queues).
+
+Gradio's per-session message queues lived in an LRUCache(2000) that dropped the oldest-created session when a new
+one came, busy or not: 2,000 cheap new sessions (a few addresses, each inside its new-session budget) made every
+answer then streaming fail with "session not found"."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.security.attack import LIMITS, gradio_client, http, identity
+from tests.ui.stack import free_port
+from ui.session_queues import LiveSessionQueues
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class FakeQueue:
+    def __init__(self):
+        self.pending_event_ids_session: dict[str, set] = {}
+
+
+def test_least_recently_used_idle_session_goes_and_a_busy_one_never():
+    queue = FakeQueue()
+    queues = LiveSessionQueues(queue, max_size=3)
+    for key in ("old-busy", "a", "b"):
+        queues[key] = key
+    queue.pending_event_ids_session["old-busy"] = {"event-1"}
+    queues["a"]  # read: now more recent than "b"
+    queues["c"] = "c"
+    assert list(queues) == ["old-busy", "a", "c"], "b, idle and least recently used, made room"
+    queues["d"] = "d"
+    assert "old-busy" in queues and "a" not in queues
+    queue.pending_event_ids_session.update({k: {"e"} for k in queues})
+    queues["e"] = "e"
+    assert len(queues) == 4, "every session busy: it grows rather than drop an answer in flight"
+    queues["c"] = "c2"
+    assert queues["c"] == "c2" and len(queues) == 4, "setting a known session adds nothing"
+
+
+def test_a_flood_of_new_sessions_does_not_end_an_answer_in_flight():
+    from ui.config import UIConfig
+    from ui.page_launch import launch_page
+    from ui.server import build
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    with running_redis() as redis_url:
+        prefix = unique_prefix("sec-queues")
+        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
+                                                        group_job_cap=LIMITS["group_jobs"]))
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
+                          max_threads=8, queue_poll_s=0.5)
+        page, launch_kwargs, client, _metrics = build(config, client)
+        queues = page._queue.pending_messages_per_session
+        assert isinstance(queues, LiveSessionQueues)
+        queues.max_size = 4  # Gradio's 2,000, scaled down so a test reaches it
+        launch_page(page, launch_kwargs)
+        url = f"http://127.0.0.1:{config.port}/"
+        try:
+            visitor = gradio_client(url, "198.51.100.40")
+            # No worker: the job stays queued and its answer stream stays open, showing the queue position.
+            job = visitor.submit({"text": "Describe it.", "files": []}, 16, visitor.owlet_token, api_name="/chat")
+            deadline = time.monotonic() + 30
+            while not job.outputs():
+                assert time.monotonic() < deadline, "the question never showed in the visitor's stream"
+                time.sleep(0.1)
+            for i in range(12):  # three times the store's size in new sessions, from other addresses
+                assert identity(http(forwarded=f"203.0.113.{50 + i}"), url).startswith("v1.")
+            assert visitor.session_hash in queues, "the session with an answer in flight was kept"
+            assert len(queues) <= 4 + 1
+            _box, stop_status = visitor.predict(visitor.owlet_token, api_name="/stop")
+            assert stop_status.startswith("Stopped."), stop_status
+            _box, _chat, status = job.result(timeout=30)  # the stream ends normally, not "session not found"
+            assert status == "Stopped.", status
+        finally:
+            page.close()
+            client.close(purge=True)

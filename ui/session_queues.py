@@ -1,0 +1,55 @@
+"""Gradio's per-session message queues, kept so that new sessions never push out a session with an answer in flight.
+
+Every event's updates (each streamed token of an answer) reach the browser through its session's message queue,
+``Queue.pending_messages_per_session``. Gradio keeps those in an ``LRUCache(2000)`` that drops the *oldest-created*
+session when a new one arrives (reading an entry does not refresh it) and never looks at whether the session still
+has an event running. So 2,000 new sessions (cheap ``/identity`` calls from a few addresses, each within its
+new-session budget) made every answer then streaming fail: the next token's ``send_message`` hit a missing key,
+Gradio ended the event, and the visitor saw "session not found".
+
+``LiveSessionQueues`` is a drop-in for that mapping: least recently *used* goes first, and a session with events
+still pending (``Queue.pending_event_ids_session``) is never dropped. If every session has one, it grows past its
+size instead; that is bounded by how many events Gradio admits at all (its queue's ``max_size`` plus the running
+ones).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class LiveSessionQueues(OrderedDict):
+    def __init__(self, queue, max_size: int, items=()):
+        super().__init__(items)
+        self._queue = queue  # Gradio's Queue: its pending_event_ids_session names the sessions with events pending
+        self.max_size = max_size
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        if key in self:
+            self.move_to_end(key)
+        else:
+            self._make_room()
+        super().__setitem__(key, value)
+
+    def _make_room(self) -> None:
+        if len(self) < self.max_size:
+            return
+        busy = getattr(self._queue, "pending_event_ids_session", {})
+        idle = next((key for key in self if not busy.get(key)), None)  # least recently used first
+        if idle is not None:
+            del self[idle]
+
+
+def keep_sessions_with_answers(page) -> None:
+    """Swap ``page``'s message-queue mapping for ``LiveSessionQueues`` (after ``page.queue(...)``, which makes
+    the queue). Another Gradio version without the mapping is left as it is."""
+    queue = getattr(page, "_queue", None)
+    current = getattr(queue, "pending_messages_per_session", None)
+    if current is None or isinstance(current, LiveSessionQueues):
+        return
+    queue.pending_messages_per_session = LiveSessionQueues(queue, getattr(current, "max_size", 2000),
+                                                           current.items())
