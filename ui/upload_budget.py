@@ -12,7 +12,8 @@ else, works. So the page keeps a ledger of the bytes it accepted:
 
 An upload over either budget gets 429 with a ``Retry-After`` before its body is read. An upload must declare
 its size (``Content-Length``, which browsers and ``gradio_client`` always send): the budget is charged
-before the body is read, never after it is on disk. Each upload is charged at least
+before the body is read, never after it is on disk, and what was declared but never sent is given back when the
+request ends. Each upload is charged at least
 ``ui.upload_cache.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make. The ledger is per page process (like ``AddressSlots``).
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections import deque
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
 from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
@@ -48,29 +49,55 @@ class UploadLedger:
     def charge(self, address: str, size: int) -> tuple[str, float] | None:
         """Record ``size`` bytes from ``address`` if both budgets allow it. Otherwise nothing is recorded and
         the answer is (which budget, seconds until the upload would fit)."""
+        return self.charge_with_receipt(address, size)[0]
+
+    def charge_with_receipt(self, address: str, size: int) -> tuple[tuple[str, float] | None, list | None]:
+        """``charge``, and on success a receipt for ``refund``."""
         now = self._clock()
         with self._lock:
             self._expire(now)
             entries = self._by_address.get(address, ())
             held = self._sums.get(address, 0)
             if held + size > self.address_bytes:
-                return "address", self._wait(entries, held + size - self.address_bytes, self.address_window_s, now)
+                return ("address", self._wait(entries, held + size - self.address_bytes, self.address_window_s,
+                                              now)), None
             if self._total_sum + size > self.total_bytes:
-                return "page", self._wait(self._total, self._total_sum + size - self.total_bytes,
-                                          self.total_window_s, now)
-            self._by_address.setdefault(address, deque()).append((now, size))
+                return ("page", self._wait(self._total, self._total_sum + size - self.total_bytes,
+                                           self.total_window_s, now)), None
+            # one object in both windows, so a refund corrects both: [time, bytes, address, in the address's
+            # window, in the page's window]
+            entry = [now, size, address, True, True]
+            self._by_address.setdefault(address, deque()).append(entry)
             self._sums[address] = held + size
-            self._total.append((now, size))
+            self._total.append(entry)
             self._total_sum += size
-            return None
+            return None, entry
+
+    def refund(self, receipt: list, size: int) -> None:
+        """Give back up to ``size`` bytes of the charge ``receipt`` stands for: the part of a declared upload that
+        never arrived (a client that declares 11 MB and sends nothing must not spend the budget for nothing).
+        A charge that has already left its windows has nothing left to give back."""
+        with self._lock:
+            give = min(max(size, 0), receipt[1])
+            if give == 0:
+                return
+            receipt[1] -= give
+            if receipt[3]:
+                self._sums[receipt[2]] -= give
+            if receipt[4]:
+                self._total_sum -= give
 
     def _expire(self, now: float) -> None:
         while self._total and self._total[0][0] <= now - self.total_window_s:
-            self._total_sum -= self._total.popleft()[1]
+            entry = self._total.popleft()
+            self._total_sum -= entry[1]
+            entry[4] = False
         for address in list(self._by_address):
             entries = self._by_address[address]
             while entries and entries[0][0] <= now - self.address_window_s:
-                self._sums[address] -= entries.popleft()[1]
+                entry = entries.popleft()
+                self._sums[address] -= entry[1]
+                entry[3] = False
             if not entries:
                 del self._by_address[address], self._sums[address]
 
@@ -78,7 +105,7 @@ class UploadLedger:
     def _wait(entries, excess: int, window_s: float, now: float) -> float:
         """Seconds until the oldest entries holding ``excess`` bytes leave the window (the window if none)."""
         freed = 0
-        for stamp, size in entries:
+        for stamp, size, *_ in entries:
             freed += size
             if freed >= excess:
                 return max(0.0, stamp + window_s - now)
@@ -86,7 +113,8 @@ class UploadLedger:
 
 
 class UploadBudget:
-    """ASGI middleware charging each upload's declared size to the ledger before its body is read."""
+    """ASGI middleware charging each upload's declared size to the ledger before its body is read, and giving back,
+    when the request ends, what was declared but never received."""
 
     def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int,
                  addresses: ClientAddresses = DIRECT):
@@ -102,15 +130,28 @@ class UploadBudget:
             return await PlainTextResponse("Uploads need a Content-Length header.", status_code=411)(
                 scope, receive, send)
         size = int(declared)
-        if size <= self.max_upload_request_bytes:  # an oversized one is refused unread; nothing to charge
-            # however small, an upload leaves a file and a directory: each costs at least a minimum
-            refused = self.ledger.charge(self.addresses.of(request), max(size, MIN_UPLOAD_CHARGE_BYTES))
-            if refused is not None:
-                which, wait_s = refused
-                retry = max(1, math.ceil(wait_s))
-                return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
-                                               headers={"Retry-After": str(retry)})(scope, receive, send)
-        await self.app(scope, receive, send)
+        if size > self.max_upload_request_bytes:  # refused unread by ui.body_limits; nothing to charge
+            return await self.app(scope, receive, send)
+        # however small, an upload leaves a file and a directory: each costs at least a minimum
+        address, charged = self.addresses.of(request), max(size, MIN_UPLOAD_CHARGE_BYTES)
+        refused, receipt = self.ledger.charge_with_receipt(address, charged)
+        if refused is not None:
+            which, wait_s = refused
+            retry = max(1, math.ceil(wait_s))
+            return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
+                                           headers={"Retry-After": str(retry)})(scope, receive, send)
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+            return message
+        try:
+            await self.app(scope, counting_receive, send)
+        finally:
+            self.ledger.refund(receipt, charged - max(received, MIN_UPLOAD_CHARGE_BYTES))
 
 
 def _refusal(which: str, ledger: UploadLedger, retry_s: int) -> str:

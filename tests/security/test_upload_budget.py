@@ -5,6 +5,7 @@ Each upload is capped by size, but before these budgets nothing capped how many:
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -83,3 +84,50 @@ def test_an_upload_without_a_declared_length_is_refused():
             response = httpx.post(url + "gradio_api/upload", content=chunks(), timeout=30,
                                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
             assert response.status_code == 411 and "Content-Length" in response.text
+
+
+def test_ledger_refund_gives_back_both_windows():
+    clock = FakeClock()
+    ledger = UploadLedger(address_bytes=10 * MB, address_window_s=60, total_bytes=12 * MB, total_window_s=600,
+                          clock=clock)
+    refused, first = ledger.charge_with_receipt("a", 9 * MB)
+    assert refused is None
+    refused, second = ledger.charge_with_receipt("a", 1 * MB)  # charged before the first one's refund comes
+    assert refused is None and ledger.charge("a", 2 * MB)[0] == "address"
+    ledger.refund(first, 8 * MB)  # 8 of the first's 9 MB never arrived: its own charge shrinks, not the latest
+    assert first[1] == 1 * MB and second[1] == 1 * MB
+    assert ledger.charge("a", 2 * MB) is None
+    assert ledger.charge("b", 8 * MB) is None, "the page's window got the bytes back too"
+    assert ledger.charge("c", 1 * MB)[0] == "page"
+    ledger.refund(second, 5 * MB)  # no more than was charged comes back
+    assert second[1] == 0
+    assert ledger.charge("c", 1 * MB) is None and ledger.charge("c", 1 * MB)[0] == "page"
+    clock.now += 601  # both windows passed: a late refund changes nothing
+    ledger.refund(first, 1 * MB)
+    assert ledger.charge("d", 10 * MB) is None
+
+
+def test_declaring_big_uploads_and_sending_nothing_does_not_spend_the_budget():
+    """A client that declares an 1.9 MB upload, sends no body and hangs up, again and again: before, each try cost
+    its declared size, so a dozen of them (no bandwidth) locked the address, and a few addresses the whole page,
+    out of uploads."""
+    import socket
+    from urllib.parse import urlparse
+
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("upbudget"),
+                          max_upload_bytes=2 * MB, address_upload_bytes=5 * MB, upload_cache_max_bytes=6 * MB)
+        with launched_page(config) as (url, _client):
+            host = urlparse(url)
+            for _ in range(8):  # 15 MB declared in all, three times the address budget
+                with socket.create_connection((host.hostname, host.port), timeout=10) as sock:
+                    sock.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\n"
+                                 b"Content-Type: multipart/form-data; boundary=b\r\n"
+                                 + f"Content-Length: {int(1.9 * MB)}\r\n\r\n".encode())
+                    sock.shutdown(socket.SHUT_WR)
+                    sock.recv(4096)  # whatever Gradio answers, or the close
+            time.sleep(1.0)  # the page gives the budget back when it has seen the hang-up, a moment after the close
+            # each hang-up still cost the minimum charge (64 KiB: 0.5 MB in all), not its 1.9 MB
+            accepted = [random_upload(url, int(1.2 * MB), f"n{i}.png") for i in range(3)]
+            assert [r.status_code for r in accepted] == [200, 200, 200], [r.text[:100] for r in accepted]
+            assert random_upload(url, int(1.2 * MB)).status_code == 429, "real bytes still count"
