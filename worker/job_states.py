@@ -16,6 +16,7 @@ import uuid
 
 import redis
 
+from engine.sampling_params import SamplingParams
 from worker.config import Settings
 from worker.errors import (ClientBusy, ConversationBusy, NotYourConversation, QuotaExceeded, RateLimited,
                            ServiceBusy, TextQuotaExceeded, UserCapReached)
@@ -24,6 +25,9 @@ from worker.keys import Keys
 from worker.lua import Scripts
 from worker.queue_readouts import QueueReadouts
 
+# Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
+# in English, so an answer at its max_new_tokens rarely stores more than this.
+ANSWER_BYTES_PER_TOKEN = 4
 FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
@@ -51,12 +55,14 @@ class JobStates:
         no earlier turn is still pending. ``group`` is the client's address (or login); it defaults to the
         user, so callers without addresses get one group per user.
         """
+        answer_tokens = SamplingParams.from_dict(job.sampling).max_new_tokens
         return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json, group=group,
-                                new_conv=new_conv, image=image, image_sha=image_sha)
+                                new_conv=new_conv, image=image, image_sha=image_sha,
+                                answer_bytes=answer_tokens * ANSWER_BYTES_PER_TOKEN)
 
     def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None,
                     group: str | None = None, new_conv: bool = False, image: bytes | None = None,
-                    image_sha: str | None = None) -> int:
+                    image_sha: str | None = None, answer_bytes: int = 0) -> int:
         """(new) -> queued with an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests."""
         s, k = self.settings, self.keys
         group = group or user
@@ -73,7 +79,7 @@ class JobStates:
                 turn_json or "", "" if per_position is None else repr(per_position), s.history_ttl_s,
                 bytes(image) if image else b"", s.image_ttl_s, s.image_quota_user_bytes, s.image_quota_group_bytes,
                 s.group_submit_limit, s.group_submit_window_s, s.text_quota_user_bytes, s.text_quota_group_bytes,
-                s.text_quota_window_s, extra_keys=extra)
+                s.text_quota_window_s, answer_bytes, extra_keys=extra)
         except redis.exceptions.OutOfMemoryError:  # Redis is full: the script was refused whole, nothing written
             raise ServiceBusy() from None
         if code == -1:

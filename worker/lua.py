@@ -140,7 +140,8 @@ end
 # ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
 #   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
 #   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s,
-#   text_user_quota, text_group_quota, text_window_s (text stored: the turn and the job's payload, in bytes)
+#   text_user_quota, text_group_quota, text_window_s (text stored: the turn and the job's payload, in bytes),
+#   answer_bytes (the answer's share of the text quota, reserved at its longest)
 # Returns {position} or {negative code} (see ``job_states.REFUSALS``).
 SUBMIT = _ADMIT + _COMMON + r"""
 local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
@@ -152,7 +153,9 @@ local image, image_ttl, user_quota, group_quota = ARGV[19], ARGV[20], tonumber(A
 local rate_max, rate_window = tonumber(ARGV[23]), ARGV[24]
 local TU, TG = KEYS[17], KEYS[18]
 local text_user_quota, text_group_quota, text_window = tonumber(ARGV[25]), tonumber(ARGV[26]), ARGV[27]
-local text_bytes = #payload + #turn
+-- the answer is stored too (appended to the turns at FINISH): reserved at its longest here, as admission is the
+-- only place a refusal costs nothing
+local text_bytes = #payload + #turn + tonumber(ARGV[28])
 if turn ~= '' then
   if new_conv == '1' then
     if redis.call('EXISTS', CK) == 1 then return {-3} end

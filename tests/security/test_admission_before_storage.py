@@ -136,6 +136,21 @@ def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_c
     assert 0 < c.r.ttl(c.keys.text_quota("g:addr:1")) <= 24 * 3600, "the quota window ends"
 
 
+def test_answers_are_reserved_in_the_text_quota_at_admission(queue_client):
+    """Answers are stored too (for a week, with the turns), and were never charged: a new conversation per short
+    question, each asking for the longest answer, stored text no quota saw. Each answer now reserves 4 bytes a
+    token of its max_new_tokens when the question is admitted."""
+    c = queue_client(text_quota_user_bytes=20_000, text_quota_group_bytes=1_000_000, group_job_cap=50,
+                     group_submit_limit=100)
+    admitted = 0
+    with pytest.raises(TextQuotaExceeded):
+        for _ in range(20):
+            c.submit("anon:a", None, "hi", group="addr:1", sampling={"max_new_tokens": 1024})
+            admitted += 1
+    assert admitted == 4, "about 4.5 KB a turn (4,096 reserved for the answer) against 20,000"
+    c.submit("anon:a", None, "hi", group="addr:1", sampling={"max_new_tokens": 8})  # a short answer still fits
+
+
 def test_a_turn_past_the_conversation_image_limit_is_refused_before_storage(queue_client):
     """The engine takes at most max_images_per_request images a conversation, and the worker decoded every
     one before learning that: the turn past the limit is now refused at admission, with what to do."""
