@@ -30,6 +30,7 @@ _ERROR_KINDS = {"UserCapReached": "user_cap", "ServiceBusy": "busy", "Conversati
                 "NotYourConversation": "not_your_conversation", "ImageMissing": "image_missing",
                 "InvalidInput": "invalid_input", "UnknownJob": "unknown_job", "ClientBusy": "client_busy",
                 "RateLimited": "rate_limited", "QuotaExceeded": "quota", "TextQuotaExceeded": "text_quota",
+                "ImageStoreFull": "image_store_full",
                 "IdentityRequired": "no_identity",
                 "SlotRefused": "client_busy"}
 TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait for one to finish (or stop it), "

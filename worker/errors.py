@@ -57,6 +57,13 @@ class QuotaExceeded(OwletError):
                     "again later.")
 
 
+class ImageStoreFull(OwletError):
+    """The images stored for everyone within the image TTL reached the service's total: new pictures wait."""
+
+    user_message = ("The service is holding as many new pictures as it can right now. Ask about a picture you "
+                    "already sent, ask without one, or try again later.")
+
+
 class TextQuotaExceeded(OwletError):
     """More text stored for one identity or client group within the text-quota window than it allows."""
 

@@ -18,8 +18,8 @@ import redis
 
 from engine.sampling_params import SamplingParams
 from worker.config import Settings
-from worker.errors import (ClientBusy, ConversationBusy, NotYourConversation, QuotaExceeded, RateLimited,
-                           ServiceBusy, TextQuotaExceeded, UserCapReached)
+from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYourConversation, QuotaExceeded,
+                           RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
 from worker.jobs import Job
 from worker.keys import Keys
 from worker.lua import Scripts
@@ -28,10 +28,12 @@ from worker.queue_readouts import QueueReadouts
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
 ANSWER_BYTES_PER_TOKEN = 4
+TOTAL_IMAGES = "*all*"  # the image quota counter of the whole service (identities are "u:…", groups "g:…")
 FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
-            -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded}
+            -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded,
+            -11: ImageStoreFull}
 ENDED = ("done", "error", "cancelled")
 
 
@@ -71,7 +73,7 @@ class JobStates:
         per_position = self.readouts.seconds_per_position()
         extra = [k.job(job_id), k.stream(job_id), k.conversation(conv), k.turns(conv), k.image(image_sha or ""),
                  k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group),
-                 k.text_quota("u:" + user), k.text_quota("g:" + group)]
+                 k.text_quota("u:" + user), k.text_quota("g:" + group), k.image_quota(TOTAL_IMAGES)]
         try:
             (code,) = self._scripts.call(
                 self._scripts.submit, job_id, user, quser, group, qgroup, conv, "1" if new_conv else "0", payload,
@@ -79,7 +81,7 @@ class JobStates:
                 turn_json or "", "" if per_position is None else repr(per_position), s.history_ttl_s,
                 bytes(image) if image else b"", s.image_ttl_s, s.image_quota_user_bytes, s.image_quota_group_bytes,
                 s.group_submit_limit, s.group_submit_window_s, s.text_quota_user_bytes, s.text_quota_group_bytes,
-                s.text_quota_window_s, answer_bytes, extra_keys=extra)
+                s.text_quota_window_s, answer_bytes, s.image_quota_total_bytes, extra_keys=extra)
         except redis.exceptions.OutOfMemoryError:  # Redis is full: the script was refused whole, nothing written
             raise ServiceBusy() from None
         if code == -1:

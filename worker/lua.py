@@ -135,13 +135,15 @@ end
 """
 
 # Admission and storage in one step: every check comes before the first write, so a refused turn creates
-# nothing (no image, no conversation, no turn). KEYS[9..18]: job, stream, conv, turns, image, image quota of
-# the identity, image quota of the group, submit rate of the group, text quota of the identity, of the group.
+# nothing (no image, no conversation, no turn). KEYS[9..19]: job, stream, conv, turns, image, image quota of
+# the identity, image quota of the group, submit rate of the group, text quota of the identity, of the group,
+# image quota of the whole service.
 # ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
 #   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
 #   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s,
 #   text_user_quota, text_group_quota, text_window_s (text stored: the turn and the job's payload, in bytes),
-#   answer_bytes (the answer's share of the text quota, reserved at its longest)
+#   answer_bytes (the answer's share of the text quota, reserved at its longest), total_image_quota (new image
+#   bytes the whole service stores within the image TTL; KEYS[19] counts them)
 # Returns {position} or {negative code} (see ``job_states.REFUSALS``).
 SUBMIT = _ADMIT + _COMMON + r"""
 local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
@@ -176,9 +178,11 @@ local group_load = tonumber(redis.call('HGET', QUEUED_BY_GROUP, group) or '0')
 if group_load >= group_cap then return {-5} end
 if tonumber(redis.call('GET', QUEUED) or '0') >= global_cap then return {-2} end
 local new_image = image ~= '' and redis.call('EXISTS', IK) == 0
+local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
 if new_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
+  if tonumber(redis.call('GET', QT) or '0') + #image > total_image_quota then return {-11} end
 end
 if tonumber(redis.call('GET', TU) or '0') + text_bytes > text_user_quota then return {-9} end
 if tonumber(redis.call('GET', TG) or '0') + text_bytes > text_group_quota then return {-10} end
@@ -189,7 +193,7 @@ for _, tk in ipairs({TU, TG}) do  -- a fixed window from the first charge: a day
 end
 if new_image then
   redis.call('SET', IK, image, 'EX', image_ttl)
-  for _, qk in ipairs({QU, QG}) do
+  for _, qk in ipairs({QU, QG, QT}) do
     redis.call('INCRBY', qk, #image)
     redis.call('EXPIRE', qk, image_ttl)
   end

@@ -18,7 +18,8 @@ from tests.security.attack import LIMITS, LONG, ask, cancel_jobs, gradio_client,
 from tests.ui.stack import free_port
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.errors import ClientBusy, InvalidInput, QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded
+from worker.errors import (ClientBusy, ImageStoreFull, InvalidInput, QuotaExceeded, RateLimited, ServiceBusy,
+                           TextQuotaExceeded)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -105,6 +106,26 @@ def test_byte_quotas_per_identity_and_per_address(queue_client):
         c.submit("anon:c", None, "and another", image=images[3], group="addr:1")
     assert keys_of(c) == before
     c.submit("anon:d", None, "another address", image=images[3], group="addr:2")
+
+
+def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_client):
+    """Each address's image quota (256 MB a day) was the only bound: eight addresses at theirs filled a 2 GB Redis,
+    and with noeviction every turn of everyone was then refused. New image bytes of the whole service within the
+    image TTL now have a total; past it, new pictures wait, and everything else keeps working."""
+    images = [jpeg(i) for i in range(4)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_quota_total_bytes=int(2.5 * size), group_job_cap=10, group_submit_limit=100)
+    first = c.submit("anon:a", None, "first", image=images[0], group="addr:1")
+    c.submit("anon:b", None, "second", image=images[1], group="addr:2")
+    before = keys_of(c)
+    with pytest.raises(ImageStoreFull) as refused:  # a third address, well inside its own quota
+        c.submit("anon:c", None, "third", image=images[2], group="addr:3")
+    assert "as many new pictures as it can" in refused.value.user_message
+    assert keys_of(c) == before, "a refused turn stores nothing"
+    c.submit("anon:c", None, "a question without a picture", group="addr:3")
+    c.submit("anon:d", None, "a picture already stored costs nothing", image=images[0], group="addr:4")
+    c.jobs.cancel(first.job)
+    c.submit("anon:a", first.conv, "the first conversation goes on", image_sha=first.image_sha, group="addr:1")
 
 
 def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_client):
