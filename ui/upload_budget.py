@@ -8,7 +8,9 @@ else, works. So the page keeps a ledger of the bytes it accepted:
 
 - per client address, at most ``address_upload_bytes`` per ``address_upload_window_s`` (a visitor uploads one
   picture per conversation; the default allows dozens of full-size ones every ten minutes);
-- in total, at most ``upload_cache_max_bytes`` over twice the cache TTL, which bounds what the cache holds.
+- in total, at most ``upload_cache_max_bytes`` over twice the cache TTL, which bounds what the cache holds;
+- and per address, at most ``ADDRESS_SHARE_OF_PAGE`` of that total over the same window, so a few addresses
+  uploading at their short-window limit cannot keep the page's budget spent.
 
 An upload over either budget gets 429 with a ``Retry-After`` before its body is read. An upload must declare
 its size (``Content-Length``, which browsers and ``gradio_client`` always send): the budget is charged
@@ -31,11 +33,18 @@ from ui.identity import DIRECT, ClientAddresses
 from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
 
 
+# No address may take more than this share of the page's budget over the page's window: with only the short
+# per-address window, three addresses really uploading at their limit (128 MiB per 10 minutes is 1.5 GiB over
+# the page's 2 hours) kept the page's 4 GiB spent and everyone else's pictures refused.
+ADDRESS_SHARE_OF_PAGE = 1 / 8
+
+
 class UploadLedger:
-    """Sliding-window byte budgets: one per address and one for the page (thread-safe)."""
+    """Sliding-window byte budgets: one per address, one for the page, and each address's share of the page's
+    (thread-safe)."""
 
     def __init__(self, address_bytes: int, address_window_s: float, total_bytes: int, total_window_s: float,
-                 clock=time.monotonic):
+                 clock=time.monotonic, address_share: float = ADDRESS_SHARE_OF_PAGE):
         assert address_bytes > 0 and total_bytes > 0 and address_window_s > 0 and total_window_s > 0
         self.address_bytes, self.address_window_s = address_bytes, address_window_s
         self.total_bytes, self.total_window_s = total_bytes, total_window_s
@@ -44,6 +53,8 @@ class UploadLedger:
         self._total: deque = deque()
         self._total_sum = 0
         self._sums: dict[str, int] = {}
+        self.address_share_bytes = max(1, int(total_bytes * address_share))
+        self._share_sums: dict[str, int] = {}  # bytes of each address in the page's window
         self._lock = threading.Lock()
 
     def charge(self, address: str, size: int) -> tuple[str, float] | None:
@@ -61,6 +72,11 @@ class UploadLedger:
             if held + size > self.address_bytes:
                 return ("address", self._wait(entries, held + size - self.address_bytes, self.address_window_s,
                                               now)), None
+            share = self._share_sums.get(address, 0)
+            if share + size > self.address_share_bytes:
+                return ("share", self._wait([e for e in self._total if e[2] == address],
+                                            share + size - self.address_share_bytes, self.total_window_s,
+                                            now)), None
             if self._total_sum + size > self.total_bytes:
                 return ("page", self._wait(self._total, self._total_sum + size - self.total_bytes,
                                            self.total_window_s, now)), None
@@ -71,6 +87,7 @@ class UploadLedger:
             self._sums[address] = held + size
             self._total.append(entry)
             self._total_sum += size
+            self._share_sums[address] = share + size
             return None, entry
 
     def refund(self, receipt: list, size: int) -> None:
@@ -86,12 +103,18 @@ class UploadLedger:
                 self._sums[receipt[2]] -= give
             if receipt[4]:
                 self._total_sum -= give
+                self._share_sums[receipt[2]] -= give
 
     def _expire(self, now: float) -> None:
         while self._total and self._total[0][0] <= now - self.total_window_s:
             entry = self._total.popleft()
             self._total_sum -= entry[1]
             entry[4] = False
+            left = self._share_sums[entry[2]] - entry[1]
+            if left > 0:
+                self._share_sums[entry[2]] = left
+            else:
+                del self._share_sums[entry[2]]
         for address in list(self._by_address):
             entries = self._by_address[address]
             while entries and entries[0][0] <= now - self.address_window_s:
@@ -158,6 +181,9 @@ def _refusal(which: str, ledger: UploadLedger, retry_s: int) -> str:
     if which == "address":
         return (f"Upload limit reached: at most {ledger.address_bytes // 2**20} MB of images per "
                 f"{_duration(ledger.address_window_s)} from one address. Try again in {_duration(retry_s)}.")
+    if which == "share":
+        return (f"Upload limit reached: at most {ledger.address_share_bytes // 2**20} MB of images per "
+                f"{_duration(ledger.total_window_s)} from one address. Try again in {_duration(retry_s)}.")
     return f"The page is receiving too many uploads right now. Try again in {_duration(retry_s)}."
 
 

@@ -39,7 +39,7 @@ def test_ledger_refuses_past_an_address_budget_and_frees_it_as_the_window_slides
 def test_ledger_page_budget_binds_across_addresses_and_a_refusal_records_nothing():
     clock = FakeClock()
     ledger = UploadLedger(address_bytes=10 * MB, address_window_s=60, total_bytes=20 * MB, total_window_s=600,
-                          clock=clock)
+                          clock=clock, address_share=1.0)
     for address in ("a", "b"):
         assert ledger.charge(address, 10 * MB) is None
     which, wait = ledger.charge("c", 1 * MB)
@@ -86,10 +86,30 @@ def test_an_upload_without_a_declared_length_is_refused():
             assert response.status_code == 411 and "Content-Length" in response.text
 
 
+def test_no_address_takes_more_than_its_share_of_the_page_budget():
+    """Three addresses uploading at their short-window limit kept the page's budget spent: each address may now
+    hold at most an eighth of the page's budget over the page's window."""
+    clock = FakeClock()
+    ledger = UploadLedger(address_bytes=10 * MB, address_window_s=60, total_bytes=80 * MB, total_window_s=600,
+                          clock=clock)
+    assert ledger.address_share_bytes == 10 * MB
+    refused, first = ledger.charge_with_receipt("a", 6 * MB)
+    assert refused is None
+    clock.now += 61  # the short window has passed; the page's has not
+    which, wait = ledger.charge("a", 6 * MB)
+    assert which == "share" and wait == pytest.approx(539), "the first upload leaves the page's window in 539 s"
+    assert ledger.charge("b", 6 * MB) is None, "another address has its own share"
+    ledger.refund(first, 3 * MB)
+    assert ledger.charge("a", 6 * MB) is None, "a refund gives the share back too"
+    clock.now += 600
+    assert ledger.charge("a", 10 * MB) is None, "all left the page's window"
+    assert set(ledger._share_sums) == {"a"}, "addresses whose bytes all left the window are forgotten"
+
+
 def test_ledger_refund_gives_back_both_windows():
     clock = FakeClock()
     ledger = UploadLedger(address_bytes=10 * MB, address_window_s=60, total_bytes=12 * MB, total_window_s=600,
-                          clock=clock)
+                          clock=clock, address_share=1.0)
     refused, first = ledger.charge_with_receipt("a", 9 * MB)
     assert refused is None
     refused, second = ledger.charge_with_receipt("a", 1 * MB)  # charged before the first one's refund comes
@@ -116,7 +136,7 @@ def test_declaring_big_uploads_and_sending_nothing_does_not_spend_the_budget():
 
     with running_redis() as redis_url:
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("upbudget"),
-                          max_upload_bytes=2 * MB, address_upload_bytes=5 * MB, upload_cache_max_bytes=6 * MB)
+                          max_upload_bytes=2 * MB, address_upload_bytes=5 * MB)
         with launched_page(config) as (url, _client):
             host = urlparse(url)
             for _ in range(8):  # 15 MB declared in all, three times the address budget
