@@ -196,21 +196,26 @@ class Calibration:
     (tests give their own)."""
 
     def __init__(self, rows: int, packed: bool = True, onednn: bool = True,
-                 time_product: Callable[..., float] | None = None):
+                 time_product: Callable[..., float] | None = None, decode_only: tuple = ()):
         self.rows = rows
         self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn)) if allowed]
         self._time = time_product or _time_product
-        self.by_shape: dict[tuple[int, int, bool], KernelPlan] = {}
+        # Modules that never see more rows than a decode step (the LM head: prefill asks it for one row), so
+        # their long products are not measured (the LM head is the largest matrix: seconds at load).
+        self._decode_only = {id(m) for m in decode_only}
+        self.by_shape: dict[tuple, KernelPlan] = {}
 
     def __call__(self, linear: torch.nn.Linear) -> KernelPlan:
-        key = (linear.out_features, linear.in_features, linear.bias is not None)
+        short = id(linear) in self._decode_only
+        key = (linear.out_features, linear.in_features, linear.bias is not None) + (("decode only",) if short else ())
         if key not in self.by_shape:
             self.by_shape[key] = self._measure(linear.weight.detach(), None if linear.bias is None
-                                               else linear.bias.detach())
+                                               else linear.bias.detach(), long=not short)
         return self.by_shape[key]
 
-    def _measure(self, weight: torch.Tensor, bias) -> KernelPlan:
-        counts = sorted({r for r in _PROBE_ROWS if r < self.rows} | {self.rows, max(LONG_ROWS, self.rows + 1)})
+    def _measure(self, weight: torch.Tensor, bias, long: bool = True) -> KernelPlan:
+        counts = sorted({r for r in _PROBE_ROWS if r < self.rows} | {self.rows}
+                        | ({max(LONG_ROWS, self.rows + 1)} if long else set()))
         with torch.inference_mode():
             copies = min(64, -(-_STREAM_BYTES // (weight.numel() * weight.element_size())))
             weights = [weight] + [weight.clone() for _ in range(copies - 1)]
@@ -257,10 +262,11 @@ def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Ten
 
 
 def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, device: torch.device,
-          dtype: torch.dtype, room_bytes: int) -> int:
+          dtype: torch.dtype, room_bytes: int, decode_only: tuple = ()) -> int:
     """The engine's settings applied to ``modules`` (``cpu_packed_weights`` and ``cpu_onednn_linear``: auto, on or
     off); returns the bytes the packed copies take. ``on`` where a kernel cannot run is refused; ``auto`` packs
-    only if a copy of every matrix fits in ``room_bytes``, and measures (``Calibration``)."""
+    only if a copy of every matrix fits in ``room_bytes``, and measures (``Calibration``; ``decode_only``: linears
+    that never see more than a decode step's rows)."""
     can_pack, can_onednn = available(device, dtype), onednn_available(device, dtype)
     for name, mode, can, lib in (("cpu_packed_weights", packed_mode, can_pack, "MKL"),
                                  ("cpu_onednn_linear", onednn_mode, can_onednn, "oneDNN")):
@@ -276,7 +282,8 @@ def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mo
                      size / 2**20)
             use_packed = False
     measured = (use_packed and packed_mode == "auto") or (use_onednn and onednn_mode == "auto")
-    calibration = Calibration(rows, packed=use_packed, onednn=use_onednn) if measured else None
+    calibration = (Calibration(rows, packed=use_packed, onednn=use_onednn, decode_only=decode_only) if measured
+                   else None)
     force_packed, force_onednn = use_packed and packed_mode == "on", use_onednn and onednn_mode == "on"
 
     def plan_for(linear):
@@ -285,7 +292,8 @@ def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mo
     routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
     if calibration is not None:
         log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
-                 "; ".join(f"{o}x{i}: {plan.describe()}" for (o, i, _), plan in calibration.by_shape.items()))
+                 "; ".join(f"{o}x{i}{' (decode only)' if rest[1:] else ''}: {plan.describe()}"
+                           for (o, i, *rest), plan in calibration.by_shape.items()))
     packed = [linear for linear, plan in routed if plan.uses(PACKED)]
     size = sum(linear.weight.numel() * linear.weight.element_size() for linear in packed)
     log.info("text-stack matrices: %d through oneDNN for some products, %d packed (%.1f MB) for %d-row decode "

@@ -94,9 +94,11 @@ class ModelRunner:
         """Route the text stack's fp32 matmuls through the fastest CPU kernel per matrix shape and row count
         (engine/cpu_linear.py); returns the bytes the packed copies take. The vision tower keeps nn.Linear: it
         only runs long products, once per new image."""
-        modules = [m for m in (self._text_stack(), self.model.get_output_embeddings()) if m is not None]
+        head = self.model.get_output_embeddings()  # prefill asks it for the last row only (logits_to_keep=1)
+        modules = [m for m in (self._text_stack(), head) if m is not None]
         return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear, self.device,
-                                self.dtype, room_bytes=_available_memory_bytes() // 4)
+                                self.dtype, room_bytes=_available_memory_bytes() // 4,
+                                decode_only=(head,) if isinstance(head, torch.nn.Linear) else ())
 
     def _text_stack(self) -> torch.nn.Module:
         try:

@@ -214,6 +214,12 @@ def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_s
         assert onednn_calls == [100]
     without = cpu_linear.Calibration(16, packed=False, onednn=False, time_product=fake)
     assert without(model[0]).describe() == "sgemm"
+    head = torch.nn.Linear(96, 160).eval()  # same shape as model[0], but an LM head: never more than 16 rows
+    clock.clear()
+    with_head = cpu_linear.Calibration(16, time_product=fake, decode_only=(head,))
+    assert with_head(head).choices[-1] == (16, "onednn") and with_head(model[0]).choices[-1] == (128, "onednn")
+    assert (160, 96, True, "decode only") in with_head.by_shape and (160, 96, True) in with_head.by_shape
+    assert sum(1 for _, _, n in clock if n == 128) == 2 * 4, "128 rows timed for model[0] only (two kernels)"
 
 
 def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
