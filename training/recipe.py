@@ -61,6 +61,10 @@ class Recipe:
     independent_exists: bool = False
     # Scene dialogues whose picture is made to hold twins (two shapes of one kind and colour; training/scenes.py)
     twin_share: float = 0.0
+    # Weights saved as an exponential moving average of the run's weights from `ema_start` of the run on (0: the
+    # last step's weights). The raw last-step weights are saved beside them (`<out>-raw`).
+    ema_decay: float = 0.0
+    ema_start: float = 0.5
 
     def target_scale(self, key: str, progress: float) -> float:
         """Weight of auxiliary target `key` (relative to `aux_weight`) at `progress` (0..1) through the run."""
@@ -172,6 +176,11 @@ DEMO_PRESENT_SEED2 = replace(DEMO_PRESENT, seed=2)
 # (60.1 minutes at one thread beside another run, AMD EPYC, CPU family 26). Not shipped.
 DEMO_PRESENT_WHERE_EARLY = replace(DEMO_PRESENT, aux_targets=("kind", "colour", "present", "where"),
                                    fading_targets=("where",), fade_window=(0.1, 0.3))
+# `demo-present` (same seed, same data, same trajectory) saving the moving average of its weights over the second
+# half of the run (decay 0.998: about the last 500 steps weigh most) instead of the last step's. The run also saves
+# its raw last-step weights, a fresh draw of the shipped recipe on this CPU, so the average is judged against the
+# very run it averages.
+DEMO_PRESENT_EMA = replace(DEMO_PRESENT, ema_decay=0.998, ema_start=0.5)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
            "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE, "demo-where-fade": DEMO_WHERE_FADE,
            "demo-centre-wide": DEMO_CENTRE_WIDE, "demo-deep-text": DEMO_DEEP_TEXT, "demo-deep-vision": DEMO_DEEP_VISION,
@@ -179,7 +188,7 @@ RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WID
            "demo-present-counted": DEMO_PRESENT_COUNTED, "demo-present-twins": DEMO_PRESENT_TWINS,
            "demo-centres": DEMO_CENTRES, "demo-present-where-fade": DEMO_PRESENT_WHERE_FADE,
            "demo-present-seed1": DEMO_PRESENT_SEED1, "demo-present-seed2": DEMO_PRESENT_SEED2,
-           "demo-present-where-early": DEMO_PRESENT_WHERE_EARLY}
+           "demo-present-where-early": DEMO_PRESENT_WHERE_EARLY, "demo-present-ema": DEMO_PRESENT_EMA}
 
 
 def _rephrased(turns: list, rng: random.Random, share: float) -> list:

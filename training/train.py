@@ -53,6 +53,7 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     smoothed = None
+    average = WeightAverage(model, recipe.ema_decay) if recipe.ema_decay else None
     with log_path.open("w") as log, tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, mininterval=5) as bar:
         log.write(json.dumps({"recipe": dataclasses.asdict(recipe), "threads": threads}) + "\n")
         for step in range(recipe.steps):
@@ -69,6 +70,8 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
             torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if average is not None and step >= recipe.ema_start * recipe.steps:
+                average.update(model)
             smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
             bar.set_postfix(loss=f"{smoothed:.4f}", aux=f"{aux_loss.item():.3f}", lr=f"{lr:.2e}")
             bar.update(1)
@@ -84,6 +87,9 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
             if save_every and done % save_every == 0 and done < recipe.steps:  # check a long run while it goes on
                 _save(model, processor, out_dir.parent / f"{out_dir.name}-step{done}")
                 model.train()
+    if average is not None:
+        _save(model, processor, out_dir.parent / f"{out_dir.name}-raw")
+        average.copy_to(model)
     _save(model, processor, out_dir)
     summary = {"recipe": dataclasses.asdict(recipe), "threads": threads, "steps": recipe.steps,
                "examples": recipe.steps * recipe.batch_size, "final_smoothed_loss": smoothed,
@@ -163,6 +169,29 @@ class TokenProbe:
                     self.heads[key](tokens), torch.cat([labels[key] for labels in per_scene]),
                     reduction="none").sum(-1).mean()
                 for key in keys}
+
+
+class WeightAverage:
+    """Exponential moving average of a model's parameters (fp32), started from the weights at its first update."""
+
+    def __init__(self, model, decay: float):
+        assert 0.0 < decay < 1.0
+        self.decay = decay
+        self.shadow: dict[str, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def update(self, model) -> None:
+        params = dict(model.named_parameters())
+        if self.shadow is None:
+            self.shadow = {name: p.detach().clone() for name, p in params.items()}
+            return
+        for name, p in params.items():
+            self.shadow[name].mul_(self.decay).add_(p.detach(), alpha=1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_to(self, model) -> None:
+        for name, p in model.named_parameters():
+            p.copy_(self.shadow[name])
 
 
 def _save(model, processor, out_dir: Path) -> None:

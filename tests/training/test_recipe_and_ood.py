@@ -176,3 +176,21 @@ def test_a_recipe_can_deepen_either_stack_and_the_default_stays_the_shipped_one(
     # depth only: the widths stay the demo's
     assert deep_text.text_config.hidden_size == shipped.text_config.hidden_size
     assert deep_vision.vision_config.hidden_size == shipped.vision_config.hidden_size
+
+
+def test_weight_average_follows_the_decay_from_its_first_update_and_leaves_training_alone():
+    from training.train import WeightAverage
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    average = WeightAverage(model, decay=0.75)
+    steps = [1.0, 5.0, 9.0]
+    with torch.no_grad():
+        for value in steps:
+            for p in model.parameters():
+                p.fill_(value)
+            average.update(model)
+    assert all(torch.all(p == 9.0) for p in model.parameters()), "updating the average never touches the model"
+    expected = (1.0 * 0.75 + 5.0 * 0.25) * 0.75 + 9.0 * 0.25  # starts at the first update's weights
+    average.copy_to(model)
+    assert all(torch.allclose(p, torch.full_like(p, expected)) for p in model.parameters())
+    assert RECIPES["demo-present-ema"].ema_decay > 0 and RECIPES["demo-present"].ema_decay == 0
