@@ -19,9 +19,11 @@ from collections import OrderedDict
 
 class LiveSessionQueues(OrderedDict):
     def __init__(self, queue, max_size: int, items=()):
-        super().__init__(items)
         self._queue = queue  # Gradio's Queue: its pending_event_ids_session names the sessions with events pending
         self.max_size = max_size
+        super().__init__()
+        for key, value in items:  # through __setitem__, once the size is known
+            self[key] = value
 
     def __getitem__(self, key):
         value = super().__getitem__(key)

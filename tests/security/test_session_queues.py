@@ -38,6 +38,8 @@ def test_least_recently_used_idle_session_goes_and_a_busy_one_never():
     assert len(queues) == 4, "every session busy: it grows rather than drop an answer in flight"
     queues["c"] = "c2"
     assert queues["c"] == "c2" and len(queues) == 4, "setting a known session adds nothing"
+    copied = LiveSessionQueues(FakeQueue(), max_size=2, items=[("x", 1), ("y", 2), ("z", 3)])
+    assert list(copied) == ["y", "z"], "the entries it starts from are kept within its size too"
 
 
 def test_a_flood_of_new_sessions_does_not_end_an_answer_in_flight():
