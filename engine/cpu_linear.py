@@ -66,7 +66,7 @@ def unpacked():
         _local.off = before
 
 
-def available(device: torch.device, dtype: torch.dtype) -> bool:
+def packed_available(device: torch.device, dtype: torch.dtype) -> bool:
     """fp32 on CPU, with torch's (private) MKL packing ops present: they are not a public API, so a torch
     without them simply runs unpacked."""
     return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
@@ -267,7 +267,7 @@ def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mo
     off); returns the bytes the packed copies take. ``on`` where a kernel cannot run is refused; ``auto`` packs
     only if a copy of every matrix fits in ``room_bytes``, and measures (``Calibration``; ``decode_only``: linears
     that never see more than a decode step's rows)."""
-    can_pack, can_onednn = available(device, dtype), onednn_available(device, dtype)
+    can_pack, can_onednn = packed_available(device, dtype), onednn_available(device, dtype)
     for name, mode, can, lib in (("cpu_packed_weights", packed_mode, can_pack, "MKL"),
                                  ("cpu_onednn_linear", onednn_mode, can_onednn, "oneDNN")):
         if mode == "on" and not can:

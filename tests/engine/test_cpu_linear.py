@@ -10,28 +10,26 @@ from training.tiny_checkpoint import ensure_tiny_checkpoint
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
 
 
-@pytest.fixture
-def packed_calls(monkeypatch):
+def _row_counts_of(monkeypatch, product: str) -> list[int]:
+    """Spy on ``cpu_linear.<product>``: the list it returns grows by each call's row count."""
     calls = []
-    real = cpu_linear._packed_product
+    real = getattr(cpu_linear, product)
 
     def spy(x, *args):
         calls.append(x.shape[0])
         return real(x, *args)
-    monkeypatch.setattr(cpu_linear, "_packed_product", spy)
+    monkeypatch.setattr(cpu_linear, product, spy)
     return calls
+
+
+@pytest.fixture
+def packed_calls(monkeypatch):
+    return _row_counts_of(monkeypatch, "_packed_product")
 
 
 @pytest.fixture
 def onednn_calls(monkeypatch):
-    calls = []
-    real = cpu_linear._onednn_product
-
-    def spy(x, *args):
-        calls.append(x.shape[0])
-        return real(x, *args)
-    monkeypatch.setattr(cpu_linear, "_onednn_product", spy)
-    return calls
+    return _row_counts_of(monkeypatch, "_onednn_product")
 
 
 def _packed_plan(rows):
