@@ -56,14 +56,21 @@ log = logging.getLogger("owlet.engine")
 
 @contextlib.contextmanager
 def unpacked():
-    """Within this block, on this thread only, every product computes exactly as ``nn.Linear`` does: for a
-    reference run (``model.generate()``) on the engine's own model object while the engine keeps serving."""
+    """Within this block, on this thread only, every product computes exactly as ``nn.Linear`` does, and every
+    other kernel of the engine's (``reference_mode``) steps aside for the model's own code: for a reference run
+    (``model.generate()``) on the engine's own model object while the engine keeps serving."""
     before = getattr(_local, "off", False)
     _local.off = True
     try:
         yield
     finally:
         _local.off = before
+
+
+def reference_mode() -> bool:
+    """Whether this thread is inside ``unpacked()``: the engine's own kernels (these products, the short-conv
+    decode step of engine/short_conv.py) step aside for the model's code."""
+    return getattr(_local, "off", False)
 
 
 def packed_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -245,7 +252,7 @@ def _onednn_product(x, weight, bias):
 
 def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Tensor | None, rows: int,
                     x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or torch.is_grad_enabled() or getattr(_local, "off", False):
+    if x.dtype != torch.float32 or torch.is_grad_enabled() or reference_mode():
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     flat = x.reshape(-1, x.shape[-1])
     n = flat.shape[0]

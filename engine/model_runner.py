@@ -17,7 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from . import cpu_linear, families
+from . import cpu_linear, families, short_conv
 from .byte_lru import ByteLRU
 from .config import EngineConfig
 
@@ -89,6 +89,7 @@ class ModelRunner:
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
         self.packed_weight_bytes = self._choose_linear_kernels(
             config, min(config.max_running, cpu_linear.MAX_PACKED_ROWS))
+        self.fast_conv_layers = short_conv.install(self._text_stack()) if self.device.type == "cpu" else 0
 
     def _choose_linear_kernels(self, config: EngineConfig, rows: int) -> int:
         """Route the text stack's fp32 matmuls through the fastest CPU kernel per matrix shape and row count
