@@ -10,6 +10,14 @@ the error says where it looked and what to check.
 Gradio also calls its own server during ``launch()`` through whatever HTTP proxy the environment names
 (``HTTP_PROXY``, common on corporate machines), and a proxy cannot reach this machine's loopback: the page died
 with "Couldn't start the app". Loopback addresses are therefore added to ``NO_PROXY`` before launching.
+
+Gradio starts uvicorn with uvicorn's defaults, and those trust ``X-Forwarded-For`` from loopback peers
+(``FORWARDED_ALLOW_IPS`` = 127.0.0.1 and ::1): for such a peer uvicorn replaces the client address with whatever
+the header names, before any of Owlet's code runs. Behind a TLS terminator in TCP mode, an SSH or socat tunnel or
+a share server that passes the header on, every per-address limit could then be escaped with one forged header,
+and ``OWLET_UI_TRUSTED_PROXIES`` (which reads the header only from proxies the operator names,
+``ui.identity.ClientAddresses``) never saw the real peer. So uvicorn trusts no proxy here: the page's one setting
+for proxies is Owlet's.
 """
 from __future__ import annotations
 
@@ -38,6 +46,17 @@ def keep_loopback_off_proxies(environ=os.environ) -> None:
         missing = [host for host in LOOPBACK if host not in present]
         if missing:
             environ[name] = ",".join(present + missing)
+
+
+def ignore_uvicorn_proxy_headers(environ=os.environ) -> None:
+    """Make the uvicorn that Gradio starts keep the socket peer as the client address (see the module notes).
+    An operator's own ``FORWARDED_ALLOW_IPS`` is overridden, with a note: ``OWLET_UI_TRUSTED_PROXIES`` is the
+    setting that names proxies."""
+    before = environ.get("FORWARDED_ALLOW_IPS")
+    if before:
+        print(f"Owlet UI: note: FORWARDED_ALLOW_IPS={before!r} is ignored; name trusted proxies with "
+              "OWLET_UI_TRUSTED_PROXIES instead.", flush=True)
+    environ["FORWARDED_ALLOW_IPS"] = ""  # matches no peer: uvicorn rewrites nothing
 
 
 def local_probe_url(page) -> str:
@@ -75,6 +94,7 @@ def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOU
     the port is free again.
     """
     keep_loopback_off_proxies()
+    ignore_uvicorn_proxy_headers()
     kwargs = dict(launch_kwargs, prevent_thread_lock=True)
     if "_frontend" in inspect.signature(page.launch).parameters:
         kwargs["_frontend"] = False  # the flag only gates Gradio's url_ok check (gradio 6.31)

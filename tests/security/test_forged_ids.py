@@ -119,3 +119,17 @@ def test_fifty_identities_at_one_address_get_one_addresses_turn():
             assert all(client.job_state(j) == "dispatched" for j in honest), "dispatched in the first round"
         finally:
             client.close(purge=True)
+
+
+def test_a_forwarded_header_from_loopback_counts_for_nothing_without_trusted_proxies():
+    """uvicorn trusts X-Forwarded-For from 127.0.0.1 by default and rewrote the client address before Owlet's
+    code ran: behind a tunnel or a TCP-mode TLS terminator, one forged header escaped every per-address limit.
+    With no trusted proxies configured, a loopback client naming a new address per call is still one address."""
+    from tests.security.test_session_budget import new_session_page
+
+    with new_session_page(trusted_proxies=(), address_new_sessions=2) as url:
+        statuses = []
+        for i in range(4):
+            with http(source="127.0.0.1", forwarded=f"192.0.2.{i + 1}, nobody-{i}") as client:
+                statuses.append(client.post(f"{url}gradio_api/call/identity", json={"data": [None]}).status_code)
+        assert statuses == [200, 200, 429, 429], statuses

@@ -5,6 +5,8 @@ Gradio keeps each session's state in an LRU of 10,000 sessions, and every reques
 tab state out, and their next question silently started a new conversation."""
 from __future__ import annotations
 
+import contextlib
+
 import httpx
 import pytest
 from gradio_client import Client
@@ -17,6 +19,15 @@ from ui.config import UIConfig
 from ui.session_budget import SessionLedger
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@contextlib.contextmanager
+def new_session_page(**config):
+    """A page with no worker on a real Redis, configured with ``config``; yields its URL."""
+    with running_redis() as redis_url:
+        ui_config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("sessions"), **config)
+        with launched_page(ui_config) as (url, _client):
+            yield url
 
 
 def test_ledger_counts_new_sessions_per_address_and_never_a_known_one():
