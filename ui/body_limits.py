@@ -14,6 +14,8 @@ from __future__ import annotations
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.public_routes import UPLOAD_PATH
+
 # Multipart framing and the form's other fields around an upload of at most ``max_upload_bytes``.
 UPLOAD_FRAMING_BYTES = 1024 * 1024
 
@@ -31,5 +33,6 @@ class PageBodyLimits:
         self.uploads = RequestBodyLimitMiddleware(app, upload_request_limit(max_upload_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limited = self.uploads if scope["type"] == "http" and scope["path"].endswith("/upload") else self.requests
+        # Only the upload route itself: "/gradio_api/run/upload" is a JSON call that would get an upload's limit.
+        limited = self.uploads if scope["type"] == "http" and scope["path"] == UPLOAD_PATH else self.requests
         await limited(scope, receive, send)

@@ -9,11 +9,25 @@ and a later Gradio may add more. So this is an allow-list, not a list of known-b
 in a later version is closed until someone decides the page needs it.
 
 What stays open: the page and its static files, its config and API description, the queue (join, data, status),
-the direct API routes (``call``, ``run``, ``api``: every event there still passes the page's own budgets), uploads
-and their progress, served files (Gradio's own allowed-paths rules apply), heartbeat, cancel and reset (the page's
-Stop and a closed tab use them), login, and Owlet's ``/healthz`` and ``/metrics``.
+the direct API routes (``call``, ``run``, ``api``: every event there still passes the page's own budgets), uploads,
+served files (Gradio's own allowed-paths rules apply), heartbeat, cancel and reset (the page's Stop and a closed
+tab use them), login, and Owlet's ``/healthz`` and ``/metrics``.
+
+Two open routes are narrowed, because what Gradio does with them costs the host and no page needs it:
+
+- **Upload progress is closed, and uploads lose their ``upload_id``.** Gradio keeps an entry per id it is asked
+  about (``/gradio_api/upload_progress?upload_id=...`` made one for any id, up to about 40 KB long, waited 3 s,
+  answered 404 and never removed it: memory grew about 40 KB a request until the page was killed), and a progress
+  stream on an upload in flight polls every 50 ms, so a few hundred streams on one slow upload took the event loop
+  that streams every answer. Without an ``upload_id`` Gradio tracks nothing. The page only loses the progress bar
+  of an image's upload (at most ``OWLET_UI_MAX_UPLOAD_BYTES``); the upload itself is unchanged.
+- **``/gradio_api/file=`` serves local files only.** Given a URL, Gradio fetches it and streams it back, with no
+  read timeout and no size limit: an open proxy on the host's bandwidth. The page only ever names files in its
+  upload cache.
 """
 from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode
 
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,15 +39,34 @@ OPEN_PATHS = frozenset({
     "/gradio_api/app_id", "/gradio_api/app_id/", "/gradio_api/user", "/gradio_api/user/",
     "/gradio_api/login_check", "/gradio_api/login_check/",
     "/gradio_api/queue/join", "/gradio_api/queue/data", "/gradio_api/queue/status",
-    "/gradio_api/upload", "/gradio_api/upload_progress", "/gradio_api/cancel", "/gradio_api/reset",
+    "/gradio_api/upload", "/gradio_api/cancel", "/gradio_api/reset",
     "/gradio_api/reset/",
 })
 OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon", "/gradio_api/file=", "/gradio_api/file/",
                  "/gradio_api/heartbeat/", "/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/")
 
 
+FILE_PREFIXES = ("/gradio_api/file=", "/gradio_api/file/")
+UPLOAD_PATH = "/gradio_api/upload"
+
+
 def is_open(path: str) -> bool:
+    if path.startswith(FILE_PREFIXES) and _names_a_url(path.split("file", 1)[1][1:]):
+        return False
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+def _names_a_url(target: str) -> bool:
+    """Whether a served-file target is a URL (Gradio would fetch it) rather than a local path."""
+    target = target.strip().lower()
+    return "://" in target or target.startswith(("http:", "https:", "//"))
+
+
+def without_upload_id(query_string: bytes) -> bytes:
+    """The query string minus ``upload_id``: an upload Gradio does not track (see the module notes)."""
+    pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+    kept = [(k, v) for k, v in pairs if k != "upload_id"]
+    return query_string if len(kept) == len(pairs) else urlencode(kept).encode("latin-1")
 
 
 class PublicRoutes:
@@ -44,7 +77,12 @@ class PublicRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or is_open(scope.get("path", "")):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if is_open(path):
+            if path == UPLOAD_PATH and scope.get("query_string"):
+                scope = {**scope, "query_string": without_upload_id(scope["query_string"])}
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})

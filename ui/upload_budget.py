@@ -30,6 +30,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
+from ui.public_routes import UPLOAD_PATH
 from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
 
 
@@ -145,7 +146,7 @@ class UploadBudget:
         self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/upload"):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != UPLOAD_PATH:
             return await self.app(scope, receive, send)
         request = Request(scope)
         declared = request.headers.get("content-length", "")

@@ -13,7 +13,7 @@ from gradio_client import Client
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.public_routes import is_open
+from ui.public_routes import is_open, without_upload_id
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -76,3 +76,33 @@ def test_a_malformed_session_hash_is_refused_before_gradio_keeps_it():
                 ok = http.post(f"{url}gradio_api/queue/join",
                                json={"data": [None], "fn_index": 0, "session_hash": "Ab_9-xyz"})
                 assert ok.status_code == 200, ok.text[:200]
+
+
+def test_urls_and_upload_progress_are_closed_and_uploads_are_not_tracked():
+    """``file=<URL>`` made the page fetch and stream any address (an open proxy); upload progress kept an entry
+    per id asked about, for ever (about 40 KB a request with long ids), and polled every 50 ms per stream."""
+    for url in ("/gradio_api/file=https://example.com/big.iso", "/gradio_api/file=HTTP://example.com/a",
+                "/gradio_api/file= http://example.com/a", "/gradio_api/file=//example.com/a",
+                "/gradio_api/file/https://example.com/a", "/gradio_api/upload_progress"):
+        assert not is_open(url), url
+    assert is_open("/gradio_api/file=/tmp/gradio/abc/cat.png")
+    assert without_upload_id(b"upload_id=abc&x=1") == b"x=1"
+    assert without_upload_id(b"x=1") == b"x=1"
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("routes"))
+        with launched_page(config) as (url, _client):
+            from gradio.routes import file_upload_statuses as tracker  # the page's FileUploadProgress
+
+            with httpx.Client(timeout=30) as http:
+                for i in range(5):
+                    progress = http.get(f"{url}gradio_api/upload_progress", params={"upload_id": f"{i}" + "a" * 30000})
+                    assert progress.status_code == 404 and progress.text == "Not found."
+                proxied = http.get(f"{url}gradio_api/file=http://127.0.0.1:{config.port}/config")
+                assert proxied.status_code == 404, "the page fetched a URL for a stranger"
+                uploaded = http.post(f"{url}gradio_api/upload", params={"upload_id": "tracked-1"},
+                                     files={"files": ("a.png", b"x" * 100)})
+                assert uploaded.status_code == 200 and len(uploaded.json()) == 1, "uploads work without it"
+                run_upload = http.post(f"{url}gradio_api/run/upload", content=b"{" + b" " * (2 << 20) + b"}",
+                                       headers={"content-type": "application/json"})
+                assert run_upload.status_code == 413, "only the upload route gets an upload's body limit"
+            assert not tracker._statuses and not tracker._signals, "nothing tracked, nothing kept"
