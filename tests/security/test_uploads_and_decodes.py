@@ -19,7 +19,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 from tests.security.attack import LIMITS
 from ui.client_gate import SlotRefused
 from ui.config import UIConfig
-from ui.uploads import DecodePool, UploadLimits, check_image
+from ui.uploads import DecodePool, UploadLimits, UploadRejected, check_image
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -174,3 +174,44 @@ def test_a_cancelled_check_keeps_its_address_slot_until_the_decode_ends(tmp_path
         assert asyncio.run(scenario()).downscaled
     finally:
         pool.close()
+
+
+def scan_bomb(extra_scans: int, size=(1024, 1024)) -> bytes:
+    """A flat progressive JPEG padded with ``extra_scans`` copies of its smallest AC scan: each is one more
+    decode pass over every pixel, for 12 bytes."""
+    buf = io.BytesIO()
+    Image.new("RGB", size, (128, 128, 128)).save(buf, format="JPEG", progressive=True)
+    data = buf.getvalue()
+    scans, at = [], data.find(b"\xff\xda")
+    while at != -1:
+        end = data.find(b"\xff\xda", at + 2)
+        scans.append(data[at:end if end != -1 else len(data) - 2])
+        at = end
+    smallest = min(scans, key=len)
+    return data[:-2] + smallest * extra_scans + data[-2:]
+
+
+def test_a_progressive_jpeg_with_thousands_of_scans_is_refused_before_it_is_decoded():
+    """A 100 KB file took 1.2 s of CPU to decode (0.15 ms a scan at 1024x1024), a 10 MB one about 134 s, and was
+    stored as uploaded, so every job and every retry made a worker decode it again."""
+    from worker.errors import InvalidInput
+    from worker.images import MAX_JPEG_SCANS, ImageStore, jpeg_scans
+
+    limits = UploadLimits(10 << 20, 50_000_000, 2048, ("PNG", "JPEG", "WEBP"))
+    honest = scan_bomb(0)
+    assert 2 <= jpeg_scans(honest) <= 20, "an ordinary progressive JPEG: a handful of scans"
+    assert check_image(honest, limits).kept_original
+    bomb = scan_bomb(8000)
+    assert jpeg_scans(bomb) > MAX_JPEG_SCANS
+    started = time.process_time()
+    with pytest.raises(UploadRejected) as refused:
+        check_image(bomb, limits)
+    assert time.process_time() - started < 0.5, "refused from its markers, not after decoding"
+    assert "progressive passes" in refused.value.user_message and "standard JPEG" in refused.value.user_message
+
+    class Stored:  # the worker's own check, for bytes that reached Redis some other way
+        def get(self, _key):
+            return bomb
+    store = ImageStore(Stored(), type("K", (), {"image": staticmethod(lambda sha: sha)})(), 60, 20 << 20)
+    with pytest.raises(InvalidInput, match="progressive passes"):
+        store.load("0" * 64, 512)
