@@ -7,7 +7,8 @@ may wait in Gradio's queue before new ones are told the page is busy.
 
 Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
 cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``), uploads
-have byte budgets per address and in total (``ui.upload_budget``), only the routes the page uses answer
+have byte budgets per address and in total (``ui.upload_budget``), requests that stay open are limited per address
+and uploads must arrive in time (``ui.held_connections``), only the routes the page uses answer
 (``ui.public_routes``), ``/metrics`` needs a bearer token
 (``ui.ops``), and the client address is the socket peer unless the operator names trusted proxies. Gradio's
 own traffic monitoring (``/monitoring``, public by default) is off.
@@ -22,6 +23,7 @@ from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
 from ui.handlers import ChatHandlers
+from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
 from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
@@ -78,12 +80,16 @@ def build(config, client=None):
         # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
-                    # Outermost first: routes the page does not use, oversized bodies, then strangers without a
-                    # login, then upload budgets (so nobody unauthenticated can spend the page's upload budget),
-                    # then new-session budgets (whose body reading is bounded by the body limits).
+                    # Outermost first: routes the page does not use, oversized bodies, too many held connections
+                    # from one address, then strangers without a login, then upload budgets (so nobody
+                    # unauthenticated can spend the page's upload budget), then new-session budgets (whose body
+                    # reading is bounded by the body limits).
                     "middleware": [Middleware(PublicRoutes),
                                    Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
+                                   Middleware(HeldConnections, per_address=config.address_max_connections,
+                                              upload_timeout_s=config.upload_timeout_s,
+                                              addresses=ClientAddresses.from_config(config)),
                                    *([Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
@@ -104,6 +110,25 @@ def build(config, client=None):
     return page, launch_kwargs, client, metrics
 
 
+def raise_open_files_limit(wanted: int = 65536) -> int:
+    """Every open connection is a file descriptor, and many systems give a process 1,024: raise the soft limit
+    toward the hard one, so the per-address caps (ui.held_connections), not the descriptor table, are what a
+    crowd meets first. Returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def serve(config, block: bool = True, client=None):
     """Launch the page; prints the local URL (and the share link, or why there is none)."""
     if config.secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
@@ -114,6 +139,7 @@ def serve(config, block: bool = True, client=None):
               "they all count as one client address for fairness and per-address limits. See README "
               '"Running it in public" (OWLET_UI_TRUSTED_PROXIES).', flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
+    raise_open_files_limit()
     launch_page(page, launch_kwargs)
     start_upload_dir_sweeper(config.upload_cache_ttl_s)
     print(f"Owlet UI: {page.local_url}", flush=True)

@@ -1,0 +1,113 @@
+"""Requests that stay open (ui.held_connections): a few per address, and uploads that must arrive in time.
+
+Heartbeat and event streams cost no page event, so one address could hold thousands of them (each a file
+descriptor and a task on the event loop that streams every answer), and an upload whose body trickled in was
+never timed out."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.redis_server import running_redis, unique_prefix
+from tests.ui.stack import free_port, launched_page
+from ui.config import UIConfig
+from ui.held_connections import is_held
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_which_requests_count_as_held():
+    def scope(method, path):
+        return {"type": "http", "method": method, "path": path}
+    held = [("GET", "/gradio_api/heartbeat/abc"), ("GET", "/gradio_api/queue/data"),
+            ("GET", "/gradio_api/call/chat/0f2c"), ("POST", "/gradio_api/upload")]
+    quick = [("POST", "/gradio_api/call/chat"), ("GET", "/gradio_api/call/chat"), ("POST", "/gradio_api/queue/join"),
+             ("GET", "/config"), ("GET", "/"), ("POST", "/gradio_api/run/upload"), ("GET", "/gradio_api/upload")]
+    assert all(is_held(scope(*r)) for r in held)
+    assert not any(is_held(scope(*r)) for r in quick)
+
+
+@contextlib.contextmanager
+def page(**overrides):
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("held"),
+                          trusted_proxies=("127.0.0.1",), **overrides)
+        with launched_page(config) as (url, _client):
+            yield url, config
+
+
+def heartbeat(stack: contextlib.ExitStack, url: str, address: str, tab: str) -> httpx.Response:
+    client = stack.enter_context(httpx.Client(headers={"X-Forwarded-For": address}, timeout=30))
+    return stack.enter_context(client.stream("GET", f"{url}gradio_api/heartbeat/{tab}"))
+
+
+def test_one_address_holds_a_few_streams_and_others_are_unaffected():
+    with page(address_max_connections=3) as (url, _config), contextlib.ExitStack() as held:
+        opened = [heartbeat(held, url, "203.0.113.5", f"tab{i}") for i in range(3)]
+        assert [r.status_code for r in opened] == [200, 200, 200]
+        with contextlib.ExitStack() as more:
+            refused = heartbeat(more, url, "203.0.113.5", "tab9")
+            assert refused.status_code == 429
+            assert refused.read().decode().startswith("Too many open connections from your network")
+            other = heartbeat(more, url, "198.51.100.5", "tab1")
+            assert other.status_code == 200, "another address is not affected"
+        opened[0].close()  # a stream ends: its place is free again
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.ExitStack() as again:
+                if heartbeat(again, url, "203.0.113.5", "tab10").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "a closed stream never gave its place back"
+            time.sleep(0.2)
+
+
+def test_an_upload_that_trickles_in_is_abandoned_at_the_deadline():
+    with page(upload_timeout_s=1.5, address_max_connections=2) as (url, config):
+        body_start = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.png\"\r\n"
+                      b"Content-Type: image/png\r\n\r\n")
+        head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Forwarded-For: 203.0.113.7\r\n"
+                f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n").encode()
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", config.port), timeout=20) as slow:
+            slow.sendall(head + body_start + b"x" * 100)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while time.monotonic() - started < 15:  # keep trickling: one byte a quarter second
+                    slow.sendall(b"x")
+                    slow.settimeout(0.25)
+                    try:
+                        chunk = slow.recv(4096)
+                    except socket.timeout:
+                        continue
+                    if not chunk:
+                        break
+                    answer += chunk
+                    break
+        took = time.monotonic() - started
+        assert 1.0 <= took < 10, f"the upload was held {took:.1f} s"
+        assert not answer or not answer.startswith(b"HTTP/1.1 200"), answer[:80]
+        with httpx.Client(headers={"X-Forwarded-For": "203.0.113.7"}, timeout=30) as client:  # its place is free
+            for _ in range(2):
+                ok = client.post(f"{url}gradio_api/upload", files={"files": ("b.png", b"y" * 100)})
+                assert ok.status_code == 200, ok.text[:200]
+
+
+def test_the_page_raises_its_open_files_limit_toward_the_hard_one():
+    import resource
+    import subprocess
+    import sys
+
+    def low_soft_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    script = ("import resource; from ui.server import raise_open_files_limit; "
+              "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], raise_open_files_limit(4096), "
+              "resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         preexec_fn=low_soft_limit).stdout.split()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    assert out == ["256", str(expected), str(expected)], out
