@@ -177,9 +177,13 @@ local group_load = tonumber(redis.call('HGET', QUEUED_BY_GROUP, group) or '0')
                  + tonumber(redis.call('HGET', INFLIGHT_BY_GROUP, group) or '0')
 if group_load >= group_cap then return {-5} end
 if tonumber(redis.call('GET', QUEUED) or '0') >= global_cap then return {-2} end
-local new_image = image ~= '' and redis.call('EXISTS', IK) == 0
+-- Image bytes sent with a turn are charged to its identity and address whether or not the same bytes are stored
+-- already, and checked against the service total either way: an answer that depended on whether the image
+-- exists would tell a stranger whether anyone uploaded that picture.
+local sent_image = image ~= ''
+local new_image = sent_image and redis.call('EXISTS', IK) == 0
 local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
-if new_image then
+if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
   if tonumber(redis.call('GET', QT) or '0') + #image > total_image_quota then return {-11} end
@@ -191,14 +195,17 @@ if redis.call('INCR', RK) == 1 then redis.call('EXPIRE', RK, rate_window) end
 for _, tk in ipairs({TU, TG}) do  -- a fixed window from the first charge: a day's text, not a week of it
   if redis.call('INCRBY', tk, text_bytes) == text_bytes then redis.call('EXPIRE', tk, text_window) end
 end
+local charged = {}
+if sent_image then charged = {QU, QG} end
 if new_image then
   redis.call('SET', IK, image, 'EX', image_ttl)
-  for _, qk in ipairs({QU, QG, QT}) do
-    redis.call('INCRBY', qk, #image)
-    redis.call('EXPIRE', qk, image_ttl)
-  end
+  charged = {QU, QG, QT}  -- the service total counts bytes stored, once
 elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
   redis.call('EXPIRE', IK, image_ttl)
+end
+for _, qk in ipairs(charged) do
+  redis.call('INCRBY', qk, #image)
+  redis.call('EXPIRE', qk, image_ttl)
 end
 if turn ~= '' then
   if new_conv == '1' then redis.call('HSET', CK, 'user', user, 'created', now) end

@@ -99,13 +99,35 @@ def test_byte_quotas_per_identity_and_per_address(queue_client):
     with pytest.raises(QuotaExceeded):  # a second new image would pass the identity's quota
         c.submit("anon:a", None, "second", image=images[1], group="addr:1")
     assert keys_of(c) == before
-    c.submit("anon:a", None, "the same image again costs nothing", image=images[0], group="addr:1")
+    with pytest.raises(QuotaExceeded):  # the same bytes again cost the same: see the oracle test below
+        c.submit("anon:a", None, "the same image again", image=images[0], group="addr:1")
     c.submit("anon:b", None, "another identity, same address", image=images[2], group="addr:1")
     before = keys_of(c)
     with pytest.raises(QuotaExceeded):  # new identities at that address share the address's quota
         c.submit("anon:c", None, "and another", image=images[3], group="addr:1")
     assert keys_of(c) == before
     c.submit("anon:d", None, "another address", image=images[3], group="addr:2")
+
+
+def test_a_refusal_never_tells_whether_someone_else_uploaded_an_image(queue_client):
+    """SUBMIT charged image bytes only when they were not stored yet. An identity with less quota left than a
+    picture's size could then submit it to learn whether anyone had uploaded that exact picture in the last day:
+    admitted meant yes, refused meant no, and refusals cost nothing."""
+    images = [jpeg(i) for i in range(3)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_quota_user_bytes=int(1.5 * size), group_job_cap=10, group_submit_limit=100)
+    c.submit("anon:victim", None, "my private picture", image=images[0], group="addr:9")
+    c.submit("anon:probe", None, "spend most of the quota", image=images[1], group="addr:1")
+    answers = []
+    for candidate in (images[0], images[2]):  # one uploaded by someone else, one by nobody
+        try:
+            c.submit("anon:probe", None, "was this one uploaded?", image=candidate, group="addr:1")
+            answers.append("admitted")
+        except QuotaExceeded:
+            answers.append("refused")
+    assert answers == ["refused", "refused"], answers
+    c.submit("anon:victim2", None, "a picture already stored is still charged", image=images[0], group="addr:8")
+    assert int(c.r.get(c.keys.image_quota("u:anon:victim2"))) == len(images[0])
 
 
 def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_client):
@@ -123,7 +145,8 @@ def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_clien
     assert "as many new pictures as it can" in refused.value.user_message
     assert keys_of(c) == before, "a refused turn stores nothing"
     c.submit("anon:c", None, "a question without a picture", group="addr:3")
-    c.submit("anon:d", None, "a picture already stored costs nothing", image=images[0], group="addr:4")
+    with pytest.raises(ImageStoreFull):  # the same answer whether or not the picture is stored already
+        c.submit("anon:d", None, "a picture already stored", image=images[0], group="addr:4")
     c.jobs.cancel(first.job)
     c.submit("anon:a", first.conv, "the first conversation goes on", image_sha=first.image_sha, group="addr:1")
 
