@@ -265,12 +265,12 @@ class ChatHandlers:
         base = shown + [pending_user]
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
-        finished = locked = False
+        finished = locked = lost = False
         try:
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
                                       poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
                                       started_at=started, eta=self.client.eta_s, first_update_s=FIRST_UPDATE_S):
-                finished = p.finished
+                finished, lost = p.finished, p.state == "lost"
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
                     shown_now = base + [assistant_message(bubble)]
@@ -294,6 +294,8 @@ class ChatHandlers:
             if not finished:  # Stop pressed, tab closed or server shutting down: free the engine slot
                 self.metrics.cancels.inc()
                 self.metrics.turns.labels("cancelled").inc()
+                self._cancel_quietly(user, job)
+            elif lost:  # given up on: free its dispatch slot and its conversation, or both stay "answering"
                 self._cancel_quietly(user, job)
 
     def _submit(self, caller, session, text, checked, image_sha, sampling, shown):
