@@ -77,6 +77,9 @@ class UIConfig:
     # how long an upload's body may take to arrive (ui/held_connections.py).
     address_max_connections: int = 32
     upload_timeout_s: float = 120.0
+    # With --auth: sign-in attempts one address may make per window, right or wrong (ui/ops.py LoginAttempts).
+    address_logins: int = 20
+    address_logins_window_s: float = 600.0
     # Generation requested per turn.
     max_new_tokens: int = 256  # the default answer length
     max_new_tokens_cap: int = 1024  # the most a user may ask for with the "answer length" slider
@@ -111,6 +114,8 @@ class UIConfig:
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)"
         assert self.upload_timeout_s > 0, "upload_timeout_s must be positive"
+        assert self.address_logins >= 1 and self.address_logins_window_s > 0, \
+            "address_logins must be at least 1 per positive window"
         assert self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0, \
             "address_new_sessions must be at least 1 per positive window"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"

@@ -11,9 +11,11 @@ They are plain Starlette routes handed to Gradio's FastAPI app at construction, 
 from __future__ import annotations
 
 import hmac
+import math
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -63,6 +65,30 @@ _OPEN_PATHS = frozenset({"/", "/login", "/login/", "/login_check", "/login_check
                          "/manifest.json", "/theme.css", "/gradio_api/theme.css",
                          "/gradio_api/startup-events"})  # Gradio probes this itself at launch; it says nothing
 _OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/gradio_api/static/", "/gradio_api/assets/")
+
+
+LOGIN_PATHS = ("/login", "/login/")
+
+
+class LoginAttempts:
+    """ASGI middleware for ``--auth``: at most ``ledger.per_address`` sign-in attempts per client address per
+    ``ledger.window_s``, so nobody can try passwords at network speed. Every attempt counts, right or wrong (a
+    person signs in a few times a day). The ledger is a ``ui.session_budget.SessionLedger`` used without session
+    hashes: a sliding-window count per address."""
+
+    def __init__(self, app, ledger, addresses):
+        self.app, self.ledger, self.addresses = app, ledger, addresses
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in LOGIN_PATHS:
+            return await self.app(scope, receive, send)
+        wait_s = self.ledger.admit(self.addresses.of(Request(scope)), None)
+        if wait_s is None:
+            return await self.app(scope, receive, send)
+        retry = max(1, math.ceil(wait_s))
+        response = PlainTextResponse(f"Too many sign-in attempts from your network. Try again in {retry} s.",
+                                     status_code=429, headers={"Retry-After": str(retry)})
+        await response(scope, receive, send)
 
 
 class LoginRequired:

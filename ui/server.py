@@ -27,7 +27,7 @@ from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
 from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
-from ui.ops import LoginRequired, ops_routes
+from ui.ops import LoginAttempts, LoginRequired, ops_routes
 from ui.page_launch import launch_page
 from ui.public_routes import PublicRoutes
 from ui.session_budget import NewSessionBudget, SessionLedger
@@ -81,7 +81,8 @@ def build(config, client=None):
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
                     # Outermost first: routes the page does not use, oversized bodies, too many held connections
-                    # from one address, then strangers without a login, then upload budgets (so nobody
+                    # from one address, then (with --auth) too many sign-in attempts and strangers without a
+                    # login, then upload budgets (so nobody
                     # unauthenticated can spend the page's upload budget), then new-session budgets (whose body
                     # reading is bounded by the body limits).
                     "middleware": [Middleware(PublicRoutes),
@@ -90,7 +91,11 @@ def build(config, client=None):
                                    Middleware(HeldConnections, per_address=config.address_max_connections,
                                               upload_timeout_s=config.upload_timeout_s,
                                               addresses=ClientAddresses.from_config(config)),
-                                   *([Middleware(LoginRequired)] if config.auth else []),
+                                   *([Middleware(LoginAttempts,
+                                                 ledger=SessionLedger(config.address_logins,
+                                                                      config.address_logins_window_s),
+                                                 addresses=ClientAddresses.from_config(config)),
+                                      Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
                                               addresses=ClientAddresses.from_config(config)),

@@ -64,3 +64,20 @@ def test_with_auth_nothing_but_login_and_healthz_answers(page_with_login):
     with httpx.Client(base_url=url, timeout=10) as browser:
         assert browser.post("login", data={"username": "alice", "password": "wonderland"}).status_code == 200
         assert browser.get("config").status_code == 200, "a login opens the page"
+
+
+def test_with_auth_one_address_cannot_try_passwords_at_network_speed():
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("sec-login"),
+                          auth=(("alice", "wonderland"),), trusted_proxies=("127.0.0.1",), address_logins=5)
+        with launched_page(config) as (url, _client):
+            guesser = httpx.Client(base_url=url, timeout=10, headers={"X-Forwarded-For": "203.0.113.66"})
+            tries = [guesser.post("login", data={"username": "alice", "password": f"guess{i}"}).status_code
+                     for i in range(5)]
+            assert 429 not in tries and 200 not in tries, tries
+            refused = guesser.post("login", data={"username": "alice", "password": "wonderland"})
+            assert refused.status_code == 429, "even the right password waits once the budget is spent"
+            assert refused.text.startswith("Too many sign-in attempts") and int(refused.headers["retry-after"]) > 0
+            with httpx.Client(base_url=url, timeout=10, headers={"X-Forwarded-For": "198.51.100.66"}) as alice:
+                assert alice.post("login", data={"username": "alice", "password": "wonderland"}).status_code == 200
+            guesser.close()
