@@ -73,8 +73,8 @@ class UIConfig:
     address_new_sessions: int = 240
     address_new_sessions_window_s: float = 600.0
     address_max_decodes: int = 1  # image decodes one client address may run at once
-    # Requests that stay open (heartbeat, event and result streams, uploads) one address may hold at once, and
-    # how long an upload's body may take to arrive (ui/held_connections.py).
+    # Requests that stay open (heartbeat, event and result streams, POSTs) one address may hold at once, and
+    # how long a POST's body (an upload above all) may take to arrive (ui/held_connections.py).
     address_max_connections: int = 32
     upload_timeout_s: float = 120.0
     # With --auth: sign-in attempts one address may make per window, right or wrong (ui/ops.py LoginAttempts).

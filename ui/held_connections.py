@@ -1,15 +1,17 @@
-"""Requests that stay open: at most a few per client address, and uploads that must arrive in time.
+"""Requests that stay open: at most a few per client address, and request bodies that must arrive in time.
 
 Some of the page's routes hold their connection for as long as the client likes: the tab's heartbeat stream
 (``/gradio_api/heartbeat/<session>``), the queue's event stream (``/gradio_api/queue/data``), an API call's result
-stream (``GET /gradio_api/call/<api>/<event>``), and an upload whose body trickles in (uvicorn has no timeout for
-reading a body). None of them costs a page event, so the per-address event cap does not see them: one address
-could open thousands, each a file descriptor and a task on the one event loop that streams every answer, until
-the process ran out of descriptors (1,024 by default) and nobody could connect.
+stream (``GET /gradio_api/call/<api>/<event>``), and any POST whose body trickles in (an upload, or a JSON body
+under its 1 MiB cap: uvicorn has no timeout for reading a body). None of them costs a page event, so the
+per-address event cap does not see them: one address could open thousands, each a file descriptor and a task on
+the one event loop that streams every answer, until the process ran out of descriptors (1,024 by default) and
+nobody could connect.
 
 So each address may hold ``per_address`` of these at once (a browser tab holds one or two; more is refused with
-429 and a sentence), and an upload's body must have arrived within ``upload_timeout_s`` of its start, or the
-page treats the client as gone (Gradio abandons the upload and removes its partial file). The addresses are
+429 and a sentence), and a POST's body must have arrived within ``upload_timeout_s`` of its start, or the page
+treats the client as gone (Gradio abandons an upload and removes its partial file). Requests whose headers
+never finish never reach the application at all; only a proxy in front can time those out (README). The addresses are
 ``ui.identity.ClientAddresses``'s, as for every other per-address limit. Behind the share link, without trusted
 proxies, every visitor is one address (README "Running it in public").
 """
@@ -23,7 +25,6 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
-from ui.public_routes import UPLOAD_PATH
 
 HELD_GET_PREFIXES = ("/gradio_api/heartbeat/", "/gradio_api/queue/data")
 CALL_PREFIX = "/gradio_api/call/"
@@ -32,8 +33,8 @@ CALL_PREFIX = "/gradio_api/call/"
 def is_held(scope: Scope) -> bool:
     """Whether this request may stay open as long as its client wants."""
     path, method = scope.get("path", ""), scope.get("method", "")
-    if method == "POST":
-        return path == UPLOAD_PATH
+    if method == "POST":  # an upload, a JSON body, or /run/<api>, which answers only when its event ends
+        return True
     if method != "GET":
         return False
     if path.startswith(HELD_GET_PREFIXES):
@@ -42,8 +43,8 @@ def is_held(scope: Scope) -> bool:
 
 
 class HeldConnections:
-    """ASGI middleware: ``per_address`` held requests per client address at once; uploads within
-    ``upload_timeout_s``."""
+    """ASGI middleware: ``per_address`` held requests per client address at once; POST bodies (uploads above
+    all) within ``upload_timeout_s``."""
 
     def __init__(self, app: ASGIApp, per_address: int, upload_timeout_s: float,
                  addresses: ClientAddresses = DIRECT):

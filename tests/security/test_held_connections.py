@@ -24,9 +24,10 @@ def test_which_requests_count_as_held():
     def scope(method, path):
         return {"type": "http", "method": method, "path": path}
     held = [("GET", "/gradio_api/heartbeat/abc"), ("GET", "/gradio_api/queue/data"),
-            ("GET", "/gradio_api/call/chat/0f2c"), ("POST", "/gradio_api/upload")]
-    quick = [("POST", "/gradio_api/call/chat"), ("GET", "/gradio_api/call/chat"), ("POST", "/gradio_api/queue/join"),
-             ("GET", "/config"), ("GET", "/"), ("POST", "/gradio_api/run/upload"), ("GET", "/gradio_api/upload")]
+            ("GET", "/gradio_api/call/chat/0f2c"), ("POST", "/gradio_api/upload"), ("POST", "/gradio_api/call/chat"),
+            ("POST", "/gradio_api/queue/join"), ("POST", "/gradio_api/run/chat")]  # every body may trickle in
+    quick = [("GET", "/gradio_api/call/chat"), ("GET", "/config"), ("GET", "/"), ("GET", "/gradio_api/upload"),
+             ("HEAD", "/gradio_api/heartbeat/abc")]
     assert all(is_held(scope(*r)) for r in held)
     assert not any(is_held(scope(*r)) for r in quick)
 
