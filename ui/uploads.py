@@ -1,6 +1,8 @@
 """Check an uploaded image at the edge, before it reaches Redis, and normalise it.
 
-In order: byte size, then the container type (sniffed from the bytes, not the file name), then the pixel
+In order: byte size, then the container's structure (``worker.image_structure``: a file built to be slow to
+parse is refused before Pillow parses it), then the container type (sniffed from the bytes, not the file name),
+then the pixel
 count read from the header (so a decompression bomb is refused before it is decoded), and for a JPEG the number
 of progressive scans (each is a pass over every pixel: ``worker.images.MAX_JPEG_SCANS``), then a full decode
 (JPEGs at a reduced scale when they will be downscaled anyway), EXIF orientation, conversion to RGB, and a
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ui.client_gate import AddressSlots
+from worker.image_structure import structure_problem
 from worker.images import MAX_JPEG_SCANS, jpeg_scans, too_many_scans_message
 
 
@@ -90,6 +93,9 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     if not data:
         raise UploadRejected("The uploaded file is empty.")
     allowed = ", ".join(limits.allowed_formats)
+    problem = structure_problem(data)  # a container built to be slow to parse: refused before Pillow parses it
+    if problem:
+        raise UploadRejected(problem)
     try:
         # Image.open reads only the header: format and size, no pixel data yet.
         # Pillow's own bomb check (an error at twice its limit) is a backstop; ours below is lower.

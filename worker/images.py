@@ -9,6 +9,7 @@ import redis
 from PIL import Image, UnidentifiedImageError
 
 from worker.errors import ImageMissing, InvalidInput
+from worker.image_structure import structure_problem
 from worker.keys import Keys
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -76,6 +77,9 @@ class ImageStore:
             raise ImageMissing()
         if data[:2] == b"\xff\xd8" and jpeg_scans(data) > MAX_JPEG_SCANS:  # the page refuses these at upload
             raise InvalidInput(too_many_scans_message(jpeg_scans(data)))
+        problem = structure_problem(data)  # so does it these
+        if problem:
+            raise InvalidInput(problem)
         try:
             img = Image.open(io.BytesIO(data))
             if img.format == "JPEG":

@@ -215,3 +215,63 @@ def test_a_progressive_jpeg_with_thousands_of_scans_is_refused_before_it_is_deco
     store = ImageStore(Stored(), type("K", (), {"image": staticmethod(lambda sha: sha)})(), 60, 20 << 20)
     with pytest.raises(InvalidInput, match="progressive passes"):
         store.load("0" * 64, 512)
+
+
+def _encoded(fmt: str, size=(10, 10), mode="RGB", **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def container_bombs() -> dict[str, bytes]:
+    """Files whose container, not their pixels, is slow for Pillow to parse (a few hundred KB each here; 10 MB
+    versions took seconds to minutes of CPU)."""
+    gif = _encoded("GIF", mode="P")
+    palette = 3 * 2 ** ((gif[10] & 7) + 1) if gif[10] & 0x80 else 0
+    png, jpeg = _encoded("PNG"), _encoded("JPEG")
+    return {
+        "gif comment": gif[:13 + palette] + b"\x21\xfe" + b"\x01A" * 200_000 + b"\x00" + gif[13 + palette:],
+        "png chunks": png[:33] + b"\x00\x00\x00\x00abCd\x00\x00\x00\x00" * 30_000 + png[33:],
+        "jpeg segments": b"\xff\xd8" + b"\xff\xfe\x00\x02" * 100_000 + jpeg[2:],
+        "jpeg stray bytes": jpeg[:20] + b"\x00" * 200_000 + jpeg[20:],
+    }
+
+
+@pytest.mark.parametrize("name", list(container_bombs()))
+def test_containers_built_to_be_slow_to_parse_are_refused_before_pillow_reads_them(name):
+    """A GIF comment of one-byte sub-blocks is quadratic in Pillow (320,000 took 1.9 s, 10 MB minutes); millions
+    of empty PNG chunks or JPEG comment segments took 4-6 s per 10 MB, at the page and again in the worker."""
+    from worker.errors import InvalidInput
+    from worker.images import ImageStore
+
+    bomb = container_bombs()[name]
+    limits = UploadLimits(10 << 20, 50_000_000, 2048, ("PNG", "JPEG", "WEBP", "GIF", "BMP"))
+    started = time.process_time()
+    with pytest.raises(UploadRejected) as refused:
+        check_image(bomb, limits)
+    assert time.process_time() - started < 0.2, "refused from its structure, not after parsing it"
+    assert "far more" in refused.value.user_message and "Save it again" in refused.value.user_message
+
+    class Stored:
+        def get(self, _key):
+            return bomb
+    store = ImageStore(Stored(), type("K", (), {"image": staticmethod(lambda sha: sha)})(), 60, 20 << 20)
+    with pytest.raises(InvalidInput, match="far more"):
+        store.load("0" * 64, 512)
+
+
+def test_ordinary_files_of_every_format_pass_the_structure_check():
+    from worker.image_structure import structure_problem
+
+    noise = Image.effect_noise((640, 480), 50).convert("RGB")
+    exif = noise.getexif()
+    exif[0x0112] = 6
+    for fmt, kw in [("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("JPEG", {"exif": exif}),
+                    ("GIF", {}), ("WEBP", {}), ("BMP", {}), ("PNG", {"optimize": True})]:
+        buf = io.BytesIO()
+        (noise.convert("P") if fmt == "GIF" else noise).save(buf, format=fmt, **kw)
+        assert structure_problem(buf.getvalue()) is None, (fmt, kw)
+    examples = sorted((Path(__file__).resolve().parents[2] / "ui" / "examples").glob("*.png"))
+    assert examples, "the page's example images"
+    for example in examples:
+        assert structure_problem(example.read_bytes()) is None, example
