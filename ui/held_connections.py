@@ -8,8 +8,8 @@ per-address event cap does not see them: one address could open thousands, each 
 the one event loop that streams every answer, until the process ran out of descriptors (1,024 by default) and
 nobody could connect.
 
-So each address may hold ``per_address`` of these at once (a browser tab holds one or two; more is refused with
-429 and a sentence), and a POST's body must have arrived within ``upload_timeout_s`` of its start, or the page
+So each address may hold ``per_address`` of each kind at once (heartbeats, answer streams, bodies arriving; a
+browser tab holds one or two; more is refused with 429 and a sentence), and a POST's body must have arrived within ``upload_timeout_s`` of its start, or the page
 treats the client as gone (Gradio abandons an upload and removes its partial file). Requests whose headers
 never finish never reach the application at all; only a proxy in front can time those out (README). The addresses are
 ``ui.identity.ClientAddresses``'s, as for every other per-address limit. Behind the share link, without trusted
@@ -26,63 +26,88 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
 
-HELD_GET_PREFIXES = ("/gradio_api/heartbeat/", "/gradio_api/queue/data")
 CALL_PREFIX = "/gradio_api/call/"
+
+
+# What a held request holds, each with its own cap per address, so one kind cannot crowd out another: idle
+# heartbeats (which need no session and cost no event) must not leave a tab on the same address without a place
+# to send its question or to receive its answer.
+HEARTBEAT, STREAM, BODY = "heartbeat", "stream", "body"
+_REFUSALS = {
+    HEARTBEAT: "Too many open tabs of this page from your network (at most {n} at once). Close some, then reload.",
+    STREAM: "Too many answers being received from your network (at most {n} streams at once). Wait for some to "
+            "finish, then try again.",
+    BODY: "Too many uploads or requests arriving from your network (at most {n} at once). Wait for them to "
+          "finish, then try again.",
+}
+
+
+def held_kind(scope: Scope) -> str | None:
+    """What this request holds while it stays open, or None for a request that cannot stay open."""
+    path, method = scope.get("path", ""), scope.get("method", "")
+    if method == "POST":  # an upload or a JSON body: held while its body arrives
+        return BODY
+    if method != "GET":
+        return None
+    if path.startswith("/gradio_api/heartbeat/"):
+        return HEARTBEAT
+    if path.startswith("/gradio_api/queue/data"):
+        return STREAM
+    if path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") >= 1:  # <api>/<event>
+        return STREAM
+    return None
 
 
 def is_held(scope: Scope) -> bool:
     """Whether this request may stay open as long as its client wants."""
-    path, method = scope.get("path", ""), scope.get("method", "")
-    if method == "POST":  # an upload, a JSON body, or /run/<api>, which answers only when its event ends
-        return True
-    if method != "GET":
-        return False
-    if path.startswith(HELD_GET_PREFIXES):
-        return True
-    return path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") >= 1  # <api>/<event>
+    return held_kind(scope) is not None
 
 
 class HeldConnections:
-    """ASGI middleware: ``per_address`` held requests per client address at once; POST bodies (uploads above
-    all) within ``upload_timeout_s``."""
+    """ASGI middleware: per client address, ``per_address`` requests of each held kind at once (a POST counts
+    only while its body arrives); POST bodies (uploads above all) within ``upload_timeout_s``."""
 
     def __init__(self, app: ASGIApp, per_address: int, upload_timeout_s: float,
                  addresses: ClientAddresses = DIRECT):
         self.app, self.per_address, self.upload_timeout_s, self.addresses = app, per_address, upload_timeout_s, addresses
-        self._open: dict[str, int] = {}
+        self._open: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
-    def open_count(self, address: str) -> int:
-        with self._lock:
-            return self._open.get(address, 0)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_held(scope):
+        kind = held_kind(scope) if scope["type"] == "http" else None
+        if kind is None:
             return await self.app(scope, receive, send)
-        address = self.addresses.of(Request(scope))
+        key = (kind, self.addresses.of(Request(scope)))
         with self._lock:
-            held = self._open.get(address, 0)
+            held = self._open.get(key, 0)
             if held < self.per_address:
-                self._open[address] = held + 1
+                self._open[key] = held + 1
         if held >= self.per_address:
-            return await PlainTextResponse(
-                f"Too many open connections from your network (at most {self.per_address} at once). Close other "
-                "tabs of this page, or wait for their answers to finish.", status_code=429,
-                headers={"Retry-After": "10"})(scope, receive, send)
+            return await PlainTextResponse(_REFUSALS[kind].format(n=self.per_address), status_code=429,
+                                           headers={"Retry-After": "10"})(scope, receive, send)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            with self._lock:
+                left = self._open.get(key, 1) - 1
+                if left > 0:
+                    self._open[key] = left
+                else:
+                    self._open.pop(key, None)
         try:
-            if scope["method"] == "POST":
-                receive = self._body_deadline(receive)
+            if kind == BODY:
+                receive = self._body_deadline(receive, on_complete=release)
             await self.app(scope, receive, send)
         finally:
-            with self._lock:
-                left = self._open.get(address, 1) - 1
-                if left > 0:
-                    self._open[address] = left
-                else:
-                    self._open.pop(address, None)
+            release()
 
-    def _body_deadline(self, receive: Receive) -> Receive:
-        """``receive`` that reports a disconnect once the body has not fully arrived by the deadline."""
+    def _body_deadline(self, receive: Receive, on_complete) -> Receive:
+        """``receive`` that reports a disconnect once the body has not fully arrived by the deadline, and calls
+        ``on_complete`` when the body is in (or given up on): from then on the request holds nothing of ours."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.upload_timeout_s
         complete = False
@@ -97,9 +122,9 @@ class HeldConnections:
                     raise TimeoutError
                 message = await asyncio.wait_for(receive(), remaining)
             except (TimeoutError, asyncio.TimeoutError):
-                complete = True
-                return {"type": "http.disconnect"}
+                message = {"type": "http.disconnect"}
             if message["type"] != "http.request" or not message.get("more_body", False):
                 complete = True
+                on_complete()
             return message
         return timed_receive
