@@ -77,7 +77,7 @@ class UIConfig:
     # how long a POST's body (an upload above all) may take to arrive (ui/held_connections.py).
     address_max_connections: int = 32
     upload_timeout_s: float = 120.0
-    # With --auth: sign-in attempts one address may make per window, right or wrong (ui/ops.py LoginAttempts).
+    # With --auth: sign-in attempts one address may make per account per window, right or wrong (ui/ops.py).
     address_logins: int = 20
     address_logins_window_s: float = 600.0
     # Generation requested per turn.

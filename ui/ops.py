@@ -71,10 +71,11 @@ LOGIN_PATHS = ("/login", "/login/")
 
 
 class LoginAttempts:
-    """ASGI middleware for ``--auth``: at most ``ledger.per_address`` sign-in attempts per client address per
-    ``ledger.window_s``, so nobody can try passwords at network speed. Every attempt counts, right or wrong (a
-    person signs in a few times a day). The ledger is a ``ui.session_budget.SessionLedger`` used without session
-    hashes: a sliding-window count per address."""
+    """ASGI middleware for ``--auth``: at most ``ledger.per_address`` sign-in attempts per client address and user
+    name per ``ledger.window_s``, so nobody can try passwords at network speed. Every attempt counts, right or
+    wrong (a person signs in a few times a day). Keyed by the name too, so guessing at one account from an address
+    does not lock the other accounts out there, nor that account's owner elsewhere. The ledger is a
+    ``ui.session_budget.SessionLedger`` used without session hashes: a sliding-window count per key."""
 
     def __init__(self, app, ledger, addresses):
         self.app, self.ledger, self.addresses = app, ledger, addresses
@@ -82,13 +83,53 @@ class LoginAttempts:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in LOGIN_PATHS:
             return await self.app(scope, receive, send)
-        wait_s = self.ledger.admit(self.addresses.of(Request(scope)), None)
+        body, replay = await _read_body(receive)  # at most the page's request-body cap (ui.body_limits)
+        if body is None:
+            return  # the client left
+        username = await _form_field(scope, body, "username")
+        wait_s = self.ledger.admit(f"{self.addresses.of(Request(scope))} {username[:128]}", None)
         if wait_s is None:
-            return await self.app(scope, receive, send)
+            return await self.app(scope, replay, send)
         retry = max(1, math.ceil(wait_s))
-        response = PlainTextResponse(f"Too many sign-in attempts from your network. Try again in {retry} s.",
-                                     status_code=429, headers={"Retry-After": str(retry)})
-        await response(scope, receive, send)
+        response = PlainTextResponse(f"Too many sign-in attempts for this account from your network. Try again in "
+                                     f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})
+        await response(scope, replay, send)
+
+
+async def _read_body(receive):
+    """The whole request body, and a ``receive`` that hands it on once more; (None, _) if the client left."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None, receive
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    body, sent = b"".join(chunks), False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return body, replay
+
+
+async def _form_field(scope, body: bytes, name: str) -> str:
+    """One field of a form body (urlencoded or multipart, as browsers send either), or "" if absent or unreadable."""
+    _, replay = await _read_body(_once(body))
+    try:
+        value = (await Request(scope, receive=replay).form()).get(name, "")
+    except Exception:  # noqa: BLE001 — a malformed form: Gradio answers it; the limit counts it under ""
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def _once(body: bytes):
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive
 
 
 class LoginRequired:

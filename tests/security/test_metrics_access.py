@@ -78,6 +78,10 @@ def test_with_auth_one_address_cannot_try_passwords_at_network_speed():
             refused = guesser.post("login", data={"username": "alice", "password": "wonderland"})
             assert refused.status_code == 429, "even the right password waits once the budget is spent"
             assert refused.text.startswith("Too many sign-in attempts") and int(refused.headers["retry-after"]) > 0
+            multipart = guesser.post("login", files={"username": (None, "alice"), "password": (None, "x")})
+            assert multipart.status_code == 429, "a multipart form names the account too"
+            assert guesser.post("login", data={"username": "bob", "password": "x"}).status_code != 429, \
+                "other accounts at that address are not locked out"
             with httpx.Client(base_url=url, timeout=10, headers={"X-Forwarded-For": "198.51.100.66"}) as alice:
                 assert alice.post("login", data={"username": "alice", "password": "wonderland"}).status_code == 200
             guesser.close()
