@@ -118,9 +118,8 @@ async def _read_body(receive):
 
 async def _form_field(scope, body: bytes, name: str) -> str:
     """One field of a form body (urlencoded or multipart, as browsers send either), or "" if absent or unreadable."""
-    _, replay = await _read_body(_once(body))
     try:
-        value = (await Request(scope, receive=replay).form()).get(name, "")
+        value = (await Request(scope, receive=_once(body)).form()).get(name, "")
     except Exception:  # noqa: BLE001 — a malformed form: Gradio answers it; the limit counts it under ""
         return ""
     return value if isinstance(value, str) else ""
