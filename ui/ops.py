@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from ui.session_budget import SessionLedger
+
 METRICS_OFF = "metrics are off: set OWLET_UI_METRICS_TOKEN and scrape with that bearer token\n"
 
 
@@ -75,10 +77,15 @@ class LoginAttempts:
     name per ``ledger.window_s``, so nobody can try passwords at network speed. Every attempt counts, right or
     wrong (a person signs in a few times a day). Keyed by the name too, so guessing at one account from an address
     does not lock the other accounts out there, nor that account's owner elsewhere. The ledger is a
-    ``ui.session_budget.SessionLedger`` used without session hashes: a sliding-window count per key."""
+    ``ui.session_budget.SessionLedger`` used without session hashes: a sliding-window count per key. An address
+    also has ``ACCOUNTS_PER_ADDRESS`` times that over all names, so made-up names cannot grow the ledger without
+    bound."""
+
+    ACCOUNTS_PER_ADDRESS = 5
 
     def __init__(self, app, ledger, addresses):
         self.app, self.ledger, self.addresses = app, ledger, addresses
+        self.per_address = SessionLedger(ledger.per_address * self.ACCOUNTS_PER_ADDRESS, ledger.window_s)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in LOGIN_PATHS:
@@ -87,7 +94,10 @@ class LoginAttempts:
         if body is None:
             return  # the client left
         username = await _form_field(scope, body, "username")
-        wait_s = self.ledger.admit(f"{self.addresses.of(Request(scope))} {username[:128]}", None)
+        address = self.addresses.of(Request(scope))
+        wait_s = self.per_address.admit(address, None)
+        if wait_s is None:
+            wait_s = self.ledger.admit(f"{address} {username[:128]}", None)
         if wait_s is None:
             return await self.app(scope, replay, send)
         retry = max(1, math.ceil(wait_s))

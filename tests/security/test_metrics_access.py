@@ -84,4 +84,9 @@ def test_with_auth_one_address_cannot_try_passwords_at_network_speed():
                 "other accounts at that address are not locked out"
             with httpx.Client(base_url=url, timeout=10, headers={"X-Forwarded-For": "198.51.100.66"}) as alice:
                 assert alice.post("login", data={"username": "alice", "password": "wonderland"}).status_code == 200
+            # A new name each time: the address's total over all names (5 x 5) still applies. 8 attempts came
+            # before (5 guesses, 2 refused for alice, 1 for bob), so 17 more pass.
+            made_up = [guesser.post("login", data={"username": f"nobody{i}", "password": "x"}).status_code
+                       for i in range(20)]
+            assert 429 not in made_up[:17] and set(made_up[17:]) == {429}, made_up
             guesser.close()
