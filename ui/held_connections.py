@@ -11,7 +11,7 @@ nobody could connect.
 So each address may hold ``per_address`` of each kind at once (heartbeats, answer streams, bodies arriving; a
 browser tab holds one or two; more is refused with 429 and a sentence), and a POST's body must have arrived within ``upload_timeout_s`` of its start, or the page
 treats the client as gone (Gradio abandons an upload and removes its partial file). Requests whose headers
-never finish never reach the application at all; only a proxy in front can time those out (README). The addresses are
+never finish never reach the application at all; ``ui.header_deadline`` closes those. The addresses are
 ``ui.identity.ClientAddresses``'s, as for every other per-address limit. Behind the share link, without trusted
 proxies, every visitor is one address (README "Running it in public").
 """

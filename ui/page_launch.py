@@ -17,7 +17,8 @@ the header names, before any of Owlet's code runs. Behind a TLS terminator in TC
 a share server that passes the header on, every per-address limit could then be escaped with one forged header,
 and ``OWLET_UI_TRUSTED_PROXIES`` (which reads the header only from proxies the operator names,
 ``ui.identity.ClientAddresses``) never saw the real peer. So uvicorn trusts no proxy here: the page's one setting
-for proxies is Owlet's.
+for proxies is Owlet's. Its HTTP protocol is also made to close connections whose headers do not arrive in time
+(``ui.header_deadline``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import os
 import time
 
 import httpx
+
+from ui import header_deadline
 
 # What Gradio itself accepts as "the page is served": 401/30x are a login in front of it.
 SERVED = (200, 301, 302, 303, 307, 308, 401)
@@ -95,6 +98,7 @@ def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOU
     """
     keep_loopback_off_proxies()
     ignore_uvicorn_proxy_headers()
+    header_deadline.install()
     kwargs = dict(launch_kwargs, prevent_thread_lock=True)
     if "_frontend" in inspect.signature(page.launch).parameters:
         kwargs["_frontend"] = False  # the flag only gates Gradio's url_ok check (gradio 6.31)

@@ -120,3 +120,35 @@ def test_the_page_raises_its_open_files_limit_toward_the_hard_one():
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     expected = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
     assert out == ["256", str(expected), str(expected)], out
+
+
+def test_connections_whose_headers_never_finish_are_closed(monkeypatch):
+    """uvicorn timed out nothing before a request reached the page: a connection sending no bytes, or trickling
+    its headers, stayed open for ever, out of every per-address limit's sight."""
+    from ui import header_deadline
+
+    monkeypatch.setattr(header_deadline, "HEADER_TIMEOUT_S", 1.0)
+    with page() as (url, config):
+        def held_for(first: bytes, trickle: bytes = b"") -> float:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", config.port), timeout=20) as sock:
+                if first:
+                    sock.sendall(first)
+                sock.settimeout(0.2)
+                while time.monotonic() - started < 15:
+                    try:
+                        if not sock.recv(4096):
+                            break  # closed by the page
+                    except socket.timeout:
+                        with contextlib.suppress(OSError):
+                            if trickle:
+                                sock.sendall(trickle)
+                    except OSError:
+                        break
+            return time.monotonic() - started
+        assert held_for(b"") < 5, "a silent connection"
+        assert held_for(b"GET /config HTTP/1.1\r\nHost: x\r\n", trickle=b"X") < 5, "headers trickled in"
+        with httpx.Client(timeout=30) as client:  # ordinary requests, several on one kept-alive connection
+            for _ in range(3):
+                assert client.get(f"{url}config").status_code == 200
+                time.sleep(0.5)
