@@ -58,11 +58,6 @@ def held_kind(scope: Scope) -> str | None:
     return None
 
 
-def is_held(scope: Scope) -> bool:
-    """Whether this request may stay open as long as its client wants."""
-    return held_kind(scope) is not None
-
-
 class HeldConnections:
     """ASGI middleware: per client address, ``per_address`` requests of each held kind at once (a POST counts
     only while its body arrives); POST bodies (uploads above all) within ``upload_timeout_s``."""

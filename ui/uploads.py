@@ -1,10 +1,9 @@
 """Check an uploaded image at the edge, before it reaches Redis, and normalise it.
 
 In order: byte size, then the container's structure (``worker.image_structure``: a file built to be slow to
-parse is refused before Pillow parses it), then the container type (sniffed from the bytes, not the file name),
-then the pixel
-count read from the header (so a decompression bomb is refused before it is decoded), and for a JPEG the number
-of progressive scans (each is a pass over every pixel: ``worker.images.MAX_JPEG_SCANS``), then a full decode
+parse or decode, such as a JPEG of thousands of progressive scans, is refused before Pillow reads it), then the
+container type (sniffed from the bytes, not the file name), then the pixel count read from the header (so a
+decompression bomb is refused before it is decoded), then a full decode
 (JPEGs at a reduced scale when they will be downscaled anyway), EXIF orientation, conversion to RGB, and a
 downscale to the configured longest side.
 
@@ -27,7 +26,6 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ui.client_gate import AddressSlots
 from worker.image_structure import structure_problem
-from worker.images import MAX_JPEG_SCANS, jpeg_scans, too_many_scans_message
 
 
 class UploadRejected(ValueError):
@@ -115,8 +113,6 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     if width * height > limits.max_pixels:
         raise UploadRejected(_too_many_pixels_message((width, height), limits))
     downscaled = max(width, height) > limits.max_side
-    if fmt == "JPEG" and jpeg_scans(data) > MAX_JPEG_SCANS:  # each scan is a decode pass over every pixel
-        raise UploadRejected(too_many_scans_message(jpeg_scans(data)))
     try:
         rotated = image.getexif().get(_EXIF_ORIENTATION, 1) not in (0, 1)
         if fmt == "JPEG" and downscaled:

@@ -14,23 +14,6 @@ from worker.keys import Keys
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
-# A progressive JPEG is decoded scan by scan, and each scan costs a pass over the whole image whatever its size
-# in bytes: a flat 1024x1024 picture padded with 850,000 twelve-byte scans (10 MB) took about 134 s of CPU to
-# decode, 590 s at 4000x4000. Encoders write 10 scans (libjpeg's default script) to about 20; nothing real needs 64.
-MAX_JPEG_SCANS = 64
-
-
-def jpeg_scans(data: bytes) -> int:
-    """How many start-of-scan markers (FF DA) ``data`` holds. Inside compressed data an FF byte is always
-    followed by 00 or a restart marker, so every FF DA is a marker; one inside a header segment (an embedded
-    thumbnail) only counts a few too many."""
-    return bytes(data).count(b"\xff\xda")
-
-
-def too_many_scans_message(scans: int) -> str:
-    return (f"This JPEG is stored in {scans} progressive passes; Owlet accepts at most {MAX_JPEG_SCANS}. "
-            "Save it again as a standard JPEG or a PNG and upload that.")
-
 
 class ImageStore:
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int, max_bytes: int):
@@ -75,9 +58,7 @@ class ImageStore:
         data = self.r.get(self.keys.image(sha))
         if data is None:
             raise ImageMissing()
-        if data[:2] == b"\xff\xd8" and jpeg_scans(data) > MAX_JPEG_SCANS:  # the page refuses these at upload
-            raise InvalidInput(too_many_scans_message(jpeg_scans(data)))
-        problem = structure_problem(data)  # so does it these
+        problem = structure_problem(data)  # the page refuses these at upload; bytes may reach Redis some other way
         if problem:
             raise InvalidInput(problem)
         try:

@@ -195,7 +195,8 @@ def test_a_progressive_jpeg_with_thousands_of_scans_is_refused_before_it_is_deco
     """A 100 KB file took 1.2 s of CPU to decode (0.15 ms a scan at 1024x1024), a 10 MB one about 134 s, and was
     stored as uploaded, so every job and every retry made a worker decode it again."""
     from worker.errors import InvalidInput
-    from worker.images import MAX_JPEG_SCANS, ImageStore, jpeg_scans
+    from worker.image_structure import MAX_JPEG_SCANS, jpeg_scans
+    from worker.images import ImageStore
 
     limits = UploadLimits(10 << 20, 50_000_000, 2048, ("PNG", "JPEG", "WEBP"))
     honest = scan_bomb(0)
