@@ -53,7 +53,7 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     smoothed = None
-    average = WeightAverage(model, recipe.ema_decay) if recipe.ema_decay else None
+    average = WeightAverage(recipe.ema_decay) if recipe.ema_decay else None
     with log_path.open("w") as log, tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, mininterval=5) as bar:
         log.write(json.dumps({"recipe": dataclasses.asdict(recipe), "threads": threads}) + "\n")
         for step in range(recipe.steps):
@@ -174,7 +174,7 @@ class TokenProbe:
 class WeightAverage:
     """Exponential moving average of a model's parameters (fp32), started from the weights at its first update."""
 
-    def __init__(self, model, decay: float):
+    def __init__(self, decay: float):
         assert 0.0 < decay < 1.0
         self.decay = decay
         self.shadow: dict[str, torch.Tensor] | None = None

@@ -70,6 +70,7 @@ def build(config, client=None):
     calm_idle_queue(page)
     keep_sessions_with_answers(page)
     drop_queue_analytics(page)
+    addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,
@@ -82,27 +83,26 @@ def build(config, client=None):
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
                     # Outermost first: routes the page does not use, oversized bodies, too many held connections
                     # from one address, then (with --auth) too many sign-in attempts and strangers without a
-                    # login, then upload budgets (so nobody
-                    # unauthenticated can spend the page's upload budget), then new-session budgets (whose body
-                    # reading is bounded by the body limits).
+                    # login, then upload budgets (so nobody unauthenticated can spend the page's upload budget),
+                    # then new-session budgets (whose body reading is bounded by the body limits).
                     "middleware": [Middleware(PublicRoutes),
                                    Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
                                    Middleware(HeldConnections, per_address=config.address_max_connections,
                                               upload_timeout_s=config.upload_timeout_s,
-                                              addresses=ClientAddresses.from_config(config)),
+                                              addresses=addresses),
                                    *([Middleware(LoginAttempts,
                                                  ledger=SessionLedger(config.address_logins,
                                                                       config.address_logins_window_s),
-                                                 addresses=ClientAddresses.from_config(config)),
+                                                 addresses=addresses),
                                       Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              addresses=ClientAddresses.from_config(config)),
+                                              addresses=addresses),
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),
-                                              addresses=ClientAddresses.from_config(config))]},
+                                              addresses=addresses)]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

@@ -182,7 +182,7 @@ def test_weight_average_follows_the_decay_from_its_first_update_and_leaves_train
     from training.train import WeightAverage
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    average = WeightAverage(model, decay=0.75)
+    average = WeightAverage(decay=0.75)
     steps = [1.0, 5.0, 9.0]
     with torch.no_grad():
         for value in steps:
