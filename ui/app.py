@@ -96,9 +96,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                                     api_visibility="private", queue=False)
         # Remember the conversation in the browser after every change, so a reload reopens it.
         for event in (*answering, new_event, clear_event):
-            event.then(handlers.remember_conversation, [session], [last_conversation], queue=False,
+            event.then(handlers.remember_conversation, [session, browser_id], [last_conversation], queue=False,
                        api_visibility="private")
-        page.load(handlers.on_load, [browser_id, last_conversation], [browser_id, chatbot, status, session],
+        page.load(handlers.on_load, [browser_id, last_conversation, session], [browser_id, chatbot, status, session],
                   api_visibility="private")
         # API clients get their identity the way the page does (README: "Running it in public").
         identity_token = gr.Textbox(visible=False)

@@ -44,6 +44,11 @@ def new_session() -> dict:
     return {"conversation": None, "job": None, "images": {}}
 
 
+def _in_use(session) -> bool:
+    """Whether a page session has an owner, a chat or an answer: only a fresh one may be (re)loaded."""
+    return isinstance(session, dict) and any(session.get(key) for key in ("user", "conversation", "job"))
+
+
 def _box(busy: bool, text: str = ""):
     """The input box: locked with a Stop button while answering, open with Send otherwise."""
     if busy:
@@ -84,6 +89,10 @@ class ChatHandlers:
         """
         try:
             caller = self._caller(request, browser_id)
+            owner = session.get("user") if isinstance(session, dict) else None
+            if owner not in (None, caller.user):  # another tab's session hash: its chat is not the caller's
+                yield _box(False), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
+                return
             with self.event_slots.hold(caller.address):
                 session_hash = getattr(request, "session_hash", None)
                 live = self.live.start(session_hash, caller.user)
@@ -110,25 +119,34 @@ class ChatHandlers:
 
     # ---- page load and identity -------------------------------------------------------------------
 
-    def on_load(self, stored_browser_id, stored_conversation, request: gr.Request):
+    def on_load(self, stored_browser_id, stored_conversation, session, request: gr.Request):
         """Give this browser a lasting id (kept in localStorage) and reopen its last conversation, if any.
 
         The conversation is reopened only if this user still owns it and it has not expired; otherwise
-        the page starts with an empty chat.
+        the page starts with an empty chat. The page loads once per session: a load under a session hash that is
+        already in use (a client can name any hash, and this event answers on the API routes too) changes nothing,
+        so nobody can swap their identity or conversation into another tab.
         """
+        session_hash = getattr(request, "session_hash", None)
+        if _in_use(session) or self.live.owner(session_hash) is not None:
+            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
         browser_id = self.issuer.ensure(stored_browser_id)
         session = new_session()
+        try:
+            user = self._caller(request, browser_id).user
+        except IdentityRequired:  # cannot happen with a token just ensured; the chat then stays unowned
+            user = None
+        if user is not None:
+            session["user"] = user  # this tab is now the user's: a later load under its hash changes nothing
         if isinstance(stored_conversation, dict):
             stored_conversation = stored_conversation.get("conversation")
-        if isinstance(stored_conversation, str) and stored_conversation:
+        if user is not None and isinstance(stored_conversation, str) and stored_conversation:
             try:
-                user = self._caller(request, browser_id).user
                 turns = self.client.history(user, stored_conversation)
             except Exception:  # expired, not this user's, or Redis unavailable: start afresh
                 turns = []
             if turns:
                 session["conversation"] = stored_conversation
-                session["user"] = user
                 return browser_id, render_history(turns, {}), wording.RESTORED, session
         return browser_id, [], "", session
 
@@ -137,11 +155,18 @@ class ChatHandlers:
         on page load; API clients call this once and pass the token as ``browser_id`` on every call."""
         return self.issuer.ensure(stored_token)
 
-    @staticmethod
-    def remember_conversation(session):
+    def remember_conversation(self, session, browser_id, request: gr.Request):
         """What the browser keeps so a reload reopens this chat. Always a (truthy) dict: BrowserState skips
-        saving falsy values, so a bare None after "New conversation" would leave the old id in place."""
-        return {"conversation": (session or {}).get("conversation")}
+        saving falsy values, so a bare None after "New conversation" would leave the old id in place. Only for
+        the chat's owner: a client naming another tab's session hash learns nothing (gr.skip keeps its own)."""
+        session = session or {}
+        try:
+            user = self._caller(request, browser_id).user
+        except IdentityRequired:
+            return gr.skip()
+        if session.get("user") not in (None, user):
+            return gr.skip()
+        return {"conversation": session.get("conversation")}
 
     # ---- a new question ---------------------------------------------------------------------------
 
@@ -343,7 +368,9 @@ class ChatHandlers:
         if user is not None:
             self.live.abandon(session_hash, user)
             self._cancel_quietly(user, session.get("job"))
-        return _box(False), [], wording.NEW_CONVERSATION, new_session()
+        # The tab stays its owner's, so a later load under its hash cannot claim it (see on_load).
+        fresh = {**new_session(), "user": user} if user is not None else new_session()
+        return _box(False), [], wording.NEW_CONVERSATION, fresh
 
     # ---- helpers ---------------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from ui.ops import LoginAttempts, LoginRequired, ops_routes
 from ui.page_launch import launch_page
 from ui.public_routes import PublicRoutes
 from ui.session_budget import NewSessionBudget, SessionLedger
+from ui.session_guard import SessionGuard
 from ui.session_queues import keep_sessions_with_answers
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
@@ -84,7 +85,8 @@ def build(config, client=None):
                     # Outermost first: routes the page does not use, oversized bodies, too many held connections
                     # from one address, then (with --auth) too many sign-in attempts and strangers without a
                     # login, then upload budgets (so nobody unauthenticated can spend the page's upload budget),
-                    # then new-session budgets (whose body reading is bounded by the body limits).
+                    # then new-session budgets (whose body reading is bounded by the body limits), then the
+                    # routes that act on a whole tab by its session hash.
                     "middleware": [Middleware(PublicRoutes),
                                    Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                                               max_upload_bytes=config.max_upload_bytes),
@@ -102,7 +104,9 @@ def build(config, client=None):
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),
-                                              addresses=addresses)]},
+                                              addresses=addresses),
+                                   # A session hash alone cancels nothing (ui.session_guard).
+                                   Middleware(SessionGuard, queue=page._queue)]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

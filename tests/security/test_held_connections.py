@@ -54,7 +54,7 @@ def test_one_address_holds_a_few_streams_and_others_are_unaffected():
             refused = heartbeat(more, url, "203.0.113.5", "tab9")
             assert refused.status_code == 429
             assert refused.read().decode().startswith("Too many open tabs of this page from your network")
-            other = heartbeat(more, url, "198.51.100.5", "tab1")
+            other = heartbeat(more, url, "198.51.100.5", "tab11")
             assert other.status_code == 200, "another address is not affected"
         # idle heartbeats do not take the places a tab on the same address needs to ask and to upload
         with httpx.Client(headers={"X-Forwarded-For": "203.0.113.5"}, timeout=30) as same_address:

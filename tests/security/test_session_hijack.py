@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.security.attack import LONG, ask, gradio_client
+from tests.security.attack import LONG, ask, gradio_client, http, identity
 from tests.ui.page_client import bubble_text
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,7 +26,7 @@ def test_joining_under_a_victims_session_hash_gives_nothing(stack, r):
     attacker.session_hash = victim.session_hash  # learned somehow: it is no longer printed anywhere
     _box, chat, status = attacker.predict({"text": "What did I say before?", "files": []}, 16,
                                           attacker.owlet_token, api_name="/chat")
-    shown = " ".join(bubble_text(m) for m in chat or [])
+    shown = " ".join(bubble_text(m) for m in chat) if isinstance(chat, list) else ""  # or left as it was
     assert "Lisbon" not in shown and "holiday" not in shown, shown
     assert "belongs to someone else" in status, status
 
@@ -62,3 +62,137 @@ def test_the_victims_session_hash_is_not_an_identity_either(stack):
     _box, _chat, status = attacker.predict({"text": "hi", "files": []}, 16, victim.session_hash, api_name="/chat")
     assert "could not tell who you are" in status, status
     assert attacker.predict(victim.session_hash, api_name="/identity") != victim.owlet_token
+
+
+def _fn_indices(base: str) -> list[int]:
+    """Every event id the page declares (an attacker tries them all)."""
+    config = httpx.get(base + "config", timeout=30).json()
+    return [dep["id"] for dep in config["dependencies"]]
+
+
+def _conversations(r, prefix: str) -> set[str]:
+    return {k.decode().rsplit(":", 1)[1] for k in r.scan_iter(match=f"{prefix}conv:*")}
+
+
+def test_the_pages_private_events_under_a_victims_hash_change_and_tell_nothing(stack, r):
+    """Attack 2b: the page's own load and "remember" events (private, but Gradio runs them for anyone naming them)
+    called under the victim's session hash: the stranger neither reads the victim's conversation id nor swaps
+    their own identity or chat into the victim's tab."""
+    before = _conversations(r, stack.prefix)
+    victim = gradio_client(stack.url, "198.51.100.33")
+    _box, _chat, status = ask(victim, "My locker code is 4711.").result(timeout=120)
+    assert "First token" in status, status
+    victims_chat = (_conversations(r, stack.prefix) - before).pop()
+
+    attacker = gradio_client(stack.url, "203.0.113.33")
+    _box, _chat, status = ask(attacker, "hello").result(timeout=120)
+    attackers_chat = (_conversations(r, stack.prefix) - before - {victims_chat}).pop()
+    headers = {"X-Forwarded-For": "203.0.113.33"}
+
+    def run(api: str, data: list) -> str:
+        response = httpx.post(f"{stack.url}gradio_api/run/{api}", headers=headers, timeout=30,
+                              json={"data": data, "session_hash": victim.session_hash})
+        assert response.status_code == 200, response.text
+        return response.text
+
+    # (The tab's state is an input too: the data hold a placeholder for it, which Gradio replaces.)
+    for token in (None, attacker.owlet_token, victim.session_hash):
+        assert victims_chat not in run("remember_conversation", [None, token]), "the victim's conversation leaked"
+    # Reloading the victim's tab as the attacker, with the attacker's own chat, or with nothing.
+    for data in ([attacker.owlet_token, {"conversation": attackers_chat}, None], [None, None, None]):
+        assert "belongs to someone else" in run("on_load", data)
+    # The victim's tab is untouched: its follow-up continues its own chat.
+    _box, chat, status = ask(victim, "What is my locker code?").result(timeout=120)
+    assert "First token" in status, status
+    assert "4711" in bubble_text(chat[0]), "the follow-up is in the victim's own conversation"
+    # And the attacker cannot ask in that tab either, even while it has no answer running.
+    response = httpx.post(f"{stack.url}gradio_api/run/chat", headers=headers, timeout=60,
+                          json={"data": [{"text": "mine now?", "files": []}, 16, None, attacker.owlet_token],
+                                "session_hash": victim.session_hash})
+    assert "belongs to someone else" in response.text, response.text
+    assert _conversations(r, stack.prefix) - before == {victims_chat, attackers_chat}, "no chat was started"
+
+
+def test_a_session_hash_alone_cancels_nothing(stack, r):
+    """Attack 2c: Gradio's /cancel ends every running event of (session hash, event) before it looks at the event
+    id. Without one of the tab's pending event ids it is refused, and the victim's answer runs to the end; with its
+    own event id, a client still cancels its own answer."""
+    victim = gradio_client(stack.url, "198.51.100.34")
+    running = ask(victim, "Tell me a long story.", tokens=LONG)
+    deadline = time.monotonic() + 60
+    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
+        assert time.monotonic() < deadline, "the victim's answer never started"
+        time.sleep(0.05)
+    with http("127.0.0.1", "203.0.113.34", timeout=30) as attacker:
+        for fn_index in _fn_indices(stack.url):
+            for event_id in ("x", "", victim.session_hash):
+                response = attacker.post(stack.url + "gradio_api/cancel", json={
+                    "session_hash": victim.session_hash, "fn_index": fn_index, "event_id": event_id})
+                assert response.status_code == 404, response.text
+        assert attacker.post(stack.url + "gradio_api/cancel", content=b"not json").status_code == 404
+    _box, chat, status = running.result(timeout=180)
+    assert "First token" in status and not bubble_text(chat[-1]).endswith("*(stopped)*"), status
+
+    # The honest path: a client cancelling its own pending event (what the page's client sends).
+    session_hash, chat_fn = "owlet-own-cancel-1", _fn_index_of(stack.url, "chat")
+    with http("127.0.0.1", "198.51.100.35", timeout=120) as own:
+        token = identity(own, stack.url)
+        joined = own.post(stack.url + "gradio_api/queue/join", json={
+            "data": [{"text": "Tell me a long story.", "files": []}, LONG, None, token], "fn_index": chat_fn,
+            "session_hash": session_hash, "event_data": None, "trigger_id": None})
+        assert joined.status_code == 200, joined.text
+        event_id = joined.json()["event_id"]
+        with own.stream("GET", stack.url + f"gradio_api/queue/data?session_hash={session_hash}") as events:
+            cancelled = False
+            for line in events.iter_lines():
+                if not cancelled and '"process_generating"' in line:
+                    response = httpx.post(stack.url + "gradio_api/cancel", timeout=30,
+                                          headers={"X-Forwarded-For": "198.51.100.35"},
+                                          json={"session_hash": session_hash, "fn_index": chat_fn,
+                                                "event_id": event_id})
+                    assert response.status_code == 200, response.text
+                    cancelled = True
+                if '"process_completed"' in line:
+                    break
+    assert cancelled, "the answer streamed, and its own event id cancelled it (the stream then completed)"
+
+
+def _fn_index_of(base: str, api_name: str) -> int:
+    config = httpx.get(base + "config", timeout=30).json()
+    return next(dep["id"] for dep in config["dependencies"] if dep.get("api_name") == api_name)
+
+
+def test_a_tab_holds_its_heartbeat_alone(stack):
+    """Attack 2d: when a heartbeat of a session closes, Gradio ends every pending event of that session (how a
+    closed tab stops its answer). A second heartbeat beside the tab's own is refused, so nobody can open one and
+    close it; once the tab's own is gone, the session can open one again."""
+    session_hash = "owlet-heartbeat-owner-1"
+    url = f"{stack.url}gradio_api/heartbeat/{session_hash}"
+    with http("127.0.0.1", "198.51.100.36", timeout=30) as tab, tab.stream("GET", url) as own:
+        assert own.status_code == 200
+        with http("127.0.0.1", "203.0.113.36", timeout=30) as attacker:
+            second = attacker.get(url)
+            assert second.status_code == 409, second.text
+            assert "already open" in second.text
+    deadline = time.monotonic() + 10
+    with http("127.0.0.1", "198.51.100.36", timeout=30) as tab:
+        while True:
+            with tab.stream("GET", url) as again:
+                if again.status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the session's heartbeat never came free"
+            time.sleep(0.2)
+
+
+def test_a_queue_stream_of_a_session_nobody_opened_is_a_plain_404(stack):
+    """Gradio answered 200, then failed inside the stream with a logged traceback: about 9 ms of the event loop and
+    6 KB of log a request, ten times a plain 404. The page answers 404 before Gradio runs; a session with an event
+    still gets its stream."""
+    with http("127.0.0.1", "203.0.113.37", timeout=30) as client:
+        for _ in range(20):
+            response = client.get(stack.url + "gradio_api/queue/data?session_hash=nobody-opened-this")
+            assert response.status_code == 404 and response.text == "Session not found.", response.text
+        assert client.get(stack.url + "gradio_api/queue/data").status_code == 404
+    victim = gradio_client(stack.url, "198.51.100.37")
+    _box, _chat, status = ask(victim, "hello").result(timeout=120)  # gradio_client reads queue/data
+    assert "First token" in status, status
