@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -97,7 +99,8 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     try:
         # Image.open reads only the header: format and size, no pixel data yet.
         # Pillow's own bomb check (an error at twice its limit) is a backstop; ours below is lower.
-        image = Image.open(io.BytesIO(data))
+        # Only the allowed formats' parsers see the bytes (Pillow would otherwise try every plugin it has).
+        image = Image.open(io.BytesIO(data), formats=limits.allowed_formats)
     except Image.DecompressionBombError:
         raise UploadRejected(_too_many_pixels_message(None, limits)) from None
     except UnidentifiedImageError:
@@ -137,6 +140,15 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     return CheckedImage(out.getvalue(), stored, image.width, image.height, fmt, downscaled, False)
 
 
+def _file_key(path: str, limits: UploadLimits) -> tuple | None:
+    """What identifies one file's verdict under these limits: its path, size and modification time."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return path, stat.st_size, stat.st_mtime_ns, limits
+
+
 def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
     """Read and check an uploaded file by path (what Gradio hands the page)."""
     return check_image(read_upload(path, limits), limits)
@@ -145,13 +157,20 @@ def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
 class DecodePool:
     """Image checks run here: a bounded pool of their own, plus a per-address limit on decodes at once.
 
-    A decompression-heavy upload then slows only other uploads, never the handlers streaming answers.
+    A decompression-heavy upload then slows only other uploads, never the handlers streaming answers. A refused
+    file is remembered (by path, size and modification time; Gradio names an upload by its content): a client can
+    name one uploaded file in any number of questions, a refused turn costs no quota or rate, and each would
+    otherwise decode it again.
     """
+
+    REMEMBERED_REFUSALS = 4096
 
     def __init__(self, workers: int, per_address: int):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="owlet-decode")
         self.slots = AddressSlots(per_address, "Another image from your network is still being checked. "
                                                "Wait a moment, then send yours again.")
+        self._refused: OrderedDict[tuple, str] = OrderedDict()
+        self._refused_lock = threading.Lock()
 
     async def check(self, path: str, limits: UploadLimits, address: str) -> CheckedImage:
         """Check one upload for ``address``; raises UploadRejected, or SlotRefused when it has too many going.
@@ -159,13 +178,29 @@ class DecodePool:
         The address's slot is held until the decode itself ends, not until this call does: a client that
         cancels its request mid-decode (the thread cannot be stopped) would otherwise get the slot back at once
         and could keep every decode thread busy with decodes nobody waits for."""
+        key = _file_key(path, limits)
+        with self._refused_lock:
+            refusal = self._refused.get(key) if key else None
+            if refusal is not None:
+                self._refused.move_to_end(key)
+        if refusal is not None:
+            raise UploadRejected(refusal)
         self.slots.acquire(address)
         try:
             decode = self._pool.submit(check_upload, path, limits)
         except BaseException:
             self.slots.release(address)
             raise
-        decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
+
+        def done(finished) -> None:  # also when cancelled before it ran, or after its caller went away
+            self.slots.release(address)
+            failure = None if finished.cancelled() else finished.exception()
+            if key and isinstance(failure, UploadRejected):
+                with self._refused_lock:
+                    self._refused[key] = failure.user_message
+                    while len(self._refused) > self.REMEMBERED_REFUSALS:
+                        self._refused.popitem(last=False)
+        decode.add_done_callback(done)
         return await asyncio.wrap_future(decode)
 
     def close(self) -> None:

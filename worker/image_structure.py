@@ -9,6 +9,10 @@ that (or the decode) slow within the upload limit (measured with Pillow 12 on th
 - **PNG chunks**: 870,000 empty ancillary chunks (10 MB) took 5.1 s to check at the page and 5.8 s to load in
   the worker.
 - **JPEG markers**: 2.5 million empty comment segments before the image (10 MB) took 4.2 s, 4.4 s in the worker.
+- **BMP run-length data**: Pillow decodes RLE4 and RLE8 bitmaps in Python, a byte at a time, and pads every
+  line the file ends early one byte per step: a 17 KB RLE8 file of 4000x4000 took 4.6 s, a 1 KB one of
+  16,000,000x1 4.6 s (found by a hostile audit, 2026-12-02). Real BMPs are stored uncompressed; a compressed
+  one is refused, whatever its size.
 - **JPEG scans**: a progressive JPEG is decoded scan by scan, each a pass over every pixel whatever its size in
   bytes: a flat 1024x1024 picture padded to 100 KB with 8,000 tiny scans took 9.3 s to decode (a 10 MB one,
   minutes). Encoders write 10 scans (libjpeg's default script) to about 20.
@@ -41,6 +45,8 @@ def structure_problem(data: bytes) -> str | None:
         return _png(data)
     if data[:2] == b"\xff\xd8":
         return _jpeg(data) or _jpeg_scans(data)
+    if data[:2] == b"BM":
+        return _bmp(data)
     return None
 
 
@@ -116,3 +122,19 @@ def _jpeg(data: bytes) -> str | None:
             return None
         at += 2 + struct.unpack(">H", data[at + 2:at + 4])[0]
     return None
+
+
+_BMP_RUN_LENGTH = {1: "RLE8", 2: "RLE4"}  # the DIB header's compression field
+
+
+def _bmp(data: bytes) -> str | None:
+    if len(data) < 34:
+        return None
+    header_size = struct.unpack("<I", data[14:18])[0]
+    if header_size < 40:  # the old OS/2 header has no compression field: always uncompressed
+        return None
+    compression = struct.unpack("<I", data[30:34])[0]
+    if compression not in _BMP_RUN_LENGTH:
+        return None
+    return (f"This BMP is run-length compressed ({_BMP_RUN_LENGTH[compression]}), which Owlet does not decode: "
+            "it is slow to read. Save it again as PNG or JPEG and upload that.")

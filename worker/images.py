@@ -8,6 +8,7 @@ import re
 import redis
 from PIL import Image, UnidentifiedImageError
 
+from engine.limits import ALLOWED_FORMATS
 from worker.errors import ImageMissing, InvalidInput
 from worker.image_structure import structure_problem
 from worker.keys import Keys
@@ -37,8 +38,11 @@ class ImageStore:
         if len(data) > self.max_bytes:
             raise InvalidInput(f"The image is too large ({len(data) // 1024} KiB); the limit is "
                                f"{self.max_bytes // 1024} KiB.")
+        problem = structure_problem(data)
+        if problem:
+            raise InvalidInput(problem)
         try:
-            with Image.open(io.BytesIO(data)) as img:
+            with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
                 img.verify()
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise InvalidInput("The file is not an image Owlet can read (use PNG, JPEG or WebP).") from exc
@@ -62,7 +66,7 @@ class ImageStore:
         if problem:
             raise InvalidInput(problem)
         try:
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)  # no other parser sees the bytes
             if img.format == "JPEG":
                 img.draft("RGB", (max_side, max_side))  # decode at a reduced scale: no full-size pixels
             img = img.convert("RGB")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -276,3 +277,76 @@ def test_ordinary_files_of_every_format_pass_the_structure_check():
     assert examples, "the page's example images"
     for example in examples:
         assert structure_problem(example.read_bytes()) is None, example
+
+
+def run_length_bmp(width: int, height: int, pixels: bytes, bits: int = 8) -> bytes:
+    """A BMP whose pixel data is run-length coded (RLE8, or RLE4 with ``bits=4``)."""
+    palette = b"".join(struct.pack("<BBBB", i, i, i, 0) for i in range(2 ** bits))
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, bits, 1 if bits == 8 else 2, len(pixels), 2835, 2835,
+                       2 ** bits, 0)
+    offset = 14 + len(info) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+
+
+def test_run_length_bmps_are_refused_before_pillow_decodes_them():
+    """Pillow decodes RLE bitmaps in Python: a 17 KB RLE8 file of 4000x4000 (each line one pixel, then end of line)
+    took 4.6 s of CPU and a 1 KB one of 16,000,000x1 as long, on every /chat that named the uploaded file."""
+    from worker.errors import InvalidInput
+    from worker.image_structure import structure_problem
+    from worker.images import ImageStore
+
+    limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG", "JPEG", "WEBP", "GIF", "BMP"))
+    bombs = {"rle8 short lines": run_length_bmp(4000, 4000, b"\x01\x07\x00\x00" * 4000 + b"\x00\x01"),
+             "rle8 one long line": run_length_bmp(16_000_000, 1, b"\x01\x07\x00\x00\x00\x01"),
+             "rle4": run_length_bmp(4000, 4000, (b"\xff\x12" * 15 + b"\xaf\x12\x00\x00") * 4000 + b"\x00\x01", 4)}
+    for name, bomb in bombs.items():
+        started = time.process_time()
+        with pytest.raises(UploadRejected) as refused:
+            check_image(bomb, limits)
+        assert time.process_time() - started < 0.2, f"{name}: refused from its header, not after decoding"
+        assert "run-length compressed" in refused.value.user_message and "PNG or JPEG" in refused.value.user_message
+
+        class Stored:
+            def get(self, _key, bomb=bomb):
+                return bomb
+        store = ImageStore(Stored(), type("K", (), {"image": staticmethod(lambda sha: sha)})(), 60, 20 << 20)
+        with pytest.raises(InvalidInput, match="run-length"):
+            store.load("0" * 64, 512)
+    # An ordinary (uncompressed) BMP still passes.
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 10)).save(buf, format="BMP")
+    assert structure_problem(buf.getvalue()) is None
+    assert check_image(buf.getvalue(), limits).width == 64
+
+
+def test_a_refused_upload_is_not_decoded_again_when_it_is_named_again(tmp_path, monkeypatch):
+    """A refused turn costs no quota and no rate, and a client can name one uploaded file in any number of
+    questions: each made the page decode it again (a hostile audit kept a decode thread busy so, with one file).
+    The verdict is remembered; a file changed in place, or another file, is checked afresh."""
+    import ui.uploads as uploads
+
+    damaged = tmp_path / "damaged.png"
+    good = io.BytesIO()
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(good, format="PNG")
+    damaged.write_bytes(good.getvalue()[:-40])  # truncated: refused after a decode attempt
+    limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG",))
+    decodes = []
+    real_check = uploads.check_upload
+    monkeypatch.setattr(uploads, "check_upload", lambda path, lim: decodes.append(path) or real_check(path, lim))
+    pool = DecodePool(workers=1, per_address=1)
+
+    async def scenario():
+        for _ in range(5):
+            with pytest.raises(UploadRejected, match="damaged or incomplete"):
+                await pool.check(str(damaged), limits, "203.0.113.70")
+        assert len(decodes) == 1, "decoded once, then refused from memory"
+        assert pool.slots.held("203.0.113.70") == 0
+        damaged.write_bytes(good.getvalue())  # the same path, fixed: checked again, and now accepted
+        os.utime(damaged, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        assert (await pool.check(str(damaged), limits, "203.0.113.70")).width == 64
+        assert len(decodes) == 2
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
