@@ -203,9 +203,11 @@ if new_image then
 elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
   redis.call('EXPIRE', IK, image_ttl)
 end
-for _, qk in ipairs(charged) do
-  redis.call('INCRBY', qk, #image)
-  redis.call('EXPIRE', qk, image_ttl)
+for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for text: pushing the expiry out on
+  -- every charge would count bytes since the last quiet day, and a busy service would never get its quota back
+  if redis.call('INCRBY', qk, #image) == #image or redis.call('TTL', qk) < 0 then
+    redis.call('EXPIRE', qk, image_ttl)
+  end
 end
 if turn ~= '' then
   if new_conv == '1' then redis.call('HSET', CK, 'user', user, 'created', now) end

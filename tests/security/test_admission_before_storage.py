@@ -151,6 +151,31 @@ def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_clien
     c.submit("anon:a", first.conv, "the first conversation goes on", image_sha=first.image_sha, group="addr:1")
 
 
+def test_image_quotas_count_a_fixed_window_not_since_the_last_quiet_day(queue_client):
+    """Every image charge pushed its quota keys' expiry out by a whole image TTL, so the quotas counted bytes since
+    the last lull of a day, not within one: a service whose new pictures never paused for a day reached its total
+    and refused every new picture for everyone, and a regular user ran out of quota after a few days. The window
+    now starts with the first charge, as for text, and the counts start again when it ends."""
+    from worker.job_states import TOTAL_IMAGES
+
+    images = [jpeg(i) for i in range(4)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_ttl_s=4, image_quota_user_bytes=int(2.5 * size), image_quota_total_bytes=int(2.5 * size),
+                     group_job_cap=10, group_submit_limit=100)
+    quota_keys = [c.keys.image_quota(owner) for owner in ("u:anon:a", "g:addr:1", TOTAL_IMAGES)]
+    c.submit("anon:a", None, "first", image=images[0], group="addr:1")
+    time.sleep(2.2)
+    c.submit("anon:a", None, "second, half a window later", image=images[1], group="addr:1")
+    for key in quota_keys:
+        assert 0 < c.r.pttl(key) <= 2000, f"{key}: the second charge left the window's end where it was"
+    with pytest.raises(QuotaExceeded):  # within the window, the quota holds
+        c.submit("anon:a", None, "third", image=images[2], group="addr:1")
+    time.sleep(2.1)  # the window is over (and with it the images it charged, whose TTL was the same)
+    assert not any(c.r.exists(key) for key in quota_keys)
+    c.submit("anon:a", None, "a new window", image=images[2], group="addr:1")
+    assert int(c.r.get(quota_keys[0])) == len(images[2])
+
+
 def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_client):
     """Turns live a week and each job's payload carries the history: long questions at the submit rate were a
     way to fill Redis. Text stored (turn plus payload, in bytes) has a daily quota per identity and address."""
