@@ -77,6 +77,9 @@ class UIConfig:
     # how long a POST's body (an upload above all) may take to arrive (ui/held_connections.py).
     address_max_connections: int = 32
     upload_timeout_s: float = 120.0
+    # Other GETs (the page's files, served pictures) one address may be downloading at once; a page load
+    # fetches dozens of files, so this is higher (ui/held_connections.py).
+    address_max_downloads: int = 128
     # With --auth: sign-in attempts one address may make per account per window, right or wrong (ui/ops.py).
     address_logins: int = 20
     address_logins_window_s: float = 600.0
@@ -114,6 +117,7 @@ class UIConfig:
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)"
         assert self.upload_timeout_s > 0, "upload_timeout_s must be positive"
+        assert self.address_max_downloads >= 8, "address_max_downloads must allow a page load (at least 8)"
         assert self.address_logins >= 1 and self.address_logins_window_s > 0, \
             "address_logins must be at least 1 per positive window"
         assert self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0, \

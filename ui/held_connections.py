@@ -10,7 +10,13 @@ nobody could connect.
 
 So each address may hold ``per_address`` of each kind at once (heartbeats, answer streams, bodies arriving; a
 browser tab holds one or two; more is refused with 429 and a sentence), and a POST's body must have arrived within ``upload_timeout_s`` of its start, or the page
-treats the client as gone (Gradio abandons an upload and removes its partial file). Requests whose headers
+treats the client as gone (Gradio abandons an upload and removes its partial file).
+
+Any other GET holds its connection for as long as its response takes to be read: a client that asks for the page's
+largest script (4.6 MB) or an uploaded picture and never reads the answer keeps a descriptor and up to a socket
+buffer of kernel memory (a hostile audit held 200 from one address: 400 descriptors and 750 MB of TCP memory on
+loopback). Those are downloads, with a cap of their own, ``per_address_downloads``: higher, because one page load
+fetches dozens of files, and a proxy speaking HTTP/2 to browsers may fetch many of them at once. Requests whose headers
 never finish never reach the application at all; ``ui.header_deadline`` closes those. The addresses are
 ``ui.identity.ClientAddresses``'s, as for every other per-address limit. Behind the share link, without trusted
 proxies, every visitor is one address (README "Running it in public").
@@ -32,13 +38,15 @@ CALL_PREFIX = "/gradio_api/call/"
 # What a held request holds, each with its own cap per address, so one kind cannot crowd out another: idle
 # heartbeats (which need no session and cost no event) must not leave a tab on the same address without a place
 # to send its question or to receive its answer.
-HEARTBEAT, STREAM, BODY = "heartbeat", "stream", "body"
+HEARTBEAT, STREAM, BODY, DOWNLOAD = "heartbeat", "stream", "body", "download"
 _REFUSALS = {
     HEARTBEAT: "Too many open tabs of this page from your network (at most {n} at once). Close some, then reload.",
     STREAM: "Too many answers being received from your network (at most {n} streams at once). Wait for some to "
             "finish, then try again.",
     BODY: "Too many uploads or requests arriving from your network (at most {n} at once). Wait for them to "
           "finish, then try again.",
+    DOWNLOAD: "Too many downloads from this page to your network at once (at most {n}). Wait a moment, then "
+              "reload.",
 }
 
 
@@ -55,16 +63,19 @@ def held_kind(scope: Scope) -> str | None:
         return STREAM
     if path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") >= 1:  # <api>/<event>
         return STREAM
-    return None
+    return DOWNLOAD  # held until its response has been read
 
 
 class HeldConnections:
     """ASGI middleware: per client address, ``per_address`` requests of each held kind at once (a POST counts
-    only while its body arrives); POST bodies (uploads above all) within ``upload_timeout_s``."""
+    only while its body arrives) and ``per_address_downloads`` downloads; POST bodies (uploads above all) within
+    ``upload_timeout_s``."""
 
     def __init__(self, app: ASGIApp, per_address: int, upload_timeout_s: float,
-                 addresses: ClientAddresses = DIRECT):
-        self.app, self.per_address, self.upload_timeout_s, self.addresses = app, per_address, upload_timeout_s, addresses
+                 addresses: ClientAddresses = DIRECT, per_address_downloads: int | None = None):
+        self.app, self.upload_timeout_s, self.addresses = app, upload_timeout_s, addresses
+        self.caps = {HEARTBEAT: per_address, STREAM: per_address, BODY: per_address,
+                     DOWNLOAD: per_address_downloads or 4 * per_address}
         self._open: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
@@ -72,13 +83,13 @@ class HeldConnections:
         kind = held_kind(scope) if scope["type"] == "http" else None
         if kind is None:
             return await self.app(scope, receive, send)
-        key = (kind, self.addresses.of(Request(scope)))
+        key, cap = (kind, self.addresses.of(Request(scope))), self.caps[kind]
         with self._lock:
             held = self._open.get(key, 0)
-            if held < self.per_address:
+            if held < cap:
                 self._open[key] = held + 1
-        if held >= self.per_address:
-            return await PlainTextResponse(_REFUSALS[kind].format(n=self.per_address), status_code=429,
+        if held >= cap:
+            return await PlainTextResponse(_REFUSALS[kind].format(n=cap), status_code=429,
                                            headers={"Retry-After": "10"})(scope, receive, send)
         released = False
 

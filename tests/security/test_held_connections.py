@@ -27,9 +27,48 @@ def test_which_requests_count_as_held_and_as_what():
     assert kind("GET", "/gradio_api/queue/data") == kind("GET", "/gradio_api/call/chat/0f2c") == "stream"
     for path in ("/gradio_api/upload", "/gradio_api/call/chat", "/gradio_api/queue/join", "/gradio_api/run/chat"):
         assert kind("POST", path) == "body", path  # every body may trickle in
-    for method, path in [("GET", "/gradio_api/call/chat"), ("GET", "/config"), ("GET", "/"),
-                         ("GET", "/gradio_api/upload"), ("HEAD", "/gradio_api/heartbeat/abc")]:
+    for path in ("/gradio_api/call/chat", "/config", "/", "/assets/index.js", "/gradio_api/file=/tmp/a.png"):
+        assert kind("GET", path) == "download", path  # held while the response is read
+    for method, path in [("HEAD", "/gradio_api/heartbeat/abc"), ("OPTIONS", "/")]:
         assert kind(method, path) is None, path
+
+
+def test_downloads_that_are_never_read_hold_a_place_of_their_own():
+    """A GET whose response the client never reads holds a descriptor and kernel memory for as long as it likes: a
+    hostile audit held 200 downloads of the page's largest script from one address (400 descriptors, 750 MB of TCP
+    memory). Downloads now have a per-address cap of their own; the places come back as responses are read."""
+    import asyncio
+
+    from ui.held_connections import HeldConnections
+
+    read = asyncio.Event()
+
+    async def slow_reader_app(scope, receive, send):  # its last send waits, as one to a client that never reads
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+        await read.wait()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    guarded = HeldConnections(slow_reader_app, per_address=2, upload_timeout_s=5, per_address_downloads=3)
+
+    def client(address):
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded, client=(address, 4000)),
+                                 base_url="http://page")
+
+    async def scenario():
+        async with client("203.0.113.9") as hostile, client("198.51.100.9") as other:
+            held = [asyncio.create_task(hostile.get(f"/assets/big-{i}.js")) for i in range(3)]
+            await asyncio.sleep(0.2)
+            refused = await hostile.get("/assets/big-3.js")
+            assert refused.status_code == 429 and "Too many downloads" in refused.text
+            elsewhere = asyncio.create_task(other.get("/assets/big-0.js"))
+            await asyncio.sleep(0.2)
+            assert not elsewhere.done(), "another address downloads (and is held like any reader)"
+            read.set()  # the responses are read: every place comes back
+            assert [r.status_code for r in await asyncio.gather(*held, elsewhere)] == [200] * 4
+            assert (await hostile.get("/assets/big-4.js")).status_code == 200
+
+    asyncio.run(scenario())
 
 
 @contextlib.contextmanager
