@@ -104,6 +104,9 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     except Image.DecompressionBombError:
         raise UploadRejected(_too_many_pixels_message(None, limits)) from None
     except UnidentifiedImageError:
+        named = _known_other_format(data)
+        if named:
+            raise UploadRejected(f"{named} images are not supported. Supported types: {allowed}.") from None
         raise UploadRejected(f"This file is not an image we can read. Supported types: {allowed}.") from None
     except Exception:  # truncated headers raise assorted errors inside Pillow's plugins
         raise UploadRejected(f"This file is not an image we can read. Supported types: {allowed}.") from None
@@ -138,6 +141,23 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     stored = "JPEG" if fmt == "JPEG" else "PNG"
     image.save(out, format=stored, **({"quality": 90} if stored == "JPEG" else {"optimize": False}))
     return CheckedImage(out.getvalue(), stored, image.width, image.height, fmt, downscaled, False)
+
+
+# Image formats people upload that Owlet does not take, told from their first bytes (only the allowed formats'
+# parsers ever read a file, so a format that is not allowed is named from its signature, never parsed).
+_OTHER_FORMATS = ((b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"8BPS", "PSD"), (b"\x00\x00\x01\x00", "ICO"),
+                  (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
+                  (b"\xff\x0a", "JPEG XL"), (b"\x00\x00\x00\x0cJXL ", "JPEG XL"))
+_ISO_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"msf1": "HEIF", b"heif": "HEIF", b"avif": "AVIF",
+               b"avis": "AVIF"}
+
+
+def _known_other_format(data: bytes) -> str | None:
+    """The name of a common image format that is not allowed, from ``data``'s signature, else None."""
+    head = bytes(data[:16])
+    if head[4:8] == b"ftyp":
+        return _ISO_BRANDS.get(head[8:12])
+    return next((name for magic, name in _OTHER_FORMATS if head.startswith(magic)), None)
 
 
 def _file_key(path: str, limits: UploadLimits) -> tuple | None:

@@ -139,3 +139,12 @@ def test_bomb_beyond_pillows_own_limit_is_rejected_too():
         + _png_chunk(b"IEND", b"")
     with pytest.raises(UploadRejected, match="pixels; the limit is 4 megapixels"):
         check_image(bomb, LIMITS)
+
+
+def test_common_formats_not_allowed_are_named_from_their_signature():
+    """Only the allowed formats' parsers read an upload; a phone's HEIC or an editor's TIFF is still named."""
+    heic = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"\x00" * 64
+    avif = b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf" + b"\x00" * 64
+    for data, name in ((heic, "HEIC"), (avif, "AVIF"), (b"8BPS\x00\x01" + b"\x00" * 64, "PSD")):
+        with pytest.raises(UploadRejected, match=f"^{name} images are not supported. Supported types: PNG"):
+            check_image(data, LIMITS)
