@@ -106,8 +106,8 @@ def build(config, client=None):
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),
                                               addresses=addresses),
-                                   # A session hash alone cancels nothing (ui.session_guard).
-                                   Middleware(SessionGuard, queue=page._queue)]},
+                                   # A session hash is bound to the network that first named it (ui.session_guard).
+                                   Middleware(SessionGuard, queue=page._queue, addresses=addresses)]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

@@ -1,59 +1,104 @@
-"""Two of Gradio's routes act on a whole tab by its session hash alone; here they need more than the hash.
+"""A tab's session hash is bound to the network that first used it, and Gradio's routes that act on a whole tab
+by its hash need more than the hash.
 
 A tab's session hash is made up by its client and sent in every request, so Owlet never treats it as an identity
-(``ui.identity``). Gradio does, in two places that could end another tab's answers:
+(``ui.identity``). Gradio's queue does, though: whoever names a session hash can join events to it, read its
+stream, and end its events, in more ways than one (each found by a hostile audit):
 
 - ``POST /gradio_api/cancel`` ends *every* running task of ``(session_hash, fn_index)`` before it looks at the
-  ``event_id`` it was given (and, for an id that is not pending, never tells the tab's client that its event
-  ended, so that client waits forever). The page's own client only cancels events it started, so a cancel passes
-  here only when its ``event_id`` is one of that session's pending events; the hash alone cancels nothing.
-- ``GET /gradio_api/heartbeat/<session_hash>``: when one closes, Gradio marks every pending event of that session
-  closed (that is how a closed tab stops its answer), whichever connection it was. A second heartbeat of a session
-  that already holds one is refused, so nobody else can open one beside a tab's own and close it.
+  ``event_id`` (and, for an id that is not pending, never tells the tab's client that its event ended, so that
+  client waits forever). An event of one's own, joined to the victim's hash, made any id "pending";
+- a stream of the session (``GET /gradio_api/queue/data``, or ``GET /gradio_api/call/<api>/<id>``, which falls back
+  to the id as a session hash) that is opened and closed ends all the session's events, and one that stays open
+  takes the tab's messages;
+- when any heartbeat of a session closes, Gradio ends all its events.
 
-And one that costs the page more than it should: ``GET /gradio_api/queue/data`` for a session the queue does not
-know starts a 200 stream, then fails inside it with a logged traceback (about 9 ms of the event loop and 6 KB of
-log a request, against under 1 ms for a plain 404). It is answered 404 here, before Gradio runs, as Gradio would
-have answered it.
+So the first request that names a session hash binds it to the client's address (``ui.identity.ClientAddresses``,
+as every per-address limit counts it), and a request naming that hash from another address is refused (403) before
+Gradio runs. Within one address (people behind one NAT, and every visitor of a share link, which arrive as one
+address) the hash stays the tab's secret, so on top of that: a cancel passes only with an event id pending in
+that session, and ends that event only; and a session holds one heartbeat at a time (409 for another).
 
-What the hash still gives its holder is documented in the README ("Running it in public").
+And two requests that cost the page more than they should: a queue stream, or an API result stream, of a session
+the queue does not know started a 200 stream, then failed inside it with a logged traceback (about 9 ms of the
+event loop and 6 KB of log a request, ten times a plain 404). They are answered 404 here, before Gradio runs, as
+Gradio would have answered them.
+
+What the hash still gives someone on the same address is documented in the README ("Running it in public").
 """
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
+from collections import OrderedDict
 from urllib.parse import parse_qs
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ui.identity import DIRECT, ClientAddresses
+
 CANCEL_PATH = "/gradio_api/cancel"
-HEARTBEAT_PREFIX = "/gradio_api/heartbeat/"
+JOIN_PATH = "/gradio_api/queue/join"
 QUEUE_DATA_PATH = "/gradio_api/queue/data"
+HEARTBEAT_PREFIX = "/gradio_api/heartbeat/"
+CALL_PREFIX = "/gradio_api/call/"
+# POSTs whose JSON body may name a session hash (the direct API routes take one too).
+NAMING_POSTS = (CANCEL_PATH, JOIN_PATH)
+NAMING_POST_PREFIXES = (CALL_PREFIX, "/gradio_api/run/", "/gradio_api/api/")
+
 NOT_PENDING = "No such event is running in this session."
 HEARTBEAT_TAKEN = "This page session is already open in another connection. Reload the page."
+NOT_YOURS = "This page session was opened from another network. Reload the page to start your own."
+NOT_FOUND = "Session not found."
 
 
 class SessionGuard:
-    """ASGI middleware over Gradio's app; ``queue`` is the page's Gradio ``Queue`` (its pending events)."""
+    """ASGI middleware over Gradio's app; ``queue`` is the page's Gradio ``Queue`` (its pending events and message
+    queues). ``remembered`` bindings are kept, least recently used first out (a session that comes back after
+    its binding was forgotten is bound again by its next request)."""
 
-    def __init__(self, app: ASGIApp, queue) -> None:
-        self.app, self.queue = app, queue
+    def __init__(self, app: ASGIApp, queue, addresses: ClientAddresses = DIRECT, remembered: int = 50_000) -> None:
+        self.app, self.queue, self.addresses, self.remembered = app, queue, addresses, remembered
+        self._bound: OrderedDict[str, str] = OrderedDict()
         self._heartbeats: set[str] = set()
-        self._lock = threading.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope.get("path", "")
-            if path == CANCEL_PATH and scope.get("method") == "POST":
-                return await self._cancel(scope, receive, send)
-            if path.startswith(HEARTBEAT_PREFIX) and scope.get("method") == "GET":
-                return await self._heartbeat(path[len(HEARTBEAT_PREFIX):].strip("/"), scope, receive, send)
-            if path == QUEUE_DATA_PATH and not self.has_messages(scope.get("query_string", b"")):
-                return await PlainTextResponse("Session not found.", status_code=404)(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope.get("path", ""), scope.get("method", "")
+        if method == "POST" and (path in NAMING_POSTS or path.startswith(NAMING_POST_PREFIXES)):
+            return await self._naming_post(path, scope, receive, send)
+        if method == "GET" and path.startswith(HEARTBEAT_PREFIX):
+            return await self._heartbeat(path[len(HEARTBEAT_PREFIX):].strip("/"), scope, receive, send)
+        if method == "GET" and path == QUEUE_DATA_PATH:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            return await self._stream(query.get("session_hash", [""])[0], scope, receive, send)
+        if method == "GET" and path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") == 1:
+            return await self._stream(self._session_of_event(path.rstrip("/").rsplit("/", 1)[1]), scope, receive, send)
         await self.app(scope, receive, send)
 
-    async def _cancel(self, scope: Scope, receive: Receive, send: Send) -> None:
+    # ---- the binding ------------------------------------------------------------------------------------
+
+    def bind(self, session_hash: str, scope: Scope) -> bool:
+        """Bind ``session_hash`` to this request's address if it is new; whether the request may name it."""
+        address = self.addresses.of(Request(scope))
+        owner = self._bound.get(session_hash)
+        if owner is None:
+            self._bound[session_hash] = owner = address
+            while len(self._bound) > self.remembered:
+                self._bound.popitem(last=False)
+        else:
+            self._bound.move_to_end(session_hash)
+        return owner == address
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await PlainTextResponse(NOT_YOURS, status_code=403)(scope, receive, send)
+
+    # ---- the routes -------------------------------------------------------------------------------------
+
+    async def _naming_post(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
         # The body is small (the page's body limits sit outside this middleware): read it, check it, replay it.
         chunks, more = [], True
         while more:
@@ -63,8 +108,18 @@ class SessionGuard:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        if not self.is_pending(body):
-            return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive, send)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        session_hash = request.get("session_hash") if isinstance(request, dict) else None
+        if isinstance(session_hash, str) and session_hash and not self.bind(session_hash, scope):
+            return await self._refuse(scope, receive, send)
+        if path == CANCEL_PATH:
+            if not self.is_pending(request):
+                return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive,
+                                                                                                      send)
+            body = await self._cancel_only_the_named_event(request)
         replayed = False
 
         async def replay() -> Message:
@@ -75,31 +130,51 @@ class SessionGuard:
             return {"type": "http.request", "body": body, "more_body": False}
         await self.app(scope, replay, send)
 
-    def is_pending(self, body: bytes) -> bool:
-        """Whether the cancel in ``body`` names an event that is pending in the session it names."""
-        try:
-            request = json.loads(body)
-            session_hash, event_id = request["session_hash"], request["event_id"]
-        except (ValueError, TypeError, KeyError):
+    def is_pending(self, request) -> bool:
+        """Whether a cancel request names an event that is pending in the session it names."""
+        if not isinstance(request, dict):
             return False
+        session_hash, event_id = request.get("session_hash"), request.get("event_id")
         if not isinstance(session_hash, str) or not isinstance(event_id, str):
             return False
         pending = getattr(self.queue, "pending_event_ids_session", {}).get(session_hash) or ()
         return event_id in pending
 
-    def has_messages(self, query_string: bytes) -> bool:
-        """Whether the queue holds a message queue for the session a queue-data request names."""
-        session_hash = parse_qs(query_string.decode("latin-1")).get("session_hash", [""])[0]
-        return session_hash in getattr(self.queue, "pending_messages_per_session", {})
+    @staticmethod
+    async def _cancel_only_the_named_event(request: dict) -> bytes:
+        """Cancel the named event's task, and return the cancel for Gradio to finish (its queue entry, the
+        client's completion message, the handler's iterator) with an event index no task has: Gradio's own task
+        cancel would end every task of the session and event index, an event of one's own joined to someone
+        else's session included. Gradio names each event's task ``<session>_<fn><gradio-sep><event id>``."""
+        name = f"{request['session_hash']}_{request.get('fn_index')}<gradio-sep>{request['event_id']}"
+        tasks = [task for task in asyncio.all_tasks() if task.get_name() == name]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return json.dumps({**request, "fn_index": -1}).encode()
+
+    def _session_of_event(self, event_id: str) -> str:
+        """The session an API result stream reads, as Gradio finds it: the event's, else the id itself."""
+        event = getattr(self.queue, "event_ids_to_events", {}).get(event_id)
+        if event is not None:
+            return event.session_hash
+        pending = getattr(self.queue, "pending_event_ids_session", {})
+        return next((session for session, ids in pending.items() if event_id in ids), event_id)
+
+    async def _stream(self, session_hash: str, scope: Scope, receive: Receive, send: Send) -> None:
+        if session_hash not in getattr(self.queue, "pending_messages_per_session", {}):
+            return await PlainTextResponse(NOT_FOUND, status_code=404)(scope, receive, send)
+        if not self.bind(session_hash, scope):
+            return await self._refuse(scope, receive, send)
+        await self.app(scope, receive, send)
 
     async def _heartbeat(self, session_hash: str, scope: Scope, receive: Receive, send: Send) -> None:
-        with self._lock:
-            taken = session_hash in self._heartbeats
-            self._heartbeats.add(session_hash)
-        if taken:
+        if not self.bind(session_hash, scope):
+            return await self._refuse(scope, receive, send)
+        if session_hash in self._heartbeats:
             return await PlainTextResponse(HEARTBEAT_TAKEN, status_code=409)(scope, receive, send)
+        self._heartbeats.add(session_hash)
         try:
             await self.app(scope, receive, send)
         finally:
-            with self._lock:
-                self._heartbeats.discard(session_hash)
+            self._heartbeats.discard(session_hash)

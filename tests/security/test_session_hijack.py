@@ -1,9 +1,10 @@
-"""Attack 2a: a stranger who knows a victim's Gradio session hash joins under it. The session hash is no
-identity: the stranger sees none of the victim's conversation, cannot continue it, and cannot stop its answer or
-reset its page with "New conversation".
+"""Attack 2: a stranger who knows a victim's Gradio session hash uses it. From another network, every request
+naming the hash is refused (ui/session_guard.py). From the victim's own network (behind one NAT, or the share link)
+the hash is no identity either: the stranger sees none of the victim's conversation, cannot continue it, cannot stop
+its answer or reset its page, and a cancel ends only the event it names.
 
-(Gradio itself treats the session hash as a per-tab secret: its holder can read that tab's event stream and
-cancel its events through Gradio's own routes. Owlet therefore never prints it or uses it as a label.)"""
+(Gradio itself treats the session hash as a per-tab secret: its holder can read that tab's event stream through
+Gradio's own routes. Owlet therefore never prints it or uses it as a label.)"""
 from __future__ import annotations
 
 import time
@@ -22,7 +23,7 @@ def test_joining_under_a_victims_session_hash_gives_nothing(stack, r):
     _box, _chat, status = ask(victim, "My secret holiday plan is Lisbon.").result(timeout=120)
     assert "First token" in status, status
 
-    attacker = gradio_client(stack.url, "203.0.113.31")
+    attacker = gradio_client(stack.url, "198.51.100.31")  # behind the victim's NAT: the hash's binding lets it in
     attacker.session_hash = victim.session_hash  # learned somehow: it is no longer printed anywhere
     _box, chat, status = attacker.predict({"text": "What did I say before?", "files": []}, 16,
                                           attacker.owlet_token, api_name="/chat")
@@ -38,13 +39,13 @@ def test_joining_under_a_victims_session_hash_gives_nothing(stack, r):
     live = [k for k in r.scan_iter(match=f"{stack.prefix}job:*") if r.hget(k, "state") in (b"queued", b"started")]
     assert live, "the victim's answer is being generated"
     # The stranger presses Stop in the victim's session, with their own identity.
-    response = httpx.post(stack.url + "gradio_api/run/stop", headers={"X-Forwarded-For": "203.0.113.31"},
+    response = httpx.post(stack.url + "gradio_api/run/stop", headers={"X-Forwarded-For": "198.51.100.31"},
                           json={"data": [None, attacker.owlet_token], "session_hash": victim.session_hash}, timeout=30)
     assert response.status_code == 200, response.text
     assert "Nothing to stop" in response.json()["data"][1], "the stranger is not told something was stopped"
     # ...and "New conversation" there: Gradio's `cancels=` would have ended every stream of that session hash.
     response = httpx.post(stack.url + "gradio_api/run/new_conversation",
-                          headers={"X-Forwarded-For": "203.0.113.31"},
+                          headers={"X-Forwarded-For": "198.51.100.31"},
                           json={"data": [None, attacker.owlet_token], "session_hash": victim.session_hash}, timeout=30)
     assert response.status_code == 200, response.text
     assert "belongs to someone else" in str(response.json()["data"]), response.text
@@ -84,10 +85,10 @@ def test_the_pages_private_events_under_a_victims_hash_change_and_tell_nothing(s
     assert "First token" in status, status
     victims_chat = (_conversations(r, stack.prefix) - before).pop()
 
-    attacker = gradio_client(stack.url, "203.0.113.33")
+    attacker = gradio_client(stack.url, "198.51.100.33")  # the victim's network: the hash's binding lets it in
     _box, _chat, status = ask(attacker, "hello").result(timeout=120)
     attackers_chat = (_conversations(r, stack.prefix) - before - {victims_chat}).pop()
-    headers = {"X-Forwarded-For": "203.0.113.33"}
+    headers = {"X-Forwarded-For": "198.51.100.33"}
 
     def run(api: str, data: list) -> str:
         response = httpx.post(f"{stack.url}gradio_api/run/{api}", headers=headers, timeout=30,
@@ -113,23 +114,34 @@ def test_the_pages_private_events_under_a_victims_hash_change_and_tell_nothing(s
     assert _conversations(r, stack.prefix) - before == {victims_chat, attackers_chat}, "no chat was started"
 
 
-def test_a_session_hash_alone_cancels_nothing(stack, r):
-    """Attack 2c: Gradio's /cancel ends every running event of (session hash, event) before it looks at the event
-    id. Without one of the tab's pending event ids it is refused, and the victim's answer runs to the end; with its
-    own event id, a client still cancels its own answer."""
+def test_a_cancel_ends_only_the_event_it_names(stack, r):
+    """Attack 2c: Gradio's /cancel ends every running event of (session hash, event index) before it looks at the
+    event id. Without one of the session's pending event ids it is refused; with one (an event of one's own, joined
+    to the victim's session from the victim's network) it ends that event only, and the victim's answer runs to the
+    end. With its own event id, a client still cancels its own answer."""
     victim = gradio_client(stack.url, "198.51.100.34")
     running = ask(victim, "Tell me a long story.", tokens=LONG)
     deadline = time.monotonic() + 60
     while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
         assert time.monotonic() < deadline, "the victim's answer never started"
         time.sleep(0.05)
-    with http("127.0.0.1", "203.0.113.34", timeout=30) as attacker:
+    chat_fn = _fn_index_of(stack.url, "chat")
+    with http("127.0.0.1", "198.51.100.34", timeout=30) as attacker:
+        token = identity(attacker, stack.url)
         for fn_index in _fn_indices(stack.url):
             for event_id in ("x", "", victim.session_hash):
                 response = attacker.post(stack.url + "gradio_api/cancel", json={
                     "session_hash": victim.session_hash, "fn_index": fn_index, "event_id": event_id})
                 assert response.status_code == 404, response.text
         assert attacker.post(stack.url + "gradio_api/cancel", content=b"not json").status_code == 404
+        for _ in range(5):  # plant an event of one's own in the victim's session, and cancel it at once
+            planted = attacker.post(stack.url + "gradio_api/queue/join", json={
+                "data": [{"text": "hi", "files": []}, 16, None, token], "fn_index": chat_fn,
+                "session_hash": victim.session_hash, "event_data": None, "trigger_id": None})
+            assert planted.status_code == 200, planted.text
+            response = attacker.post(stack.url + "gradio_api/cancel", json={
+                "session_hash": victim.session_hash, "fn_index": chat_fn, "event_id": planted.json()["event_id"]})
+            assert response.status_code in (200, 404), response.text  # 404: it had ended already
     _box, chat, status = running.result(timeout=180)
     assert "First token" in status and not bubble_text(chat[-1]).endswith("*(stopped)*"), status
 
@@ -170,7 +182,7 @@ def test_a_tab_holds_its_heartbeat_alone(stack):
     url = f"{stack.url}gradio_api/heartbeat/{session_hash}"
     with http("127.0.0.1", "198.51.100.36", timeout=30) as tab, tab.stream("GET", url) as own:
         assert own.status_code == 200
-        with http("127.0.0.1", "203.0.113.36", timeout=30) as attacker:
+        with http("127.0.0.1", "198.51.100.36", timeout=30) as attacker:  # the same network (another is 403)
             second = attacker.get(url)
             assert second.status_code == 409, second.text
             assert "already open" in second.text
@@ -193,6 +205,41 @@ def test_a_queue_stream_of_a_session_nobody_opened_is_a_plain_404(stack):
             response = client.get(stack.url + "gradio_api/queue/data?session_hash=nobody-opened-this")
             assert response.status_code == 404 and response.text == "Session not found.", response.text
         assert client.get(stack.url + "gradio_api/queue/data").status_code == 404
+        # the API's result stream of an event nobody started reads the id as a session: the same 404
+        response = client.get(stack.url + "gradio_api/call/chat/nobody-started-this")
+        assert response.status_code == 404 and response.text == "Session not found.", response.text
     victim = gradio_client(stack.url, "198.51.100.37")
     _box, _chat, status = ask(victim, "hello").result(timeout=120)  # gradio_client reads queue/data
     assert "First token" in status, status
+
+
+def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
+    """Attack 2e: from another network, the victim's session hash opens nothing: joining an event to it (with which
+    Gradio's cancel ended the victim's answers), reading or closing its stream (closing one ended all its events),
+    its API result stream, its heartbeat, a cancel, the page's private events. The victim's answer runs to the end."""
+    victim = gradio_client(stack.url, "198.51.100.38")
+    running = ask(victim, "Tell me a long story.", tokens=LONG)
+    deadline = time.monotonic() + 60
+    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
+        assert time.monotonic() < deadline, "the victim's answer never started"
+        time.sleep(0.05)
+    victim_hash, chat_fn = victim.session_hash, _fn_index_of(stack.url, "chat")
+    with http("127.0.0.1", "203.0.113.38", timeout=30) as attacker:
+        token = identity(attacker, stack.url)
+        refused = [
+            attacker.post(stack.url + "gradio_api/queue/join", json={
+                "data": [{"text": "hi", "files": []}, 16, None, token], "fn_index": chat_fn,
+                "session_hash": victim_hash, "event_data": None, "trigger_id": None}),
+            attacker.post(stack.url + "gradio_api/cancel", json={
+                "session_hash": victim_hash, "fn_index": chat_fn, "event_id": "x"}),
+            attacker.post(stack.url + "gradio_api/run/on_load", json={
+                "data": [token, None, None], "session_hash": victim_hash}),
+            attacker.get(stack.url + f"gradio_api/queue/data?session_hash={victim_hash}"),
+            attacker.get(stack.url + f"gradio_api/call/chat/{victim_hash}"),
+            attacker.get(stack.url + f"gradio_api/heartbeat/{victim_hash}"),
+        ]
+        for response in refused:
+            assert response.status_code == 403, (response.request.url, response.status_code, response.text[:200])
+            assert "opened from another network" in response.text
+    _box, chat, status = running.result(timeout=180)
+    assert "First token" in status and not bubble_text(chat[-1]).endswith("*(stopped)*"), status
