@@ -97,7 +97,8 @@ class LoginAttempts:
         address = self.addresses.of(Request(scope))
         wait_s = self.per_address.admit(address, None)
         if wait_s is None:
-            wait_s = self.ledger.admit(f"{address} {username[:128]}", None)
+            # Gradio strips the name before it checks it: " alice" is alice, and counts as her.
+            wait_s = self.ledger.admit(f"{address} {username.strip()[:128]}", None)
         if wait_s is None:
             return await self.app(scope, replay, send)
         retry = max(1, math.ceil(wait_s))
