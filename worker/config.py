@@ -25,8 +25,9 @@ class Settings:
     # Bytes of new images stored per identity and per group within image_ttl_s (admission refuses beyond).
     image_quota_user_bytes: int = 64 * 1024 * 1024
     image_quota_group_bytes: int = 256 * 1024 * 1024
-    # ... and by everyone together: eight addresses at their quota would otherwise fill a 2 GB Redis, and with
-    # noeviction every turn of everyone would then be refused. Keep it well under Redis's maxmemory.
+    # ... and the bytes of images the whole service holds at once: eight addresses at their quota would otherwise
+    # fill a 2 GB Redis, and with noeviction every turn of everyone would then be refused. Keep it well under
+    # Redis's maxmemory.
     image_quota_total_bytes: int = 1024 * 1024 * 1024
     # Bytes of text stored (each turn, and each job's payload, which carries the history so far) per identity and
     # per group in a window of text_quota_window_s from its first charge. Turns live history_ttl_s (a week), so

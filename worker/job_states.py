@@ -28,7 +28,7 @@ from worker.queue_readouts import QueueReadouts
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
 ANSWER_BYTES_PER_TOKEN = 4
-TOTAL_IMAGES = "*all*"  # the image quota counter of the whole service (identities are "u:…", groups "g:…")
+TOTAL_IMAGES = "*all*"  # bytes of images the whole service holds now (identities' quotas are "u:…", groups' "g:…")
 FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
@@ -73,7 +73,8 @@ class JobStates:
         per_position = self.readouts.seconds_per_position()
         extra = [k.job(job_id), k.stream(job_id), k.conversation(conv), k.turns(conv), k.image(image_sha or ""),
                  k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group),
-                 k.text_quota("u:" + user), k.text_quota("g:" + group), k.image_quota(TOTAL_IMAGES)]
+                 k.text_quota("u:" + user), k.text_quota("g:" + group), k.image_quota(TOTAL_IMAGES),
+                 k.images_held(), k.image_sizes()]
         try:
             (code,) = self._scripts.call(
                 self._scripts.submit, job_id, user, quser, group, qgroup, conv, "1" if new_conv else "0", payload,

@@ -104,6 +104,14 @@ class Keys:
         """Bytes of images stored for one identity (``u:<id>``) or one group (``g:<group>``) in the quota window."""
         return f"{self.prefix}quota:{owner}"
 
+    def images_held(self) -> str:
+        """Zset of the stored images' keys -> when each expires, so the service total counts what is held now."""
+        return f"{self.prefix}images_held"
+
+    def image_sizes(self) -> str:
+        """Hash of the stored images' keys -> bytes (what the total gives back when one expires)."""
+        return f"{self.prefix}image_sizes"
+
     def text_quota(self, owner: str) -> str:
         """Bytes of text (turns and job payloads) stored for one identity (``u:<id>``) or group (``g:<group>``)
         in the current text-quota window."""

@@ -135,15 +135,15 @@ end
 """
 
 # Admission and storage in one step: every check comes before the first write, so a refused turn creates
-# nothing (no image, no conversation, no turn). KEYS[9..19]: job, stream, conv, turns, image, image quota of
+# nothing (no image, no conversation, no turn). KEYS[9..21]: job, stream, conv, turns, image, image quota of
 # the identity, image quota of the group, submit rate of the group, text quota of the identity, of the group,
-# image quota of the whole service.
+# bytes of images the whole service holds, the held images (zset key -> expiry), their sizes (hash key -> bytes).
 # ARGV: names, job, user, qkey, group, qgroup, conv, new_conv ('1' = create it), payload, now, user_cap,
 #   group_cap, global_cap, maxlen, ttl, turn_json ('' = raw job: no conversation), seconds_per_position ('' =
 #   unknown), conv_ttl, image_bytes ('' = none), image_ttl, user_quota, group_quota, rate_max, rate_window_s,
 #   text_user_quota, text_group_quota, text_window_s (text stored: the turn and the job's payload, in bytes),
-#   answer_bytes (the answer's share of the text quota, reserved at its longest), total_image_quota (new image
-#   bytes the whole service stores within the image TTL; KEYS[19] counts them)
+#   answer_bytes (the answer's share of the text quota, reserved at its longest), total_image_quota (bytes of
+#   images the whole service may hold at once; KEYS[19] counts them, KEYS[20..21] say when each goes)
 # Returns {position} or {negative code} (see ``job_states.REFUSALS``).
 SUBMIT = _ADMIT + _COMMON + r"""
 local JK, SK, CK, TK, IK, QU, QG, RK = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
@@ -183,6 +183,15 @@ if tonumber(redis.call('GET', QUEUED) or '0') >= global_cap then return {-2} end
 local sent_image = image ~= ''
 local new_image = sent_image and redis.call('EXISTS', IK) == 0
 local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
+local HELD, SIZES, expires = KEYS[20], KEYS[21], tonumber(now) + tonumber(image_ttl)
+-- The total is what is held now: images whose TTL has run out give their bytes back (a bounded batch a call; a
+-- backlog only over-counts until later calls). A window of new bytes let images stored late in one window outlive
+-- it (twice the total held), and a turn about an old image kept it alive past any window.
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', now, 'LIMIT', 0, 256)) do
+  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, gone) or '0'))
+  redis.call('HDEL', SIZES, gone)
+  redis.call('ZREM', HELD, gone)
+end
 if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
@@ -199,9 +208,12 @@ local charged = {}
 if sent_image then charged = {QU, QG} end
 if new_image then
   redis.call('SET', IK, image, 'EX', image_ttl)
-  charged = {QU, QG, QT}  -- the service total counts bytes stored, once
+  redis.call('INCRBY', QT, #image)  -- the service total counts bytes held, once, until they go
+  redis.call('ZADD', HELD, expires, IK)
+  redis.call('HSET', SIZES, IK, #image)
 elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
   redis.call('EXPIRE', IK, image_ttl)
+  redis.call('ZADD', HELD, 'XX', expires, IK)
 end
 for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for text: pushing the expiry out on
   -- every charge would count bytes since the last quiet day, and a busy service would never get its quota back

@@ -153,16 +153,13 @@ def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_clien
 
 def test_image_quotas_count_a_fixed_window_not_since_the_last_quiet_day(queue_client):
     """Every image charge pushed its quota keys' expiry out by a whole image TTL, so the quotas counted bytes since
-    the last lull of a day, not within one: a service whose new pictures never paused for a day reached its total
-    and refused every new picture for everyone, and a regular user ran out of quota after a few days. The window
-    now starts with the first charge, as for text, and the counts start again when it ends."""
-    from worker.job_states import TOTAL_IMAGES
-
+    the last lull of a day, not within one: a regular user ran out of quota after a few days. The identity's and
+    the address's windows now start with their first charge, as for text, and the counts start again when they
+    end."""
     images = [jpeg(i) for i in range(4)]
     size = max(len(i) for i in images)
-    c = queue_client(image_ttl_s=4, image_quota_user_bytes=int(2.5 * size), image_quota_total_bytes=int(2.5 * size),
-                     group_job_cap=10, group_submit_limit=100)
-    quota_keys = [c.keys.image_quota(owner) for owner in ("u:anon:a", "g:addr:1", TOTAL_IMAGES)]
+    c = queue_client(image_ttl_s=4, image_quota_user_bytes=int(2.5 * size), group_job_cap=10, group_submit_limit=100)
+    quota_keys = [c.keys.image_quota(owner) for owner in ("u:anon:a", "g:addr:1")]
     c.submit("anon:a", None, "first", image=images[0], group="addr:1")
     time.sleep(2.2)
     c.submit("anon:a", None, "second, half a window later", image=images[1], group="addr:1")
@@ -170,10 +167,38 @@ def test_image_quotas_count_a_fixed_window_not_since_the_last_quiet_day(queue_cl
         assert 0 < c.r.pttl(key) <= 2000, f"{key}: the second charge left the window's end where it was"
     with pytest.raises(QuotaExceeded):  # within the window, the quota holds
         c.submit("anon:a", None, "third", image=images[2], group="addr:1")
-    time.sleep(2.1)  # the window is over (and with it the images it charged, whose TTL was the same)
+    time.sleep(2.1)  # the window is over
     assert not any(c.r.exists(key) for key in quota_keys)
     c.submit("anon:a", None, "a new window", image=images[2], group="addr:1")
     assert int(c.r.get(quota_keys[0])) == len(images[2])
+
+
+def test_the_service_total_counts_the_images_held_now(queue_client):
+    """The total was a window of new bytes: images stored late in one window outlived it, so Redis could hold twice
+    the total (a hostile audit held 553 B against a 400 B total), and a turn about an old image kept it alive
+    through any number of windows uncounted. Now the total is the bytes of the images held: an image gives its
+    bytes back when it expires, and one kept alive by a later turn stays counted."""
+    from worker.job_states import TOTAL_IMAGES
+
+    images = [jpeg(i) for i in range(4)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_ttl_s=3, image_quota_total_bytes=int(2.5 * size), group_job_cap=10, group_submit_limit=100)
+    held = c.keys.image_quota(TOTAL_IMAGES)
+    kept = c.submit("anon:a", None, "first", image=images[0], group="addr:1")
+    time.sleep(2)
+    c.submit("anon:b", None, "second, late", image=images[1], group="addr:2")
+    assert int(c.r.get(held)) == len(images[0]) + len(images[1])
+    c.jobs.cancel(kept.job)
+    c.submit("anon:a", kept.conv, "about the first picture again: it stays", image_sha=kept.image_sha, group="addr:1")
+    with pytest.raises(ImageStoreFull):
+        c.submit("anon:c", None, "third", image=images[2], group="addr:3")
+    time.sleep(1.5)  # the second picture is held, the first was kept alive: still full
+    with pytest.raises(ImageStoreFull):
+        c.submit("anon:c", None, "third, again", image=images[2], group="addr:3")
+    time.sleep(2.2)  # both have expired now
+    c.submit("anon:c", None, "third, with room", image=images[2], group="addr:3")
+    assert int(c.r.get(held)) == len(images[2]), "the expired pictures gave their bytes back"
+    assert c.r.zcard(c.keys.images_held()) == 1 and c.r.hlen(c.keys.image_sizes()) == 1
 
 
 def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_client):
