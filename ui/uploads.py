@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ui.client_gate import AddressSlots
+from ui.decode_verdicts import DecodeVerdicts, content_key, file_key
 from worker.image_structure import structure_problem
 
 
@@ -160,15 +159,6 @@ def _known_other_format(data: bytes) -> str | None:
     return next((name for magic, name in _OTHER_FORMATS if head.startswith(magic)), None)
 
 
-def _file_key(path: str, limits: UploadLimits) -> tuple | None:
-    """What identifies one file's verdict under these limits: its path, size and modification time."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return path, stat.st_size, stat.st_mtime_ns, limits
-
-
 def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
     """Read and check an uploaded file by path (what Gradio hands the page)."""
     return check_image(read_upload(path, limits), limits)
@@ -177,20 +167,16 @@ def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
 class DecodePool:
     """Image checks run here: a bounded pool of their own, plus a per-address limit on decodes at once.
 
-    A decompression-heavy upload then slows only other uploads, never the handlers streaming answers. A refused
-    file is remembered (by path, size and modification time; Gradio names an upload by its content): a client can
-    name one uploaded file in any number of questions, a refused turn costs no quota or rate, and each would
-    otherwise decode it again.
+    A decompression-heavy upload then slows only other uploads, never the handlers streaming answers. Every
+    verdict is remembered (``ui.decode_verdicts``), so a file named again, or the same bytes uploaded again, are
+    not decoded again.
     """
-
-    REMEMBERED_REFUSALS = 4096
 
     def __init__(self, workers: int, per_address: int):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="owlet-decode")
         self.slots = AddressSlots(per_address, "Another image from your network is still being checked. "
                                                "Wait a moment, then send yours again.")
-        self._refused: OrderedDict[tuple, str] = OrderedDict()
-        self._refused_lock = threading.Lock()
+        self.verdicts = DecodeVerdicts()
 
     async def check(self, path: str, limits: UploadLimits, address: str) -> CheckedImage:
         """Check one upload for ``address``; raises UploadRejected, or SlotRefused when it has too many going.
@@ -198,33 +184,40 @@ class DecodePool:
         The address's slot is held until the decode itself ends, not until this call does: a client that
         cancels its request mid-decode (the thread cannot be stopped) would otherwise get the slot back at once
         and could keep every decode thread busy with decodes nobody waits for."""
-        key = _file_key(path, limits)
-        with self._refused_lock:
-            refusal = self._refused.get(key) if key else None
-            if refusal is not None:
-                self._refused.move_to_end(key)
-        if refusal is not None:
-            raise UploadRejected(refusal)
+        file = file_key(path, limits)
+        known = self.verdicts.by_file(file)
+        if known is not None:
+            return _verdict(known)
         self.slots.acquire(address)
         try:
-            decode = self._pool.submit(check_upload, path, limits)
+            decode = self._pool.submit(self._check_file, path, file, limits)
         except BaseException:
             self.slots.release(address)
             raise
-
-        def done(finished) -> None:  # also when cancelled before it ran, or after its caller went away
-            self.slots.release(address)
-            failure = None if finished.cancelled() else finished.exception()
-            if key and isinstance(failure, UploadRejected):
-                with self._refused_lock:
-                    self._refused[key] = failure.user_message
-                    while len(self._refused) > self.REMEMBERED_REFUSALS:
-                        self._refused.popitem(last=False)
-        decode.add_done_callback(done)
+        decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
         return await asyncio.wrap_future(decode)
+
+    def _check_file(self, path: str, file: tuple | None, limits: UploadLimits) -> CheckedImage:
+        data = read_upload(path, limits)
+        content = content_key(data, limits)
+        verdict = self.verdicts.by_content(content)
+        if verdict is None:
+            try:
+                verdict = check_image(data, limits)
+            except UploadRejected as exc:
+                verdict = exc.user_message
+        self.verdicts.record(file, content, verdict)
+        return _verdict(verdict)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _verdict(verdict) -> CheckedImage:
+    """The checked image, or the refusal raised again (a remembered verdict is either)."""
+    if isinstance(verdict, str):
+        raise UploadRejected(verdict)
+    return verdict
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -319,32 +319,48 @@ def test_run_length_bmps_are_refused_before_pillow_decodes_them():
     assert check_image(buf.getvalue(), limits).width == 64
 
 
-def test_a_refused_upload_is_not_decoded_again_when_it_is_named_again(tmp_path, monkeypatch):
+def test_an_upload_is_decoded_once_however_often_it_is_named(tmp_path, monkeypatch):
     """A refused turn costs no quota and no rate, and a client can name one uploaded file in any number of
-    questions: each made the page decode it again (a hostile audit kept a decode thread busy so, with one file).
-    The verdict is remembered; a file changed in place, or another file, is checked afresh."""
+    questions (or upload the same bytes under other names): each made the page decode it again (a hostile audit
+    kept the decode pool busy so, with one 680-byte WEBP of 4000x4000). Verdicts, refusals and checked images, are
+    remembered by content; a file changed in place is checked afresh."""
+    import shutil
+
     import ui.uploads as uploads
 
-    damaged = tmp_path / "damaged.png"
     good = io.BytesIO()
     Image.new("RGB", (64, 64), (1, 2, 3)).save(good, format="PNG")
+    damaged = tmp_path / "damaged.png"
     damaged.write_bytes(good.getvalue()[:-40])  # truncated: refused after a decode attempt
+    fine = tmp_path / "fine.png"
+    fine.write_bytes(good.getvalue())
     limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG",))
     decodes = []
-    real_check = uploads.check_upload
-    monkeypatch.setattr(uploads, "check_upload", lambda path, lim: decodes.append(path) or real_check(path, lim))
+    real_check = uploads.check_image
+    monkeypatch.setattr(uploads, "check_image", lambda data, lim: decodes.append(len(data)) or real_check(data, lim))
     pool = DecodePool(workers=1, per_address=1)
+    address = "203.0.113.70"
 
     async def scenario():
         for _ in range(5):
             with pytest.raises(UploadRejected, match="damaged or incomplete"):
-                await pool.check(str(damaged), limits, "203.0.113.70")
-        assert len(decodes) == 1, "decoded once, then refused from memory"
-        assert pool.slots.held("203.0.113.70") == 0
-        damaged.write_bytes(good.getvalue())  # the same path, fixed: checked again, and now accepted
+                await pool.check(str(damaged), limits, address)
+        assert len(decodes) == 1, "refused once, then from memory"
+        for i in range(3):
+            assert (await pool.check(str(fine), limits, address)).width == 64
+            copy = tmp_path / f"copy{i}.png"  # the same bytes, uploaded again under another name
+            shutil.copy(fine, copy)
+            assert (await pool.check(str(copy), limits, address)).width == 64
+        assert len(decodes) == 2, "checked once, then from memory, whatever its name"
+        assert pool.slots.held(address) == 0
+        damaged.write_bytes(good.getvalue())  # the same path, fixed: its new bytes are known already
         os.utime(damaged, ns=(time.time_ns(), time.time_ns() + 1_000_000))
-        assert (await pool.check(str(damaged), limits, "203.0.113.70")).width == 64
-        assert len(decodes) == 2
+        assert (await pool.check(str(damaged), limits, address)).width == 64
+        damaged.write_bytes(good.getvalue()[:-41])  # and changed again: checked afresh
+        os.utime(damaged, ns=(time.time_ns(), time.time_ns() + 2_000_000))
+        with pytest.raises(UploadRejected):
+            await pool.check(str(damaged), limits, address)
+        assert len(decodes) == 3
 
     try:
         asyncio.run(scenario())
