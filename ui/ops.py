@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from ui.request_body import buffered
 from ui.session_budget import SessionLedger
 
 METRICS_OFF = "metrics are off: set OWLET_UI_METRICS_TOKEN and scrape with that bearer token\n"
@@ -90,8 +91,8 @@ class LoginAttempts:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in LOGIN_PATHS:
             return await self.app(scope, receive, send)
-        body, replay = await _read_body(receive)  # at most the page's request-body cap (ui.body_limits)
-        if body is None:
+        body, replay, complete = await buffered(receive)  # at most the page's request-body cap (ui.body_limits)
+        if not complete:
             return  # the client left
         username = await _form_field(scope, body, "username")
         address = self.addresses.of(Request(scope))
@@ -105,26 +106,6 @@ class LoginAttempts:
         response = PlainTextResponse(f"Too many sign-in attempts for this account from your network. Try again in "
                                      f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})
         await response(scope, replay, send)
-
-
-async def _read_body(receive):
-    """The whole request body, and a ``receive`` that hands it on once more; (None, _) if the client left."""
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None, receive
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    body, sent = b"".join(chunks), False
-
-    async def replay():
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-    return body, replay
 
 
 async def _form_field(scope, body: bytes, name: str) -> str:

@@ -12,7 +12,6 @@ Sessions in use are never refused: their hashes are remembered per address.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
@@ -21,9 +20,10 @@ from collections import OrderedDict, deque
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
+from ui.request_body import buffered, session_hash_of
 
 # Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
 _EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")
@@ -88,8 +88,8 @@ class NewSessionBudget:
         if (scope["type"] != "http" or scope["method"] != "POST"
                 or not any(marker in scope["path"] for marker in _EVENT_ROUTE_MARKERS)):
             return await self.app(scope, receive, send)
-        body, replay = await _buffered(receive)  # bounded: ui.body_limits runs before this
-        session_hash = _session_hash(body)
+        body, replay, _complete = await buffered(receive)  # bounded: ui.body_limits runs before this
+        session_hash = session_hash_of(body)
         if session_hash is not None and not SESSION_HASH.fullmatch(session_hash):
             return await PlainTextResponse(
                 "Malformed session_hash: use up to 64 letters, digits, '-' or '_' (or leave it out).",
@@ -103,33 +103,3 @@ class NewSessionBudget:
                 f"Keep using the page you have open (API clients: one Client for many calls), or try again in "
                 f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})(scope, replay, send)
         await self.app(scope, replay, send)
-
-
-def _session_hash(body: bytes) -> str | None:
-    """The body's ``session_hash`` (None when absent or unreadable: Gradio then makes a new session, or
-    refuses the body itself)."""
-    try:
-        value = json.loads(body).get("session_hash") if body else None
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) and value else None
-
-
-async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
-    """Read the whole request body; return it and a ``receive`` that hands the same body to the app."""
-    chunks, more, last = [], True, None
-    while more:
-        last = await receive()
-        if last["type"] != "http.request":
-            break  # the client went away: let the app see that
-        chunks.append(last.get("body", b""))
-        more = last.get("more_body", False)
-    body = b"".join(chunks)
-    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
-    if last is not None and last["type"] != "http.request":
-        pending.append(last)
-
-    async def replay() -> Message:
-        return pending.pop(0) if pending else await receive()
-
-    return body, replay

@@ -35,9 +35,10 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
+from ui.request_body import buffered, json_object, replaying
 
 CANCEL_PATH = "/gradio_api/cancel"
 JOIN_PATH = "/gradio_api/queue/join"
@@ -99,19 +100,10 @@ class SessionGuard:
     # ---- the routes -------------------------------------------------------------------------------------
 
     async def _naming_post(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
-        # The body is small (the page's body limits sit outside this middleware): read it, check it, replay it.
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        try:
-            request = json.loads(body)
-        except ValueError:
-            request = None
+        body, replay, complete = await buffered(receive)  # bounded: the page's body limits sit outside this
+        if not complete:
+            return
+        request = json_object(body)
         session_hash = request.get("session_hash") if isinstance(request, dict) else None
         if isinstance(session_hash, str) and session_hash and not self.bind(session_hash, scope):
             return await self._refuse(scope, receive, send)
@@ -120,14 +112,7 @@ class SessionGuard:
                 return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive,
                                                                                                       send)
             body = await self._cancel_only_the_named_event(request)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            replay = replaying(body, receive)
         await self.app(scope, replay, send)
 
     def is_pending(self, request) -> bool:

@@ -32,10 +32,7 @@ def test_joining_under_a_victims_session_hash_gives_nothing(stack, r):
     assert "belongs to someone else" in status, status
 
     running = ask(victim, "Tell me more, at length.", tokens=LONG)
-    deadline = time.monotonic() + 60
-    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
-        assert time.monotonic() < deadline, "the victim's answer never started"
-        time.sleep(0.05)
+    _wait_until_answering(running)
     live = [k for k in r.scan_iter(match=f"{stack.prefix}job:*") if r.hget(k, "state") in (b"queued", b"started")]
     assert live, "the victim's answer is being generated"
     # The stranger presses Stop in the victim's session, with their own identity.
@@ -63,6 +60,14 @@ def test_the_victims_session_hash_is_not_an_identity_either(stack):
     _box, _chat, status = attacker.predict({"text": "hi", "files": []}, 16, victim.session_hash, api_name="/chat")
     assert "could not tell who you are" in status, status
     assert attacker.predict(victim.session_hash, api_name="/identity") != victim.owlet_token
+
+
+def _wait_until_answering(running) -> None:
+    """Until the victim's answer has left the queue and is being written."""
+    deadline = time.monotonic() + 60
+    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
+        assert time.monotonic() < deadline, "the victim's answer never started"
+        time.sleep(0.05)
 
 
 def _fn_indices(base: str) -> list[int]:
@@ -121,10 +126,7 @@ def test_a_cancel_ends_only_the_event_it_names(stack, r):
     end. With its own event id, a client still cancels its own answer."""
     victim = gradio_client(stack.url, "198.51.100.34")
     running = ask(victim, "Tell me a long story.", tokens=LONG)
-    deadline = time.monotonic() + 60
-    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
-        assert time.monotonic() < deadline, "the victim's answer never started"
-        time.sleep(0.05)
+    _wait_until_answering(running)
     chat_fn = _fn_index_of(stack.url, "chat")
     with http("127.0.0.1", "198.51.100.34", timeout=30) as attacker:
         token = identity(attacker, stack.url)
@@ -219,10 +221,7 @@ def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
     its API result stream, its heartbeat, a cancel, the page's private events. The victim's answer runs to the end."""
     victim = gradio_client(stack.url, "198.51.100.38")
     running = ask(victim, "Tell me a long story.", tokens=LONG)
-    deadline = time.monotonic() + 60
-    while not (running.outputs() and "Queued" not in running.outputs()[-1][2]):
-        assert time.monotonic() < deadline, "the victim's answer never started"
-        time.sleep(0.05)
+    _wait_until_answering(running)
     victim_hash, chat_fn = victim.session_hash, _fn_index_of(stack.url, "chat")
     with http("127.0.0.1", "203.0.113.38", timeout=30) as attacker:
         token = identity(attacker, stack.url)
