@@ -74,8 +74,9 @@ class SessionGuard:
         if method == "GET" and path.startswith(HEARTBEAT_PREFIX):
             return await self._heartbeat(path[len(HEARTBEAT_PREFIX):].strip("/"), scope, receive, send)
         if method == "GET" and path == QUEUE_DATA_PATH:
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            return await self._stream(query.get("session_hash", [""])[0], scope, receive, send)
+            named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [])
+            # Exactly one: with two, this would check one and Gradio read the other (it takes the last).
+            return await self._stream(named[0] if len(named) == 1 else "", scope, receive, send)
         if method == "GET" and path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") == 1:
             return await self._stream(self._session_of_event(path.rstrip("/").rsplit("/", 1)[1]), scope, receive, send)
         await self.app(scope, receive, send)

@@ -225,6 +225,11 @@ def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
     victim_hash, chat_fn = victim.session_hash, _fn_index_of(stack.url, "chat")
     with http("127.0.0.1", "203.0.113.38", timeout=30) as attacker:
         token = identity(attacker, stack.url)
+        own = "attacker-own-session-38"  # a session of the attacker's own, with an event in it
+        joined = attacker.post(stack.url + "gradio_api/queue/join", json={
+            "data": [{"text": "Tell me a long story.", "files": []}, LONG, None, token], "fn_index": chat_fn,
+            "session_hash": own, "event_data": None, "trigger_id": None})
+        assert joined.status_code == 200, joined.text
         refused = [
             attacker.post(stack.url + "gradio_api/queue/join", json={
                 "data": [{"text": "hi", "files": []}, 16, None, token], "fn_index": chat_fn,
@@ -240,5 +245,9 @@ def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
         for response in refused:
             assert response.status_code == 403, (response.request.url, response.status_code, response.text[:200])
             assert "opened from another network" in response.text
+        # Two session hashes in one stream request, the attacker's first: the page would check that one, and
+        # Gradio read the last.
+        both = attacker.get(stack.url + f"gradio_api/queue/data?session_hash={own}&session_hash={victim_hash}")
+        assert both.status_code == 404, both.text
     _box, chat, status = running.result(timeout=180)
     assert "First token" in status and not bubble_text(chat[-1]).endswith("*(stopped)*"), status
