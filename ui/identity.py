@@ -134,17 +134,38 @@ class ClientAddresses:
     def _client_ip(self, request, peer: str) -> str:
         if not self.trusted_proxies or not _trusted(peer, self.trusted_proxies):
             return peer
-        headers = getattr(request, "headers", None) or {}
-        forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
+        # Every X-Forwarded-For line, in order: a proxy may add a line of its own rather than append to the
+        # client's, and reading only the first line would believe the client's.
+        forwarded = ",".join(_header_lines(getattr(request, "headers", None), "x-forwarded-for"))
         # Each proxy appends the address it saw, so walk from the right past the proxies we trust; anything
         # further left was written by the client and proves nothing.
         for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+            hop = _without_port(hop)
             if not _trusted(hop, self.trusted_proxies):
                 try:
                     return str(ipaddress.ip_address(hop))
                 except ValueError:
                     return peer  # garbage where an address should be: fall back to the proxy itself
         return peer
+
+
+def _header_lines(headers, name: str) -> list[str]:
+    """Every value of header ``name`` (Starlette's headers keep repeated lines apart), else the one value."""
+    if headers is None:
+        return []
+    if hasattr(headers, "getlist"):
+        return list(headers.getlist(name))
+    value = headers.get(name, "") if hasattr(headers, "get") else ""
+    return [value] if value else []
+
+
+def _without_port(hop: str) -> str:
+    """An X-Forwarded-For hop without the port some load balancers add ("203.0.113.9:1234", "[2001:db8::1]:443")."""
+    if hop.startswith("["):
+        return hop[1:].split("]", 1)[0]
+    if hop.count(":") == 1:  # IPv4 with a port (a bare IPv6 address has two colons or more)
+        return hop.split(":", 1)[0]
+    return hop
 
 
 DIRECT = ClientAddresses()  # no trusted proxies: every client is its socket peer

@@ -56,6 +56,20 @@ def test_forwarded_for_counts_only_through_a_trusted_proxy():
     assert ClientAddresses().of(via_proxy) == "127.0.0.1", "no trusted proxies: the socket peer"
 
 
+def test_every_forwarded_for_line_counts_and_ports_are_dropped():
+    """A proxy that adds its own X-Forwarded-For line (rather than appending to the client's) put the true hop on the
+    second line, and only the first, the client's own, was read: any client could name its address. Hops written
+    with a port fell back to the proxy's address, making every client one."""
+    from starlette.datastructures import Headers
+
+    proxies = ClientAddresses(parse_networks("127.0.0.1"))
+    two_lines = Headers(raw=[(b"x-forwarded-for", b"198.51.100.7"), (b"x-forwarded-for", b"203.0.113.9")])
+    spoofed = types.SimpleNamespace(client=types.SimpleNamespace(host="127.0.0.1"), headers=two_lines)
+    assert proxies.of(spoofed) == "203.0.113.9", "the proxy's line, the last, names the client"
+    for hop, address in (("203.0.113.9:5123", "203.0.113.9"), ("[2001:db8:1:2::7]:443", "2001:db8:1:2::/64")):
+        assert proxies.of(request(host="127.0.0.1", forwarded=f"6.6.6.6, {hop}")) == address, hop
+
+
 def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
     # One subscriber holds a whole /64 and can pick any address in it for every request.
     a, b = "2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:fffe"
