@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
 from ui.request_body import buffered, json_object, replaying
+from ui.session_budget import SESSION_HASH
 
 CANCEL_PATH = "/gradio_api/cancel"
 JOIN_PATH = "/gradio_api/queue/join"
@@ -77,23 +78,36 @@ class SessionGuard:
             named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [])
             # Exactly one: with two, this would check one and Gradio read the other (it takes the last).
             return await self._stream(named[0] if len(named) == 1 else "", scope, receive, send)
-        if method == "GET" and path.startswith(CALL_PREFIX) and path[len(CALL_PREFIX):].strip("/").count("/") == 1:
+        if method == "GET" and path.startswith(CALL_PREFIX) and "/" in path[len(CALL_PREFIX):].strip("/"):
+            # <api>/<event id>, and Gradio's /call/v2/<api>/<event id> too: the event id is the last segment
             return await self._stream(self._session_of_event(path.rstrip("/").rsplit("/", 1)[1]), scope, receive, send)
         await self.app(scope, receive, send)
 
     # ---- the binding ------------------------------------------------------------------------------------
 
-    def bind(self, session_hash: str, scope: Scope) -> bool:
-        """Bind ``session_hash`` to this request's address if it is new; whether the request may name it."""
+    def bind(self, session_hash: str, scope: Scope, new: bool = True) -> bool:
+        """Whether the request may name ``session_hash``: it is bound to this request's address, or unbound (then
+        it is bound now, if ``new``: only requests that open sessions bind, and those pass the new-session budget
+        and its hash format first, so one address cannot grow the map or flush it at network speed)."""
         address = self.addresses.of(Request(scope))
         owner = self._bound.get(session_hash)
-        if owner is None:
-            self._bound[session_hash] = owner = address
-            while len(self._bound) > self.remembered:
-                self._bound.popitem(last=False)
-        else:
+        if owner is not None:
             self._bound.move_to_end(session_hash)
-        return owner == address
+            return owner == address
+        if new and SESSION_HASH.fullmatch(session_hash):
+            self._bound[session_hash] = address
+            self._forget_idle()
+        return True
+
+    def _forget_idle(self) -> None:
+        """Keep ``remembered`` bindings: the least recently used one without a pending event or an open
+        heartbeat goes first; a live session's binding is never forgotten (the map grows instead)."""
+        if len(self._bound) <= self.remembered:
+            return
+        live = getattr(self.queue, "pending_event_ids_session", {})
+        idle = next((s for s in self._bound if not live.get(s) and s not in self._heartbeats), None)
+        if idle is not None:
+            del self._bound[idle]
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         await PlainTextResponse(NOT_YOURS, status_code=403)(scope, receive, send)
@@ -106,9 +120,10 @@ class SessionGuard:
             return
         request = json_object(body)
         session_hash = request.get("session_hash") if isinstance(request, dict) else None
-        if isinstance(session_hash, str) and session_hash and not self.bind(session_hash, scope):
+        cancel = path == CANCEL_PATH  # a cancel opens no session: it binds nothing
+        if isinstance(session_hash, str) and session_hash and not self.bind(session_hash, scope, new=not cancel):
             return await self._refuse(scope, receive, send)
-        if path == CANCEL_PATH:
+        if cancel:
             if not self.is_pending(request):
                 return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive,
                                                                                                       send)
@@ -150,12 +165,15 @@ class SessionGuard:
     async def _stream(self, session_hash: str, scope: Scope, receive: Receive, send: Send) -> None:
         if session_hash not in getattr(self.queue, "pending_messages_per_session", {}):
             return await PlainTextResponse(NOT_FOUND, status_code=404)(scope, receive, send)
-        if not self.bind(session_hash, scope):
+        if not self.bind(session_hash, scope, new=False):  # a known session was bound by the event that opened it
             return await self._refuse(scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _heartbeat(self, session_hash: str, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.bind(session_hash, scope):
+        # A tab opens its heartbeat and its first event at once, in either order: the event binds the session.
+        if not SESSION_HASH.fullmatch(session_hash):
+            return await PlainTextResponse(NOT_FOUND, status_code=404)(scope, receive, send)
+        if not self.bind(session_hash, scope, new=False):
             return await self._refuse(scope, receive, send)
         if session_hash in self._heartbeats:
             return await PlainTextResponse(HEARTBEAT_TAKEN, status_code=409)(scope, receive, send)

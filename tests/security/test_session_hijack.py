@@ -8,6 +8,7 @@ Gradio's own routes. Owlet therefore never prints it or uses it as a label.)"""
 from __future__ import annotations
 
 import time
+import types
 
 import httpx
 import pytest
@@ -184,7 +185,7 @@ def test_a_tab_holds_its_heartbeat_alone(stack):
     url = f"{stack.url}gradio_api/heartbeat/{session_hash}"
     with http("127.0.0.1", "198.51.100.36", timeout=30) as tab, tab.stream("GET", url) as own:
         assert own.status_code == 200
-        with http("127.0.0.1", "198.51.100.36", timeout=30) as attacker:  # the same network (another is 403)
+        with http("127.0.0.1", "198.51.100.36", timeout=30) as attacker:  # the same network
             second = attacker.get(url)
             assert second.status_code == 409, second.text
             assert "already open" in second.text
@@ -208,8 +209,9 @@ def test_a_queue_stream_of_a_session_nobody_opened_is_a_plain_404(stack):
             assert response.status_code == 404 and response.text == "Session not found.", response.text
         assert client.get(stack.url + "gradio_api/queue/data").status_code == 404
         # the API's result stream of an event nobody started reads the id as a session: the same 404
-        response = client.get(stack.url + "gradio_api/call/chat/nobody-started-this")
-        assert response.status_code == 404 and response.text == "Session not found.", response.text
+        for route in ("call/chat", "call/v2/chat"):
+            response = client.get(stack.url + f"gradio_api/{route}/nobody-started-this")
+            assert response.status_code == 404 and response.text == "Session not found.", (route, response.text)
     victim = gradio_client(stack.url, "198.51.100.37")
     _box, _chat, status = ask(victim, "hello").result(timeout=120)  # gradio_client reads queue/data
     assert "First token" in status, status
@@ -240,6 +242,7 @@ def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
                 "data": [token, None, None], "session_hash": victim_hash}),
             attacker.get(stack.url + f"gradio_api/queue/data?session_hash={victim_hash}"),
             attacker.get(stack.url + f"gradio_api/call/chat/{victim_hash}"),
+            attacker.get(stack.url + f"gradio_api/call/v2/chat/{victim_hash}"),  # Gradio's second result route
             attacker.get(stack.url + f"gradio_api/heartbeat/{victim_hash}"),
         ]
         for response in refused:
@@ -251,3 +254,30 @@ def test_a_session_hash_is_bound_to_the_network_that_opened_it(stack, r):
         assert both.status_code == 404, both.text
     _box, chat, status = running.result(timeout=180)
     assert "First token" in status and not bubble_text(chat[-1]).endswith("*(stopped)*"), status
+
+
+def test_the_bindings_cannot_be_grown_or_flushed_by_a_stranger():
+    """A cancel or a heartbeat naming any string bound it (1 MB hashes grew the page by 145 MiB in 150 requests), and
+    50,000 of them, about 90 s of requests from one address, pushed a victim's binding out so a stranger could take
+    the hash. Only requests that open a session bind (they pass the new-session budget and its hash format first),
+    and a live session's binding is never the one forgotten."""
+    from ui.session_guard import SessionGuard
+
+    queue = types.SimpleNamespace(pending_event_ids_session={"victim-tab": {"event-1"}}, event_ids_to_events={},
+                                  pending_messages_per_session={})
+    guard = SessionGuard(app=None, queue=queue, remembered=3)
+
+    def scope(address):
+        return {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
+                "client": (address, 1234), "query_string": b""}
+
+    assert guard.bind("victim-tab", scope("198.51.100.1"))
+    for i in range(1000):  # cancels and heartbeats bind nothing, whatever they name
+        assert guard.bind(f"made-up-{i}" + "x" * 1000, scope("203.0.113.1"), new=False)
+        assert guard.bind(f"made-up-{i}", scope("203.0.113.1"), new=False)
+    assert list(guard._bound) == ["victim-tab"]
+    assert guard.bind("x" * 65, scope("203.0.113.1")) and "x" * 65 not in guard._bound, "not a session hash"
+    for i in range(50):  # sessions the stranger opens: the oldest idle ones go, the victim's live one stays
+        assert guard.bind(f"opened-{i}", scope("203.0.113.1"))
+    assert "victim-tab" in guard._bound and len(guard._bound) == 3
+    assert not guard.bind("victim-tab", scope("203.0.113.1")), "still the victim's"
