@@ -168,8 +168,8 @@ class DecodePool:
     """Image checks run here: a bounded pool of their own, plus a per-address limit on decodes at once.
 
     A decompression-heavy upload then slows only other uploads, never the handlers streaming answers. Every
-    verdict is remembered (``ui.decode_verdicts``), so a file named again, or the same bytes uploaded again, are
-    not decoded again.
+    verdict is remembered (``ui.decode_verdicts``), per client address, so a file named again, or the same bytes
+    uploaded again, are not decoded again for that address.
     """
 
     def __init__(self, workers: int, per_address: int):
@@ -184,22 +184,23 @@ class DecodePool:
         The address's slot is held until the decode itself ends, not until this call does: a client that
         cancels its request mid-decode (the thread cannot be stopped) would otherwise get the slot back at once
         and could keep every decode thread busy with decodes nobody waits for."""
-        file = file_key(path, limits)
+        # Per address: shared by everyone, a fast verdict would tell a stranger that someone uploaded those bytes.
+        file = file_key(path, (limits, address))
         known = self.verdicts.by_file(file)
         if known is not None:
             return _verdict(known)
         self.slots.acquire(address)
         try:
-            decode = self._pool.submit(self._check_file, path, file, limits)
+            decode = self._pool.submit(self._check_file, path, file, limits, address)
         except BaseException:
             self.slots.release(address)
             raise
         decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
         return await asyncio.wrap_future(decode)
 
-    def _check_file(self, path: str, file: tuple | None, limits: UploadLimits) -> CheckedImage:
+    def _check_file(self, path: str, file: tuple | None, limits: UploadLimits, address: str) -> CheckedImage:
         data = read_upload(path, limits)
-        content = content_key(data, limits)
+        content = content_key(data, (limits, address))
         verdict = self.verdicts.by_content(content)
         if verdict is None:
             try:

@@ -361,6 +361,10 @@ def test_an_upload_is_decoded_once_however_often_it_is_named(tmp_path, monkeypat
         with pytest.raises(UploadRejected):
             await pool.check(str(damaged), limits, address)
         assert len(decodes) == 3
+        # Another address checks the same bytes itself: a remembered verdict shared by everyone would answer it at
+        # once, and tell it that someone had uploaded them.
+        assert (await pool.check(str(fine), limits, "198.51.100.70")).width == 64
+        assert len(decodes) == 4
 
     try:
         asyncio.run(scenario())
