@@ -183,15 +183,20 @@ if tonumber(redis.call('GET', QUEUED) or '0') >= global_cap then return {-2} end
 local sent_image = image ~= ''
 local new_image = sent_image and redis.call('EXISTS', IK) == 0
 local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
-local HELD, SIZES, expires = KEYS[20], KEYS[21], tonumber(now) + tonumber(image_ttl)
 -- The total is what is held now: images whose TTL has run out give their bytes back (a bounded batch a call; a
 -- backlog only over-counts until later calls). A window of new bytes let images stored late in one window outlive
--- it (twice the total held), and a turn about an old image kept it alive past any window.
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', now, 'LIMIT', 0, 256)) do
+-- it (twice the total held), and a turn about an old image kept it alive past any window. Expiry times are Redis's
+-- own clock, the one that expires the images (a UI replica's clock may be off).
+local clock = redis.call('TIME')
+local held_now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local HELD, SIZES, expires = KEYS[20], KEYS[21], held_now + tonumber(image_ttl)
+redis.call('PERSIST', QT)  -- the counter of an older Owlet was a window with a TTL
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
   redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, gone) or '0'))
   redis.call('HDEL', SIZES, gone)
   redis.call('ZREM', HELD, gone)
 end
+if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
 if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
@@ -207,13 +212,20 @@ end
 local charged = {}
 if sent_image then charged = {QU, QG} end
 if new_image then
+  -- an entry left from when these bytes were stored before (expired, its purge still waiting) is given back first
+  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, IK) or '0'))
   redis.call('SET', IK, image, 'EX', image_ttl)
   redis.call('INCRBY', QT, #image)  -- the service total counts bytes held, once, until they go
   redis.call('ZADD', HELD, expires, IK)
   redis.call('HSET', SIZES, IK, #image)
 elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
   redis.call('EXPIRE', IK, image_ttl)
-  redis.call('ZADD', HELD, 'XX', expires, IK)
+  if redis.call('HEXISTS', SIZES, IK) == 0 then  -- held but not counted (purged early, or stored before the count)
+    local size = redis.call('STRLEN', IK)
+    redis.call('INCRBY', QT, size)
+    redis.call('HSET', SIZES, IK, size)
+  end
+  redis.call('ZADD', HELD, expires, IK)
 end
 for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for text: pushing the expiry out on
   -- every charge would count bytes since the last quiet day, and a busy service would never get its quota back

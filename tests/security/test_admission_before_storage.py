@@ -201,6 +201,36 @@ def test_the_service_total_counts_the_images_held_now(queue_client):
     assert c.r.zcard(c.keys.images_held()) == 1 and c.r.hlen(c.keys.image_sizes()) == 1
 
 
+def test_the_service_total_does_not_drift(queue_client):
+    """Ways the count of held image bytes drifted (hostile audit): the window counter of an older Owlet kept its TTL
+    and went negative; an image sent again after it expired, while its old entry waited beyond the purge batch, was
+    counted twice, for good; an image purged early by a UI replica whose clock ran ahead, then refreshed, was held
+    uncounted."""
+    from worker.job_states import TOTAL_IMAGES
+
+    images = [jpeg(i) for i in range(3)]
+    c = queue_client(image_ttl_s=2, group_job_cap=10, group_submit_limit=100)
+    held, entries, sizes = c.keys.image_quota(TOTAL_IMAGES), c.keys.images_held(), c.keys.image_sizes()
+    c.r.set(held, -154, ex=60)  # an older Owlet's window, after the new count gave back what it had not counted
+    c.submit("anon:a", None, "a question", group="addr:1")
+    assert int(c.r.get(held)) == 0 and c.r.ttl(held) == -1, "clamped, and no longer a window"
+
+    first = c.submit("anon:a", None, "a picture", image=images[0], group="addr:1")
+    image_key = c.keys.image(first.image_sha)
+    c.r.zadd(entries, {image_key: 2e12})  # as if its purge were still waiting behind a backlog
+    time.sleep(2.2)  # the picture expires
+    c.submit("anon:b", None, "the same picture again", image=images[0], group="addr:2")
+    assert int(c.r.get(held)) == len(images[0]), "counted once"
+
+    c.r.zrem(entries, image_key)  # purged early (a replica's clock ahead of Redis's)
+    c.r.hdel(sizes, image_key)
+    c.r.decrby(held, len(images[0]))
+    c.jobs.cancel(first.job)
+    c.submit("anon:a", first.conv, "about it again", image_sha=first.image_sha, group="addr:1")
+    assert int(c.r.get(held)) == len(images[0]), "a held picture a turn keeps alive is counted again"
+    assert c.r.zscore(entries, image_key) is not None
+
+
 def test_text_quotas_per_identity_and_per_address_bound_what_turns_store(queue_client):
     """Turns live a week and each job's payload carries the history: long questions at the submit rate were a
     way to fill Redis. Text stored (turn plus payload, in bytes) has a daily quota per identity and address."""
