@@ -129,7 +129,25 @@ class SessionGuard:
                                                                                                       send)
             body = await self._cancel_only_the_named_event(request)
             replay = replaying(body, receive)
+        if path.startswith(CALL_PREFIX) and not (isinstance(session_hash, str) and session_hash):
+            # Without a session hash, Gradio makes the event's id its session: bind that, before the caller learns it.
+            send = self._binding_returned_event(scope, send)
         await self.app(scope, replay, send)
+
+    def _binding_returned_event(self, scope: Scope, send: Send) -> Send:
+        """A ``send`` that binds the event id in a ``/call/<api>`` answer (``{"event_id": ...}``) to the caller's
+        address, before the answer's last byte leaves."""
+        chunks: list[bytes] = []
+
+        async def binding_send(message) -> None:
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    event_id = (json_object(b"".join(chunks)) or {}).get("event_id")
+                    if isinstance(event_id, str) and event_id:
+                        self.bind(event_id, scope)
+            await send(message)
+        return binding_send
 
     def is_pending(self, request) -> bool:
         """Whether a cancel request names an event that is pending in the session it names."""

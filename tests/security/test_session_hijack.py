@@ -281,3 +281,33 @@ def test_the_bindings_cannot_be_grown_or_flushed_by_a_stranger():
         assert guard.bind(f"opened-{i}", scope("203.0.113.1"))
     assert "victim-tab" in guard._bound and len(guard._bound) == 3
     assert not guard.bind("victim-tab", scope("203.0.113.1")), "still the victim's"
+
+
+def test_an_api_call_without_a_session_hash_is_bound_to_its_caller(stack):
+    """Attack 2f: Gradio's plain HTTP flow (POST /call/<api>, then GET /call/<api>/<event id>) sends no session hash:
+    Gradio makes the event id the session. It was never bound, so whoever learnt the id (a log, a shared curl
+    command) read the answer, took its stream, or cancelled it, from any network. The returned id is bound to the
+    caller before the caller receives it."""
+    with http("127.0.0.1", "198.51.100.39", timeout=60) as owner, \
+            http("127.0.0.1", "203.0.113.39", timeout=30) as stranger:
+        token = identity(owner, stack.url)
+        started = owner.post(stack.url + "gradio_api/call/chat",
+                             json={"data": [{"text": "Tell me a long story.", "files": []}, LONG, token]})
+        assert started.status_code == 200, started.text
+        event_id = started.json()["event_id"]
+        chat_fn = _fn_index_of(stack.url, "chat")
+        refused = [stranger.get(stack.url + f"gradio_api/call/chat/{event_id}"),
+                   stranger.get(stack.url + f"gradio_api/queue/data?session_hash={event_id}"),
+                   stranger.post(stack.url + "gradio_api/cancel",
+                                 json={"session_hash": event_id, "event_id": event_id, "fn_index": chat_fn})]
+        for response in refused:  # the answer is still being written (LONG tokens)
+            assert response.status_code == 403, (response.request.url, response.status_code, response.text)
+        events = []
+        with owner.stream("GET", stack.url + f"gradio_api/call/chat/{event_id}") as stream:
+            assert stream.status_code == 200
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    events.append(line.split(":", 1)[1].strip())
+                    if events[-1] in ("complete", "error"):
+                        break
+        assert events[-1] == "complete", events
