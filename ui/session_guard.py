@@ -58,8 +58,8 @@ NOT_FOUND = "Session not found."
 
 class SessionGuard:
     """ASGI middleware over Gradio's app; ``queue`` is the page's Gradio ``Queue`` (its pending events and message
-    queues). ``remembered`` bindings are kept, least recently used first out (a session that comes back after
-    its binding was forgotten is bound again by its next request)."""
+    queues). ``remembered`` bindings are kept; the least recently used one with nothing pending goes first (a
+    session that comes back after its binding was forgotten is bound again by its next event)."""
 
     def __init__(self, app: ASGIApp, queue, addresses: ClientAddresses = DIRECT, remembered: int = 50_000) -> None:
         self.app, self.queue, self.addresses, self.remembered = app, queue, addresses, remembered
@@ -75,7 +75,8 @@ class SessionGuard:
         if method == "GET" and path.startswith(HEARTBEAT_PREFIX):
             return await self._heartbeat(path[len(HEARTBEAT_PREFIX):].strip("/"), scope, receive, send)
         if method == "GET" and path == QUEUE_DATA_PATH:
-            named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [])
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            named = query.get("session_hash", [])
             # Exactly one: with two, this would check one and Gradio read the other (it takes the last).
             return await self._stream(named[0] if len(named) == 1 else "", scope, receive, send)
         if method == "GET" and path.startswith(CALL_PREFIX) and "/" in path[len(CALL_PREFIX):].strip("/"):
