@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
-from ui.request_body import buffered, json_object, replaying
+from ui.request_body import buffered, json_object, replaying, session_hash_of
 from ui.session_budget import SESSION_HASH
 
 CANCEL_PATH = "/gradio_api/cancel"
@@ -120,9 +120,9 @@ class SessionGuard:
         if not complete:
             return
         request = json_object(body)
-        session_hash = request.get("session_hash") if isinstance(request, dict) else None
+        session_hash = session_hash_of(body)
         cancel = path == CANCEL_PATH  # a cancel opens no session: it binds nothing
-        if isinstance(session_hash, str) and session_hash and not self.bind(session_hash, scope, new=not cancel):
+        if session_hash is not None and not self.bind(session_hash, scope, new=not cancel):
             return await self._refuse(scope, receive, send)
         if cancel:
             if not self.is_pending(request):
@@ -130,7 +130,7 @@ class SessionGuard:
                                                                                                       send)
             body = await self._cancel_only_the_named_event(request)
             replay = replaying(body, receive)
-        if path.startswith(CALL_PREFIX) and not (isinstance(session_hash, str) and session_hash):
+        if path.startswith(CALL_PREFIX) and session_hash is None:
             # Without a session hash, Gradio makes the event's id its session: bind that, before the caller learns it.
             send = self._binding_returned_event(scope, send)
         await self.app(scope, replay, send)
