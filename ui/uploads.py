@@ -159,11 +159,6 @@ def _known_other_format(data: bytes) -> str | None:
     return next((name for magic, name in _OTHER_FORMATS if head.startswith(magic)), None)
 
 
-def check_upload(path: str, limits: UploadLimits) -> CheckedImage:
-    """Read and check an uploaded file by path (what Gradio hands the page)."""
-    return check_image(read_upload(path, limits), limits)
-
-
 class DecodePool:
     """Image checks run here: a bounded pool of their own, plus a per-address limit on decodes at once.
 

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from ui.uploads import UploadLimits, UploadRejected, check_image, check_upload
+from ui.uploads import UploadLimits, UploadRejected, check_image, read_upload
 
 LIMITS = UploadLimits(max_bytes=2 * 1024 * 1024, max_pixels=4_000_000, max_side=256,
                       allowed_formats=("PNG", "JPEG", "WEBP", "GIF", "BMP"))
@@ -90,7 +90,7 @@ def test_wrong_type_is_rejected_by_content_not_name(tmp_path):
     pdf = tmp_path / "picture.png"  # lies about its type
     pdf.write_bytes(b"%PDF-1.4\n1 0 obj << >> endobj\ntrailer << >>\n%%EOF\n")
     with pytest.raises(UploadRejected, match="Supported types: PNG"):
-        check_upload(str(pdf), LIMITS)
+        check_image(read_upload(str(pdf), LIMITS), LIMITS)
 
 
 def test_real_image_of_a_format_not_allowed_is_rejected():
@@ -104,7 +104,7 @@ def test_huge_byte_size_is_rejected_before_reading(tmp_path):
     with open(big, "wb") as fh:
         fh.truncate(LIMITS.max_bytes + 1)  # sparse: no need to write 2 MB
     with pytest.raises(UploadRejected, match="limit is 2.0 MB"):
-        check_upload(str(big), LIMITS)
+        read_upload(str(big), LIMITS)
 
 
 def test_empty_file_is_rejected():
