@@ -49,6 +49,13 @@ def _in_use(session) -> bool:
     return isinstance(session, dict) and any(session.get(key) for key in ("user", "conversation", "job"))
 
 
+def _belongs_to_another(session, user) -> bool:
+    """Whether a page session is another identity's: a client can name any session hash, and then must not act
+    on or learn about the chat behind it."""
+    owner = session.get("user") if isinstance(session, dict) else None  # None: a tab nobody has used yet
+    return owner not in (None, user)
+
+
 def _box(busy: bool, text: str = ""):
     """The input box: locked with a Stop button while answering, open with Send otherwise."""
     if busy:
@@ -89,8 +96,7 @@ class ChatHandlers:
         """
         try:
             caller = self._caller(request, browser_id)
-            owner = session.get("user") if isinstance(session, dict) else None
-            if owner not in (None, caller.user):  # another tab's session hash: its chat is not the caller's
+            if _belongs_to_another(session, caller.user):
                 yield _box(False), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
                 return
             with self.event_slots.hold(caller.address):
@@ -164,7 +170,7 @@ class ChatHandlers:
             user = self._caller(request, browser_id).user
         except IdentityRequired:
             return gr.skip()
-        if session.get("user") not in (None, user):
+        if _belongs_to_another(session, user):
             return gr.skip()
         return {"conversation": session.get("conversation")}
 
@@ -362,8 +368,7 @@ class ChatHandlers:
         except IdentityRequired:
             user = None
         session_hash = getattr(request, "session_hash", None)
-        owners = {session.get("user"), self.live.owner(session_hash)} - {None}
-        if owners - {user}:
+        if _belongs_to_another(session, user) or self.live.owner(session_hash) not in (None, user):
             return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
         if user is not None:
             self.live.abandon(session_hash, user)
