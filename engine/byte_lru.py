@@ -74,6 +74,11 @@ class ByteLRU:
         with self._lock:
             return list(self._items)
 
+    def items(self) -> list:
+        """(key, value, {pool: nbytes}) for every entry, least recently used first; recency is left as it was."""
+        with self._lock:
+            return [(key, value, dict(sizes)) for key, (value, sizes) in self._items.items()]
+
     def _remove(self, key):
         item = self._items.pop(key, None)
         if item is None:

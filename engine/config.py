@@ -29,6 +29,10 @@ class EngineConfig:
     session_cache: bool = True
     session_budget_mb: float | None = None  # None: 256 MB on CPU; a fraction of free memory on CUDA
     session_budget_fraction: float = 0.5  # CUDA only: share of free memory after load and batch reserve
+    # Most of each session pool one owner may hold (the worker names the client group, i.e. the address or
+    # login the page derived): a client's many conversations then evict its own oldest caches, never everyone
+    # else's. An entry larger than the share is not kept (that conversation's next turn recomputes). 1.0: no cap.
+    session_owner_share: float = 0.25
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
@@ -81,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
         if self.cpu_onednn_linear not in ("auto", "on", "off"):
             raise ValueError(f"cpu_onednn_linear must be auto, on or off, got {self.cpu_onednn_linear!r}")
+        if not 0.0 < self.session_owner_share <= 1.0:
+            raise ValueError("session_owner_share must be in (0, 1]")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

@@ -61,8 +61,12 @@ class LLMEngine:
 
     # -- public API (any thread) ----------------------------------------------
     def add_request(self, messages, sampling: SamplingParams | None = None, *, session_id: str | None = None,
-                    request_id: str | None = None, deadline_s: float | None = None) -> RequestHandle:
-        """Validate and enqueue one chat turn. Raises ValueError with a user-facing message on bad input."""
+                    request_id: str | None = None, deadline_s: float | None = None,
+                    owner: str | None = None) -> RequestHandle:
+        """Validate and enqueue one chat turn. Raises ValueError with a user-facing message on bad input.
+
+        ``owner`` names who the conversation belongs to for the session cache's fair share
+        (``EngineConfig.session_owner_share``); None: not capped."""
         sampling = sampling or SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise ValueError("sampling must be a SamplingParams")
@@ -78,7 +82,7 @@ class LLMEngine:
         req = Request(
             request_id=request_id, prompt=prompt, params=sampling, handle=RequestHandle(request_id),
             detokenizer=IncrementalDetokenizer(self.runner.processor.tokenizer, sampling.stop),
-            session_id=session_id, max_len=max_len,
+            session_id=session_id, owner=owner, max_len=max_len,
             deadline=None if budget is None else time.monotonic() + budget,
             generator=make_generator(sampling, self.config.seed),
         )

@@ -31,6 +31,7 @@ class Request:
     handle: RequestHandle
     detokenizer: IncrementalDetokenizer
     session_id: str | None = None
+    owner: str | None = None  # whose conversation, for the session cache's per-owner share
     deadline: float | None = None  # time.monotonic() value
     max_len: int = 0  # hard cap on prompt + output tokens (the model's context)
     arrival: float = field(default_factory=time.monotonic)

@@ -40,7 +40,7 @@ SERVICE_RESTARTING = "The chat service was restarting while answering. Please tr
 class EngineSlots(Protocol):
     """What the runner needs of the worker process around the engine (``WorkerRuntime`` provides it)."""
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str): ...
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, owner: str): ...
     def forget(self, job_id: str) -> None: ...
     def dispatch_soon(self) -> None: ...
 
@@ -93,7 +93,8 @@ class JobRunner:
         if self.r.exists(self.keys.cancel(job_id)):
             self._end(job_id, "cancelled")
             return
-        job = parse_job(self.r.hget(self.keys.job(job_id), "payload"), s.history_max_turns, s.history_max_chars)
+        payload, group = self.r.hmget(self.keys.job(job_id), "payload", "group")
+        job = parse_job(payload, s.history_max_turns, s.history_max_chars)
         if job.job_id != job_id:
             raise InvalidInput("The job payload names a different job.")
         if self.convs.owner(job.conv) != job.user:
@@ -101,7 +102,10 @@ class JobRunner:
         sampling = SamplingParams.from_dict(job.sampling)
         messages = self._messages(job)
         started = time.monotonic()
-        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv)
+        # The session cache's share is per client group (the address or login SUBMIT recorded), not per user:
+        # one network minting many identities still holds one share.
+        owner = group.decode() if isinstance(group, bytes) else group
+        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv, owner or job.user)
         writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
         last = None
         for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):

@@ -87,11 +87,11 @@ class WorkerRuntime:
     def run_job(self, job_id, dispatch_n) -> None:
         self.runner.run(job_id, dispatch_n)
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str):
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, owner: str):
         with self._lock:
             self._active.add(job_id)
         return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
-                                       deadline_s=self.settings.job_deadline_s)
+                                       deadline_s=self.settings.job_deadline_s, owner=owner)
 
     def forget(self, job_id: str) -> None:
         with self._lock:

@@ -60,8 +60,9 @@ class OwlSessionStore(SessionStore):
             layer: (park_kv(k[None], self.park_mode, self.group_size, where, per_channel=per_channel),
                     park_kv(v[None], self.park_mode, self.group_size, where))
             for layer, (k, v) in im.kv.items()}) for im in row.images]
-        full = OwlSessionEntry(entry.token_ids, entry.kv, entry.conv_checkpoints, entry.hybrid, images=images)
-        self.entries.put(req.session_id, full, full.nbytes_by_pool(self.device))
+        full = OwlSessionEntry(entry.token_ids, entry.kv, entry.conv_checkpoints, entry.hybrid, entry.owner,
+                               images=images)
+        self._store(req.session_id, full)
 
     def restore(self, req) -> None:
         super().restore(req)

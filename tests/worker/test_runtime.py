@@ -92,3 +92,20 @@ def test_bad_dispatch_number_fails_only_a_waiting_job(runtime_client):
     events = collect(client, job)
     assert events[-1]["type"] == "error" and "malformed" in events[-1]["message"]
     runtime.run_job(None, 1)  # no job id at all: dropped with a log line, the worker carries on
+
+
+def test_the_session_cache_share_is_the_client_groups_not_the_users(runtime_client):
+    """Two identities from one network share one share of the engine's session cache: the runner names the group
+    SUBMIT recorded (the address the page derived), so minting identities does not buy more cache."""
+    runtime, client = runtime_client
+    for user in ("ann", "bob"):
+        conv = client.new_conversation(user)
+        job = client.submit(user, conv, "hi", sampling={"max_new_tokens": 2}, group="203.0.113.9").job
+        runtime.run_job(job, dispatched(client, job))
+        assert types(collect(client, job))[-1] == "done"
+    owners = [entry.owner for key, entry, _ in runtime.engine.sessions.entries.items() if not key.startswith("prefix:")]
+    assert owners == ["203.0.113.9", "203.0.113.9"]
+    conv = client.new_conversation("cy")
+    job = client.submit_turn("cy", conv, "hi", sampling={"max_new_tokens": 2})  # no group: the user is its own
+    runtime.run_job(job, dispatched(client, job))
+    assert runtime.engine.sessions.entries.items()[-1][1].owner == "cy"
