@@ -66,6 +66,8 @@ class IdentityIssuer:
         parts = token.split(".")
         if len(parts) != 3 or parts[0] != TOKEN_VERSION or len(parts[1]) != 32:
             return None
+        if not parts[2].isascii():  # compare_digest raises on non-ASCII str: a forged token, not a server error
+            return None
         if not hmac.compare_digest(parts[2], self._sign(parts[1])):
             return None
         return parts[1]

@@ -30,7 +30,8 @@ def test_minted_token_verifies_and_is_stable_across_sessions():
 
 
 @pytest.mark.parametrize("forged", ["../../etc", "user:alice", "", 42, None, "a" * 32, {"id": 1},
-                                    "v1." + "a" * 32 + "." + "0" * 32])
+                                    "v1." + "a" * 32 + "." + "0" * 32, "v1." + "a" * 32 + ".\u00e9",
+                                    "v1." + "\u00e9" * 32 + ".00"])
 def test_forged_or_missing_tokens_are_refused_and_replaced(forged):
     with pytest.raises(IdentityRequired):
         identify(request(), forged, ISSUER)
