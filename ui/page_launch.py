@@ -29,6 +29,7 @@ import time
 import httpx
 
 from ui import header_deadline
+from ui.session_states import keep_open_tabs_states
 
 # What Gradio itself accepts as "the page is served": 401/30x are a login in front of it.
 SERVED = (200, 301, 302, 303, 307, 308, 401)
@@ -109,6 +110,7 @@ def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOU
         raise PageNotServed(f"cannot serve the page on {where}: that port is in use, or the address is not "
                             "this machine's. Choose another with --port (OWLET_UI_PORT) or --host (OWLET_UI_HOST). "
                             f"({exc})") from exc
+    keep_open_tabs_states(page)  # the state holder exists once the app does
     try:
         return wait_until_served(local_probe_url(page), ready_timeout_s,
                                  verify=launch_kwargs.get("ssl_verify", True))

@@ -33,6 +33,7 @@ from ui.public_routes import PublicRoutes
 from ui.session_budget import NewSessionBudget, SessionLedger
 from ui.session_guard import SessionGuard
 from ui.session_queues import keep_sessions_with_answers
+from ui.session_states import open_tabs_of
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
@@ -107,7 +108,8 @@ def build(config, client=None):
                                                                    config.address_new_sessions_window_s),
                                               addresses=addresses),
                                    # A session hash is bound to the network that first named it (ui.session_guard).
-                                   Middleware(SessionGuard, queue=page._queue, addresses=addresses)]},
+                                   Middleware(SessionGuard, queue=page._queue, addresses=addresses,
+                                              heartbeats=open_tabs_of(page))]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.

@@ -61,10 +61,12 @@ class SessionGuard:
     queues). ``remembered`` bindings are kept; the least recently used one with nothing pending goes first (a
     session that comes back after its binding was forgotten is bound again by its next event)."""
 
-    def __init__(self, app: ASGIApp, queue, addresses: ClientAddresses = DIRECT, remembered: int = 50_000) -> None:
+    def __init__(self, app: ASGIApp, queue, addresses: ClientAddresses = DIRECT, remembered: int = 50_000,
+                 heartbeats: set[str] | None = None) -> None:
         self.app, self.queue, self.addresses, self.remembered = app, queue, addresses, remembered
         self._bound: OrderedDict[str, str] = OrderedDict()
-        self._heartbeats: set[str] = set()
+        # Sessions with an open heartbeat, i.e. a tab the page has open (shared with ui.session_states).
+        self._heartbeats: set[str] = set() if heartbeats is None else heartbeats
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

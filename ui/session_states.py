@@ -1,0 +1,55 @@
+"""Gradio's per-session state, kept so that new sessions never push out a tab that is still open.
+
+Every tab's ``gr.State`` (the conversation it is in, its pictures, the answer it is streaming) lives in Gradio's
+``StateHolder``: 10,000 sessions, and past that the least recently *used* one is dropped, open tab or not. The
+new-session budget (``ui.session_budget``) holds each address to 240 new sessions per 10 minutes, so about 42
+addresses (an IPv6 tunnel's /48 holds 65,536 /64s, each its own address here) pushed every other tab out: an audit
+(2026-12-02) flooded 10,250 ``/run/identity`` calls from 50 addresses in 39 s, and the victim's next question in
+the same tab lost its chat and picture ("I only know about shapes…"), and a Stop would have found nothing to stop.
+
+With ``keep_open_tabs_states``, the session dropped is the least recently used one with no open heartbeat (a tab
+the page has open keeps one; ``ui.session_guard`` records them) and no pending event. If every session is live the
+holder grows past its capacity instead; that is bounded by the connections an address may hold
+(``ui.held_connections``) and the events Gradio admits.
+"""
+from __future__ import annotations
+
+import types
+
+OPEN_TABS_ATTRIBUTE = "_owlet_open_tabs"
+
+
+def open_tabs_of(page) -> set[str]:
+    """The set of session hashes with an open heartbeat, shared by the session guard and the state holder."""
+    tabs = getattr(page, OPEN_TABS_ATTRIBUTE, None)
+    if tabs is None:
+        tabs = set()
+        setattr(page, OPEN_TABS_ATTRIBUTE, tabs)
+    return tabs
+
+
+def keep_open_tabs_states(page) -> None:
+    """After ``page.launch`` (which makes the state holder): drop only idle sessions' state. A Gradio version
+    without ``state_holder`` is left as it is."""
+    holder = getattr(page, "state_holder", None)
+    if holder is None or not hasattr(holder, "session_data"):
+        return
+    open_tabs = open_tabs_of(page)
+    queue = getattr(page, "_queue", None)
+
+    def live(session_hash: str) -> bool:
+        pending = getattr(queue, "pending_event_ids_session", {})
+        return session_hash in open_tabs or bool(pending.get(session_hash))
+
+    def update(self, session_id: str) -> None:
+        with self.lock:
+            if session_id in self.session_data:
+                self.session_data.move_to_end(session_id)
+            while len(self.session_data) > self.capacity:
+                idle = next((s for s in self.session_data if s != session_id and not live(s)), None)
+                if idle is None:  # every session is in use: hold them all
+                    return
+                del self.session_data[idle]
+                self.time_last_used.pop(idle, None)
+
+    holder.update = types.MethodType(update, holder)
