@@ -35,6 +35,7 @@ from ui.session_guard import SessionGuard
 from ui.session_queues import keep_sessions_with_answers
 from ui.session_states import open_tabs_of
 from ui.upload_budget import UploadBudget, UploadLedger
+from ui.upload_owners import UploadOwners
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
@@ -103,6 +104,8 @@ def build(config, client=None):
                                    Middleware(UploadBudget, ledger=upload_ledger(config),
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
                                               addresses=addresses),
+                                   # An uploaded file is served back only to the address that uploaded it.
+                                   Middleware(UploadOwners, addresses=addresses),
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),

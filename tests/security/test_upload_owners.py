@@ -1,0 +1,56 @@
+"""An uploaded file is served back only to the address that uploaded it (ui.upload_owners).
+
+Gradio's upload folder is named by the bytes alone, so a stranger who uploaded the same picture learnt its folder
+and could ask for the victim's file name there: 200 said someone had uploaded that exact picture, 403 that nobody
+had (a hostile audit, 2026-12-02)."""
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+from PIL import Image
+
+from tests.security.attack import http
+
+pytestmark = pytest.mark.timeout(120)
+
+VICTIM, STRANGER = "198.51.100.7", "203.0.113.9"
+
+
+def private_picture() -> bytes:
+    image = Image.new("RGB", (64, 64), tuple(random.randrange(256) for _ in range(3)))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def upload(url: str, address: str, data: bytes, name: str) -> str:
+    with http(forwarded=address) as client:
+        response = client.post(url + "gradio_api/upload", files={"files": (name, data, "image/png")})
+    response.raise_for_status()
+    (path,) = response.json()
+    return path
+
+
+def fetch(url: str, address: str, path: str, method: str = "GET"):
+    with http(forwarded=address) as client:
+        return client.request(method, f"{url}gradio_api/file={path}")
+
+
+def test_a_stranger_cannot_tell_whether_a_picture_was_uploaded(quiet_page):
+    url, _owlet = quiet_page
+    data = private_picture()
+    victims = upload(url, VICTIM, data, "image.png")
+    probe = upload(url, STRANGER, data, "zz-probe.png")
+    folder = probe.rsplit("/", 1)[0]
+    assert victims == f"{folder}/image.png", "same bytes, same folder: the stranger can name the victim's file"
+    never_uploaded = f"{folder}/photo.png"
+    for method in ("GET", "HEAD"):
+        taken, missing = fetch(url, STRANGER, victims, method), fetch(url, STRANGER, never_uploaded, method)
+        assert taken.status_code == missing.status_code == 403, (method, taken.status_code, missing.status_code)
+        assert taken.text.replace(victims, "X") == missing.text.replace(never_uploaded, "X"), "told apart by the body"
+    assert fetch(url, VICTIM, victims).content == data, "the uploader still sees its own picture"
+    assert fetch(url, STRANGER, probe).content == data, "and so does the stranger, its own copy"
+    spelled_otherwise = victims.replace(folder, folder + "/../" + folder.rsplit("/", 1)[1])
+    assert fetch(url, STRANGER, spelled_otherwise).status_code == 403, "another spelling of the same path"

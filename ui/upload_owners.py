@@ -1,0 +1,96 @@
+"""An uploaded file is served back only to the address that uploaded it.
+
+Gradio stores each upload at ``<upload dir>/<sha256(install seed + bytes)>/<file name>`` and serves any file there
+to anyone at ``/gradio_api/file=<path>``. The folder is a function of the bytes alone, so a stranger who uploads
+the same picture learns its folder from the upload's answer, and can then ask for the names a browser gives a
+picture (``image.png`` for a pasted one): 200 meant someone had uploaded exactly that picture within the cache's
+lifetime, 403 that nobody had (a hostile audit, 2026-12-02). That is the "did anyone upload this picture?" question
+the image quotas and decode verdicts were changed not to answer.
+
+So every path an upload returns is recorded with the uploading client's address, and a request for a recorded
+path from any other address gets exactly what Gradio answers for a file that does not exist (403, "File not
+allowed: <path>."). Paths no upload returned (the example pictures Gradio caches at start, and uploads from
+before a restart) are left to Gradio's own rules. Within one address (people behind one NAT) files stay shared.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ui.identity import DIRECT, ClientAddresses
+from ui.public_routes import FILE_PREFIXES, UPLOAD_PATH
+
+MAX_RECORDED_PATHS = 200_000  # about 40 MB; the oldest record goes first (the cache deletes files after an hour)
+MAX_UPLOAD_ANSWER_BYTES = 64 * 1024  # an upload answers with one path (ui.upload_cache allows one file)
+
+
+class UploadOwners:
+    """ASGI middleware: records who uploaded each path, and refuses served files to other addresses."""
+
+    def __init__(self, app: ASGIApp, addresses: ClientAddresses = DIRECT, remembered: int = MAX_RECORDED_PATHS):
+        self.app, self.addresses, self.remembered = app, addresses, remembered
+        self._owners: OrderedDict[str, set[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if scope["method"] == "POST" and path == UPLOAD_PATH:
+            return await self.app(scope, receive, self._recording(self.addresses.of(Request(scope)), send))
+        if scope["method"] in ("GET", "HEAD") and path.startswith(FILE_PREFIXES):
+            target = path[len(next(p for p in FILE_PREFIXES if path.startswith(p))):]
+            if not self.may_read(self.addresses.of(Request(scope)), target):
+                # Word for word what Gradio answers for a path that is not there (gradio.route_utils.file_fetch).
+                return await JSONResponse({"detail": f"File not allowed: {target}."}, status_code=403)(
+                    scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def may_read(self, address: str, target: str) -> bool:
+        with self._lock:
+            owners = self._owners.get(_key(target))
+        return owners is None or address in owners
+
+    def record(self, address: str, path: str) -> None:
+        key = _key(path)
+        with self._lock:
+            self._owners.setdefault(key, set()).add(address)
+            self._owners.move_to_end(key)
+            while len(self._owners) > self.remembered:
+                self._owners.popitem(last=False)
+
+    def _recording(self, address: str, send: Send) -> Send:
+        """``send`` that also reads the upload's answer (a JSON list of stored paths) and records them."""
+        status, body = 0, bytearray()
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and status == 200:
+                if len(body) <= MAX_UPLOAD_ANSWER_BYTES:
+                    body.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self._record_answer(address, bytes(body))
+            await send(message)
+        return recording_send
+
+    def _record_answer(self, address: str, body: bytes) -> None:
+        try:
+            paths = json.loads(body)
+        except ValueError:
+            return
+        for path in paths if isinstance(paths, list) else ():
+            if isinstance(path, str):
+                self.record(address, path)
+
+
+def _key(path: str) -> str:
+    """One spelling per file: how Gradio would resolve it (``..``, doubled slashes and links undone)."""
+    return os.path.realpath(path)
