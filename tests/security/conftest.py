@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.redis_server import running_redis, unique_prefix
 from tests.security.attack import LIMITS, METRICS_TOKEN
-from tests.ui.stack import free_port, launched_page, running_stack, tiny_model
+from tests.security.pages import page_without_worker
+from tests.ui.stack import running_stack, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -39,16 +39,6 @@ def r(stack):
 def quiet_page():
     """A real page on a real Redis with no worker: every admitted job stays queued and its answer stream
     stays open, so holding slots and caps is deterministic. Yields (url, OwletClient)."""
-    from ui.config import UIConfig
-    from worker.client import OwletClient
-    from worker.config import Settings
-
-    with running_redis() as redis_url:
-        prefix = unique_prefix("sec-quiet")
-        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
-                                                        group_job_cap=LIMITS["group_jobs"]))
-        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
-                          address_max_events=LIMITS["events"], max_threads=8, metrics_token=METRICS_TOKEN,
-                          max_upload_bytes=LIMITS["upload_bytes"], queue_poll_s=0.5)
-        with launched_page(config, client) as (url, client):
-            yield url, client
+    with page_without_worker("sec-quiet", address_max_events=LIMITS["events"], metrics_token=METRICS_TOKEN,
+                             max_upload_bytes=LIMITS["upload_bytes"]) as (url, client):
+        yield url, client

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from tests.redis_server import running_redis, unique_prefix
-from tests.security.attack import LIMITS, gradio_client, http, identity
-from tests.ui.stack import free_port
+from tests.security.attack import gradio_client, http, identity
+from tests.security.pages import page_without_worker
 from ui.session_queues import LiveSessionQueues
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,40 +42,28 @@ def test_least_recently_used_idle_session_goes_and_a_busy_one_never():
 
 
 def test_a_flood_of_new_sessions_does_not_end_an_answer_in_flight():
-    from ui.config import UIConfig
-    from ui.page_launch import launch_page
-    from ui.server import build
-    from worker.client import OwletClient
-    from worker.config import Settings
+    pages = []
 
-    with running_redis() as redis_url:
-        prefix = unique_prefix("sec-queues")
-        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
-                                                        group_job_cap=LIMITS["group_jobs"]))
-        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
-                          max_threads=8, queue_poll_s=0.5)
-        page, launch_kwargs, client, _metrics = build(config, client)
+    def scaled_down(page) -> None:
         queues = page._queue.pending_messages_per_session
         assert isinstance(queues, LiveSessionQueues)
         queues.max_size = 4  # Gradio's 2,000, scaled down so a test reaches it
-        launch_page(page, launch_kwargs)
-        url = f"http://127.0.0.1:{config.port}/"
-        try:
-            visitor = gradio_client(url, "198.51.100.40")
-            # No worker: the job stays queued and its answer stream stays open, showing the queue position.
-            job = visitor.submit({"text": "Describe it.", "files": []}, 16, visitor.owlet_token, api_name="/chat")
-            deadline = time.monotonic() + 30
-            while not job.outputs():
-                assert time.monotonic() < deadline, "the question never showed in the visitor's stream"
-                time.sleep(0.1)
-            for i in range(12):  # three times the store's size in new sessions, from other addresses
-                assert identity(http(forwarded=f"203.0.113.{50 + i}"), url).startswith("v1.")
-            assert visitor.session_hash in queues, "the session with an answer in flight was kept"
-            assert len(queues) <= 4 + 1
-            _box, stop_status = visitor.predict(visitor.owlet_token, api_name="/stop")
-            assert stop_status.startswith("Stopped."), stop_status
-            _box, _chat, status = job.result(timeout=30)  # the stream ends normally, not "session not found"
-            assert status == "Stopped.", status
-        finally:
-            page.close()
-            client.close(purge=True)
+        pages.append(page)
+
+    with page_without_worker("sec-queues", before_launch=scaled_down) as (url, _client):
+        queues = pages[0]._queue.pending_messages_per_session
+        visitor = gradio_client(url, "198.51.100.40")
+        # No worker: the job stays queued and its answer stream stays open, showing the queue position.
+        job = visitor.submit({"text": "Describe it.", "files": []}, 16, visitor.owlet_token, api_name="/chat")
+        deadline = time.monotonic() + 30
+        while not job.outputs():
+            assert time.monotonic() < deadline, "the question never showed in the visitor's stream"
+            time.sleep(0.1)
+        for i in range(12):  # three times the store's size in new sessions, from other addresses
+            assert identity(http(forwarded=f"203.0.113.{50 + i}"), url).startswith("v1.")
+        assert visitor.session_hash in queues, "the session with an answer in flight was kept"
+        assert len(queues) <= 4 + 1
+        _box, stop_status = visitor.predict(visitor.owlet_token, api_name="/stop")
+        assert stop_status.startswith("Stopped."), stop_status
+        _box, _chat, status = job.result(timeout=30)  # the stream ends normally, not "session not found"
+        assert status == "Stopped.", status

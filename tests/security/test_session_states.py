@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.redis_server import running_redis, unique_prefix
-from tests.security.attack import LIMITS, gradio_client, http, identity
-from tests.ui.stack import free_port
+from tests.security.attack import gradio_client, http, identity
+from tests.security.pages import page_without_worker
 from ui.session_states import keep_open_tabs_states, open_tabs_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -58,40 +57,24 @@ def test_gradios_own_holder_drops_an_open_tab_which_is_why_this_exists():
 
 
 def test_a_flood_of_new_sessions_does_not_wipe_an_open_tab():
-    from ui.config import UIConfig
-    from ui.page_launch import launch_page
-    from ui.server import build
-    from worker.client import OwletClient
-    from worker.config import Settings
-
-    with running_redis() as redis_url:
-        prefix = unique_prefix("sec-states")
-        client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
-                                                        group_job_cap=LIMITS["group_jobs"]))
-        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=prefix, trusted_proxies=("127.0.0.1",),
-                          max_threads=8, queue_poll_s=0.5)
-        page, launch_kwargs, client, _metrics = build(config, client)
-        launch_page(page, launch_kwargs)
+    pages = []
+    with page_without_worker("sec-states", before_launch=pages.append) as (url, _client):
+        page = pages[0]
         page.state_holder.capacity = 4  # Gradio's 10,000, scaled down so a test reaches it
-        url = f"http://127.0.0.1:{config.port}/"
-        try:
-            visitor = gradio_client(url, "198.51.100.41")  # its heartbeat keeps the tab open, as a browser's does
-            deadline = time.monotonic() + 30
-            while visitor.session_hash not in open_tabs_of(page):
-                assert time.monotonic() < deadline, "the visitor's heartbeat never connected"
-                time.sleep(0.1)
-            # No worker: the question stays queued; Stop ends the event, so the tab is open but idle.
-            job = visitor.submit({"text": "Describe it.", "files": []}, 16, visitor.owlet_token, api_name="/chat")
-            while not job.outputs():
-                assert time.monotonic() < deadline, "the question never showed in the visitor's stream"
-                time.sleep(0.1)
-            visitor.predict(visitor.owlet_token, api_name="/stop")
-            job.result(timeout=30)
-            state = page.state_holder.session_data[visitor.session_hash]
-            for i in range(12):  # three times the holder's size in new sessions, from other addresses
-                assert identity(http(forwarded=f"203.0.113.{70 + i}"), url).startswith("v1.")
-            assert page.state_holder.session_data.get(visitor.session_hash) is state, "the open tab was wiped"
-            assert len(page.state_holder.session_data) <= 4 + 1
-        finally:
-            page.close()
-            client.close(purge=True)
+        visitor = gradio_client(url, "198.51.100.41")  # its heartbeat keeps the tab open, as a browser's does
+        deadline = time.monotonic() + 30
+        while visitor.session_hash not in open_tabs_of(page):
+            assert time.monotonic() < deadline, "the visitor's heartbeat never connected"
+            time.sleep(0.1)
+        # No worker: the question stays queued; Stop ends the event, so the tab is open but idle.
+        job = visitor.submit({"text": "Describe it.", "files": []}, 16, visitor.owlet_token, api_name="/chat")
+        while not job.outputs():
+            assert time.monotonic() < deadline, "the question never showed in the visitor's stream"
+            time.sleep(0.1)
+        visitor.predict(visitor.owlet_token, api_name="/stop")
+        job.result(timeout=30)
+        state = page.state_holder.session_data[visitor.session_hash]
+        for i in range(12):  # three times the holder's size in new sessions, from other addresses
+            assert identity(http(forwarded=f"203.0.113.{70 + i}"), url).startswith("v1.")
+        assert page.state_holder.session_data.get(visitor.session_hash) is state, "the open tab was wiped"
+        assert len(page.state_holder.session_data) <= 4 + 1

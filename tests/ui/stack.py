@@ -67,13 +67,16 @@ def running_stack(label: str, model: Path, env: dict[str, str], worker_concurren
 
 
 @contextlib.contextmanager
-def launched_page(config, client=None, purge: bool = True) -> Iterator[tuple[str, object]]:
+def launched_page(config, client=None, purge: bool = True, before_launch=None) -> Iterator[tuple[str, object]]:
     """The page for ``config`` built and launched in this process (no worker); yields (url, its OwletClient).
-    ``purge``: delete the client's keys afterwards (not possible when its Redis is unreachable)."""
+    ``purge``: delete the client's keys afterwards (not possible when its Redis is unreachable).
+    ``before_launch(page)``: called with the built Gradio page before it is launched."""
     from ui.page_launch import launch_page
     from ui.server import build
 
     page, launch_kwargs, client, _metrics = build(config, client)
+    if before_launch is not None:
+        before_launch(page)
     launch_page(page, launch_kwargs)
     try:
         yield f"http://127.0.0.1:{config.port}/", client
