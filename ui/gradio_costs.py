@@ -69,3 +69,36 @@ def drop_queue_analytics(page) -> None:
         return  # another Gradio version: nothing to tune
     queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # "rebuild after this many new events": never
     queue.ANALYTICS_MAX_EVENTS = 1
+
+
+def forget_replaced_components(page) -> None:
+    """Keep a session's Gradio config at the page's own components, however many events the session runs.
+
+    Every prop update (the input box locked and unlocked, each answer) makes Gradio build a new instance of the
+    output component and store it in the session's config; when a later update starts from that instance, the
+    next one lands under the instance's own, new id instead of replacing it. The session then kept one component
+    per update, with the config built from it and its value, for its life: a hostile audit (2026-12-02) grew the
+    page by 0.85 MB a turn with 900 KB questions refused as too long (the box hands a refused question back) and
+    by about 6 KB a turn with short ones, from one session, with no identity needed. Owlet's page makes no
+    components at run time (no ``gr.render``), so after each event every id the page was not built with is
+    dropped from the session's config."""
+    built = frozenset(page.blocks)
+    postprocess = page.postprocess_data
+
+    async def postprocess_data(block_fn, predictions, state, *args, **kwargs):
+        try:
+            return await postprocess(block_fn, predictions, state, *args, **kwargs)
+        finally:
+            if state is not None:
+                _drop_unbuilt(state, built)
+
+    page.postprocess_data = postprocess_data  # Blocks.process_api looks it up on the instance
+
+
+def _drop_unbuilt(state, built: frozenset) -> None:
+    blocks = getattr(getattr(state, "blocks_config", None), "blocks", None)
+    if not isinstance(blocks, dict):
+        return  # another Gradio version
+    for key in [key for key in list(blocks) if key not in built]:
+        blocks.pop(key, None)
+        getattr(state, "config_values", {}).pop(key, None)

@@ -57,11 +57,14 @@ def _belongs_to_another(session, user) -> bool:
 
 
 def _box(busy: bool, text: str = ""):
-    """The input box: locked with a Stop button while answering, open with Send otherwise."""
+    """The input box: locked with a Stop button while answering, open with Send otherwise.
+
+    An update, never a new component: a component made inside an event joins that session's Gradio config under
+    a new id (that is how ``gr.render`` works) and stays there, with its value, for the session's life, so every
+    answer grew the page's memory by a box (by a 900 KB question, when the box gave a refused question back)."""
     if busy:
-        return gr.MultimodalTextbox(value=EMPTY_BOX, interactive=False, submit_btn=False, stop_btn=True)
-    return gr.MultimodalTextbox(value={"text": text, "files": []}, interactive=True, submit_btn=True,
-                                stop_btn=False)
+        return gr.update(value=EMPTY_BOX, interactive=False, submit_btn=False, stop_btn=True)
+    return gr.update(value={"text": text, "files": []}, interactive=True, submit_btn=True, stop_btn=False)
 
 
 class ChatHandlers:

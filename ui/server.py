@@ -21,7 +21,8 @@ from ui.app import CSS, build_page
 from ui.body_limits import PageBodyLimits, upload_request_limit
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
-from ui.gradio_costs import calm_idle_queue, drop_queue_analytics, share_component_schemas, skip_missing_matplotlib
+from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_replaced_components, share_component_schemas,
+                             skip_missing_matplotlib)
 from ui.handlers import ChatHandlers
 from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
@@ -73,6 +74,7 @@ def build(config, client=None):
     calm_idle_queue(page)
     keep_sessions_with_answers(page)
     drop_queue_analytics(page)
+    forget_replaced_components(page)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
     launch_kwargs = dict(
         server_name=config.host,

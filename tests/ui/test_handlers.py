@@ -73,7 +73,7 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
         h.stop(session, alice, gr.Request(session_hash="a1"))
         *_, (box, chat4, status4, session4) = await drain(waiting)
         assert status4 == wording.STOPPED and message_text(chat4[-1]).endswith("*(stopped)*")
-        assert session4["job"] is None and box.interactive is True
+        assert session4["job"] is None and box["interactive"] is True
         h.stop(bob_session, bob, gr.Request(session_hash="b1"))
         await drain(bob_waiting)
 
@@ -155,7 +155,7 @@ def test_redis_down_is_a_clear_message_not_a_traceback():
     h = make_handlers(f"redis://127.0.0.1:{free_port()}/0", "owlet-nowhere:")
     *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=h.issuer.mint())))
     assert status == wording.SERVICE_DOWN and message_text(chat[-1]) == "⚠️ " + wording.SERVICE_DOWN
-    assert box.interactive is True and session["job"] is None
+    assert box["interactive"] is True and session["job"] is None
     h.client.close()
 
 

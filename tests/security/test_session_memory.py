@@ -1,0 +1,52 @@
+"""A session's Gradio state must not grow with the events it runs (ui.gradio_costs.forget_replaced_components).
+
+Every prop update made Gradio store one more component (and its value) in the session's config: a hostile audit
+grew the page by 0.85 MB a turn sending, from one session and with no identity, 900 KB questions that Owlet
+refused as too long and handed back to the box."""
+from __future__ import annotations
+
+import json
+import secrets
+
+import httpx
+import pytest
+
+from tests.security.pages import page_without_worker
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def fn_index(url: str, api_name: str) -> int:
+    config = httpx.get(url + "config", timeout=30).json()
+    return next(dep.get("id", i) for i, dep in enumerate(config["dependencies"]) if dep.get("api_name") == api_name)
+
+
+def run_event(client: httpx.Client, url: str, fn: int, data: list, session_hash: str) -> dict:
+    joined = client.post(url + "gradio_api/queue/join",
+                         json={"data": data, "fn_index": fn, "session_hash": session_hash, "event_data": None})
+    joined.raise_for_status()
+    event_id = joined.json()["event_id"]
+    with client.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session_hash}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("the event never completed")
+
+
+def test_a_sessions_state_stays_the_pages_size_however_many_turns_it_sends():
+    pages = []
+    with page_without_worker("sec-memory", before_launch=pages.append) as (url, _client):
+        page = pages[0]
+        fn, session_hash = fn_index(url, "chat"), secrets.token_hex(8)
+        question = {"text": "A" * 200_000, "files": []}  # refused as too long, and handed back to the box
+        with httpx.Client(timeout=60) as client:
+            for _ in range(20):
+                done = run_event(client, url, fn, [question, 1, None, "v1.made-up"], session_hash)
+                assert done["success"], done
+        state = page.state_holder.session_data[session_hash]
+        assert set(state.blocks_config.blocks) <= set(page.blocks), "the session kept components of its own"
+        assert set(state.config_values) <= set(page.blocks)
+        kept = sum(len(json.dumps(v, default=str)) for v in state.config_values.values())
+        assert kept < 3 * 200_000, f"the session's config holds {kept} bytes after 20 turns"
