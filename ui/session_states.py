@@ -8,9 +8,10 @@ addresses (an IPv6 tunnel's /48 holds 65,536 /64s, each its own address here) pu
 the same tab lost its chat and picture ("I only know about shapes…"), and a Stop would have found nothing to stop.
 
 With ``keep_open_tabs_states``, the session dropped is the least recently used one with no open heartbeat (a tab
-the page has open keeps one; ``ui.session_guard`` records them) and no pending event. If every session is live the
-holder grows past its capacity instead; that is bounded by the connections an address may hold
-(``ui.held_connections``) and the events Gradio admits.
+the page has open keeps one, an answer in flight included; ``ui.session_guard`` records them). If every session
+has one the holder grows past its capacity instead; that is bounded by the connections an address may hold
+(``ui.held_connections``). Pending events alone do not keep a session: Gradio counts an event pending until its
+client reads the completion, so a client that never reads would keep its sessions forever.
 """
 from __future__ import annotations
 
@@ -35,18 +36,13 @@ def keep_open_tabs_states(page) -> None:
     if holder is None or not hasattr(holder, "session_data"):
         return
     open_tabs = open_tabs_of(page)
-    queue = getattr(page, "_queue", None)
-
-    def live(session_hash: str) -> bool:
-        pending = getattr(queue, "pending_event_ids_session", {})
-        return session_hash in open_tabs or bool(pending.get(session_hash))
 
     def update(self, session_id: str) -> None:
         with self.lock:
             if session_id in self.session_data:
                 self.session_data.move_to_end(session_id)
             while len(self.session_data) > self.capacity:
-                idle = next((s for s in self.session_data if s != session_id and not live(s)), None)
+                idle = next((s for s in self.session_data if s != session_id and s not in open_tabs), None)
                 if idle is None:  # every session is in use: hold them all
                     return
                 del self.session_data[idle]

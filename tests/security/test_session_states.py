@@ -30,20 +30,19 @@ def add(holder, key: str) -> None:
     holder.update(key)
 
 
-def test_an_open_tab_or_a_pending_event_keeps_a_session_and_idle_ones_go_first():
+def test_an_open_tab_keeps_its_session_and_idle_ones_go_first():
     page = fake_page(capacity=3)
     keep_open_tabs_states(page)
     holder = page.state_holder
-    open_tabs_of(page).add("open-tab")
-    page._queue.pending_event_ids_session["answering"] = {"event-1"}
-    for key in ("open-tab", "answering", "idle-1", "idle-2"):
+    open_tabs_of(page).update({"open-tab", "answering"})
+    page._queue.pending_event_ids_session["unread"] = {"event-1"}  # a client that never reads its completions
+    for key in ("open-tab", "answering", "unread", "idle-2"):
         add(holder, key)
-    assert list(holder.session_data) == ["open-tab", "answering", "idle-2"], "the idle one least recently used went"
+    assert list(holder.session_data) == ["open-tab", "answering", "idle-2"], "the least recently used idle one went"
     for i in range(10):
         add(holder, f"flood-{i}")
     assert list(holder.session_data) == ["open-tab", "answering", "flood-9"]
     open_tabs_of(page).update(holder.session_data)
-    page._queue.pending_event_ids_session.clear()
     add(holder, "one-more")
     assert len(holder.session_data) == 4, "every session open: it grows rather than wipe a tab"
 
