@@ -52,6 +52,12 @@ NAMING_POST_PREFIXES = (CALL_PREFIX, "/gradio_api/run/", "/gradio_api/api/")
 
 NOT_PENDING = "No such event is running in this session."
 HEARTBEAT_TAKEN = "This page session is already open in another connection. Reload the page."
+# Gradio keeps every message of an event until the session's stream reads its completion; a tab reads at once, so
+# it has one or two events pending. Past this many, a session's next event is refused: a client that never read
+# its stream kept every answer (and every question a refusal handed back) in the page's memory.
+MAX_UNREAD_EVENTS = 8
+TOO_MANY_UNREAD = ("This page session has too many answers that were never read. Read its stream "
+                   "(/gradio_api/queue/data), or reload the page.")
 NOT_YOURS = "This page session was opened from another network. Reload the page to start your own."
 NOT_FOUND = "Session not found."
 
@@ -126,6 +132,8 @@ class SessionGuard:
         cancel = path == CANCEL_PATH  # a cancel opens no session: it binds nothing
         if session_hash is not None and not self.bind(session_hash, scope, new=not cancel):
             return await self._refuse(scope, receive, send)
+        if path == JOIN_PATH and session_hash is not None and self._unread(session_hash) >= MAX_UNREAD_EVENTS:
+            return await PlainTextResponse(TOO_MANY_UNREAD, status_code=429)(scope, receive, send)
         if cancel:
             if not self.is_pending(request):
                 return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive,
@@ -136,6 +144,10 @@ class SessionGuard:
             # Without a session hash, Gradio makes the event's id its session: bind that, before the caller learns it.
             send = self._binding_returned_event(scope, send)
         await self.app(scope, replay, send)
+
+    def _unread(self, session_hash: str) -> int:
+        """Events of the session whose completion its client has not read yet (running ones included)."""
+        return len(getattr(self.queue, "pending_event_ids_session", {}).get(session_hash) or ())
 
     def _binding_returned_event(self, scope: Scope, send: Send) -> Send:
         """A ``send`` that binds the event id in a ``/call/<api>`` answer (``{"event_id": ...}``) to the caller's

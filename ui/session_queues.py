@@ -7,10 +7,13 @@ has an event running. So 2,000 new sessions (cheap ``/identity`` calls from a fe
 new-session budget) made every answer then streaming fail: the next token's ``send_message`` hit a missing key,
 Gradio ended the event, and the visitor saw "session not found".
 
-``LiveSessionQueues`` is a drop-in for that mapping: least recently *used* goes first, and a session with events
-still pending (``Queue.pending_event_ids_session``) is never dropped. If every session has one, it grows past its
-size instead; that is bounded by how many events Gradio admits at all (its queue's ``max_size`` plus the running
-ones).
+``LiveSessionQueues`` is a drop-in for that mapping: least recently *used* goes first, and a session with an event
+still queued or running (``Queue.event_ids_to_events``) is never dropped. If every session has one, it grows past
+its size instead; that is bounded by how many events Gradio admits at all (its queue's ``max_size`` plus the
+running ones). An event that has *finished* no longer keeps its session, though Gradio counts it pending
+(``Queue.pending_event_ids_session``) until its client reads the completion: a client that never read kept every
+message of its sessions forever (a hostile audit, 2026-12-02: 0.86 MB a question, for 900 KB questions handed back
+to the box), so such a session's messages and pending ids go with it when room is needed.
 """
 from __future__ import annotations
 
@@ -40,10 +43,16 @@ class LiveSessionQueues(OrderedDict):
     def _make_room(self) -> None:
         if len(self) < self.max_size:
             return
-        busy = getattr(self._queue, "pending_event_ids_session", {})
-        idle = next((key for key in self if not busy.get(key)), None)  # least recently used first
+        idle = next((key for key in self if not self._running(key)), None)  # least recently used first
         if idle is not None:
             del self[idle]
+            getattr(self._queue, "pending_event_ids_session", {}).pop(idle, None)  # finished, never to be read
+
+    def _running(self, session_hash) -> bool:
+        """Whether one of the session's events is still queued or running (not merely unread)."""
+        pending = getattr(self._queue, "pending_event_ids_session", {}).get(session_hash) or ()
+        events = getattr(self._queue, "event_ids_to_events", {})
+        return any(event_id in events for event_id in list(pending))
 
 
 def keep_sessions_with_answers(page) -> None:

@@ -50,3 +50,28 @@ def test_a_sessions_state_stays_the_pages_size_however_many_turns_it_sends():
         assert set(state.config_values) <= set(page.blocks)
         kept = sum(len(json.dumps(v, default=str)) for v in state.config_values.values())
         assert kept < 3 * 200_000, f"the session's config holds {kept} bytes after 20 turns"
+
+
+def test_a_session_that_never_reads_its_answers_cannot_pile_them_up():
+    """Gradio keeps an event's messages until the session's stream reads its completion: an audit joined 200 events
+    to one session and never read, and the page kept 0.86 MB for each (the refused question handed back)."""
+    from ui.session_guard import MAX_UNREAD_EVENTS, TOO_MANY_UNREAD
+
+    with page_without_worker("sec-unread") as (url, _client):
+        fn, session_hash = fn_index(url, "chat"), secrets.token_hex(8)
+        join = {"data": [{"text": "hello", "files": []}, 1, None, "v1.made-up"], "fn_index": fn,
+                "session_hash": session_hash, "event_data": None}
+        with httpx.Client(timeout=60) as client:
+            codes = [client.post(url + "gradio_api/queue/join", json=join).status_code
+                     for _ in range(MAX_UNREAD_EVENTS)]
+            assert codes == [200] * MAX_UNREAD_EVENTS
+            refused = client.post(url + "gradio_api/queue/join", json=join)
+            assert refused.status_code == 429 and refused.text == TOO_MANY_UNREAD
+            completed = 0
+            with client.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session_hash}) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("data:") and json.loads(line[5:]).get("msg") == "process_completed":
+                        completed += 1
+                        if completed == MAX_UNREAD_EVENTS:
+                            break
+            assert client.post(url + "gradio_api/queue/join", json=join).status_code == 200, "read: it may ask again"

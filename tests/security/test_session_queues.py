@@ -19,6 +19,11 @@ pytestmark = pytest.mark.timeout(180)
 class FakeQueue:
     def __init__(self):
         self.pending_event_ids_session: dict[str, set] = {}
+        self.event_ids_to_events: dict[str, object] = {}  # queued or running
+
+    def start(self, session: str, event: str) -> None:
+        self.pending_event_ids_session.setdefault(session, set()).add(event)
+        self.event_ids_to_events[event] = object()
 
 
 def test_least_recently_used_idle_session_goes_and_a_busy_one_never():
@@ -26,19 +31,32 @@ def test_least_recently_used_idle_session_goes_and_a_busy_one_never():
     queues = LiveSessionQueues(queue, max_size=3)
     for key in ("old-busy", "a", "b"):
         queues[key] = key
-    queue.pending_event_ids_session["old-busy"] = {"event-1"}
+    queue.start("old-busy", "event-1")
     queues["a"]  # read: now more recent than "b"
     queues["c"] = "c"
     assert list(queues) == ["old-busy", "a", "c"], "b, idle and least recently used, made room"
     queues["d"] = "d"
     assert "old-busy" in queues and "a" not in queues
-    queue.pending_event_ids_session.update({k: {"e"} for k in queues})
+    for k in list(queues):
+        queue.start(k, "e-" + k)
     queues["e"] = "e"
     assert len(queues) == 4, "every session busy: it grows rather than drop an answer in flight"
     queues["c"] = "c2"
     assert queues["c"] == "c2" and len(queues) == 4, "setting a known session adds nothing"
     copied = LiveSessionQueues(FakeQueue(), max_size=2, items=[("x", 1), ("y", 2), ("z", 3)])
     assert list(copied) == ["y", "z"], "the entries it starts from are kept within its size too"
+
+
+def test_a_session_whose_finished_events_are_never_read_can_make_room():
+    queue = FakeQueue()
+    queues = LiveSessionQueues(queue, max_size=2)
+    queues["unread"], queues["answering"] = "messages nobody reads", "tokens"
+    queue.start("unread", "done-1")
+    queue.event_ids_to_events.pop("done-1")  # finished; its completion waits for a reader that never comes
+    queue.start("answering", "running-1")
+    queues["new"] = "new"
+    assert list(queues) == ["answering", "new"], "the unread one went, the answer in flight stayed"
+    assert "unread" not in queue.pending_event_ids_session, "and Gradio's pending ids for it with it"
 
 
 def test_a_flood_of_new_sessions_does_not_end_an_answer_in_flight():
