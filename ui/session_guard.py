@@ -132,7 +132,8 @@ class SessionGuard:
         cancel = path == CANCEL_PATH  # a cancel opens no session: it binds nothing
         if session_hash is not None and not self.bind(session_hash, scope, new=not cancel):
             return await self._refuse(scope, receive, send)
-        if path == JOIN_PATH and session_hash is not None and self._unread(session_hash) >= MAX_UNREAD_EVENTS:
+        opens_event = path == JOIN_PATH or path.startswith(CALL_PREFIX)  # /call/<api> joins the queue as well
+        if opens_event and session_hash is not None and self._unread(session_hash) >= MAX_UNREAD_EVENTS:
             return await PlainTextResponse(TOO_MANY_UNREAD, status_code=429)(scope, receive, send)
         if cancel:
             if not self.is_pending(request):

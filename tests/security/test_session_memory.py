@@ -75,3 +75,28 @@ def test_a_session_that_never_reads_its_answers_cannot_pile_them_up():
                         if completed == MAX_UNREAD_EVENTS:
                             break
             assert client.post(url + "gradio_api/queue/join", json=join).status_code == 200, "read: it may ask again"
+
+
+def test_the_unread_cap_holds_on_the_api_call_route_too():
+    """`POST /gradio_api/call/<api>` with a session hash joins the queue in that session, just as
+    `/gradio_api/queue/join` does; it must not be a way round the cap."""
+    from ui.session_guard import MAX_UNREAD_EVENTS, TOO_MANY_UNREAD
+
+    with page_without_worker("sec-unread-call") as (url, _client):
+        session_hash = secrets.token_hex(8)
+        call = {"data": [{"text": "hello", "files": []}, 1, None, "v1.made-up"], "session_hash": session_hash}
+        with httpx.Client(timeout=60) as client:
+            answers = [client.post(url + "gradio_api/call/chat", json=call) for _ in range(MAX_UNREAD_EVENTS)]
+            assert [a.status_code for a in answers] == [200] * MAX_UNREAD_EVENTS
+            refused = client.post(url + "gradio_api/call/chat", json=call)
+            assert refused.status_code == 429 and refused.text == TOO_MANY_UNREAD
+            # The page's own join route counts the same events.
+            join = {"data": call["data"], "fn_index": fn_index(url, "chat"), "session_hash": session_hash,
+                    "event_data": None}
+            assert client.post(url + "gradio_api/queue/join", json=join).status_code == 429
+            # Reading one event's result through its own stream frees a place.
+            event_id = answers[0].json()["event_id"]
+            with client.stream("GET", url + f"gradio_api/call/chat/{event_id}") as stream:
+                events = [line for line in stream.iter_lines() if line.startswith("event:")]
+            assert events and events[-1] in ("event: complete", "event: error"), events
+            assert client.post(url + "gradio_api/call/chat", json=call).status_code == 200, "read: it may ask again"
