@@ -13,6 +13,7 @@ line goes to --log; --save-every writes snapshots <out>-step<N> that `training.e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
 from training.examples import IGNORE, encode_examples
+from training.length_groups import causal_lm_loss_sum, label_count, length_groups
 from training.recipe import RECIPES, Recipe, recipe_example
 from training.token_targets import GRID, MULTI_LABEL_CLASSES, TARGET_CLASSES, label_targets, token_targets
 
@@ -61,9 +63,8 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
             for group in optimizer.param_groups:
                 group["lr"] = lr
             examples = [recipe_example(recipe, step * recipe.batch_size + i) for i in range(recipe.batch_size)]
-            batch = encode_examples(processor, examples)
-            loss = model(**batch).loss
-            scenes = [e.scene for e in examples if e.image is not None]  # one entry per image, in batch order
+            loss, scenes = _answer_loss(model, aux, encode_examples(processor, examples), examples,
+                                        recipe.length_groups)
             scale = {key: recipe.target_scale(key, step / recipe.steps) for key in recipe.fading_targets}
             aux_loss = aux.loss(scenes, scale) if scenes else torch.zeros(())
             (loss + recipe.aux_weight * aux_loss).backward()
@@ -98,6 +99,20 @@ def train(recipe: Recipe, out_dir: Path, log_path: Path, log_every: int = 20, th
     return summary
 
 
+def _answer_loss(model, aux: "TokenProbe", batch: dict, examples, groups: int) -> tuple[torch.Tensor, list]:
+    """Mean next-token loss over the batch's answer tokens, computed in `groups` length groups
+    (training/length_groups.py), and the scenes of its pictures in the order the probe saw them."""
+    if groups <= 1:
+        return model(**batch).loss, [e.scene for e in examples if e.image is not None]
+    total, scenes = torch.zeros(()), []
+    with aux.collecting():
+        for members, part in length_groups(batch, [e.image is not None for e in examples], groups):
+            labels = part.pop("labels")
+            total = total + causal_lm_loss_sum(model(**part).logits, labels)
+            scenes += [examples[i].scene for i in members if examples[i].image is not None]
+    return total / max(1, label_count(batch["labels"])), scenes
+
+
 class TokenProbe:
     """Auxiliary loss: predict facts about each image token from the projector output (training/token_targets.py).
 
@@ -115,18 +130,30 @@ class TokenProbe:
         every = dict(TARGET_CLASSES, **MULTI_LABEL_CLASSES)
         classes = dict({key: every[key] for key in targets}, row=GRID, col=GRID)
         self.heads = torch.nn.ModuleDict({key: torch.nn.Linear(hidden, n) for key, n in classes.items()})
-        self._features = None
+        self._captured: list[torch.Tensor] = []
+        self._collecting = False
         model.model.multi_modal_projector.register_forward_hook(self._capture)
 
+    @contextlib.contextmanager
+    def collecting(self):
+        """Keep the image tokens of every forward inside the block, in order (a step's length groups); outside
+        one, each forward's tokens replace the last's."""
+        self._captured, self._collecting = [], True
+        try:
+            yield
+        finally:
+            self._collecting = False
+
     def _capture(self, module, inputs, output):
-        self._features = output.reshape(-1, output.shape[-1])
+        tokens = output.reshape(-1, output.shape[-1])
+        self._captured = self._captured + [tokens] if self._collecting else [tokens]
 
     def loss(self, scenes, scale: dict[str, float] | None = None) -> torch.Tensor:
         """`scenes`: one entry per image of the last forward, the Scene it shows or None. `scale` weighs some
         targets (a fading scaffold); a target at weight 0 is left out."""
         if all(scene is None for scene in scenes):
             return torch.zeros(())
-        features = self._features
+        features = torch.cat(self._captured) if self._captured else None
         cells = GRID * GRID
         # The projector sees every image padded to the most tokens an image may have (64 = a 256 px scene).
         assert features is not None and features.shape[0] == cells * len(scenes), "unexpected image tokens"

@@ -194,3 +194,36 @@ def test_weight_average_follows_the_decay_from_its_first_update_and_leaves_train
     average.copy_to(model)
     assert all(torch.allclose(p, torch.full_like(p, expected)) for p in model.parameters())
     assert RECIPES["demo-present-ema"].ema_decay > 0 and RECIPES["demo-present"].ema_decay == 0
+
+
+def test_length_groups_give_the_whole_batchs_loss_and_gradients():
+    """training/length_groups.py: a step computed in length groups is the same step, less the padding."""
+    from training.demo_model import build_fresh_model, build_processor
+    from training.length_groups import length_groups
+    from training.recipe import DEMO_PRESENT_WIDE_GROUPED as recipe
+    from training.train import TokenProbe, _answer_loss
+
+    processor = build_processor()
+    model = build_fresh_model(processor)
+    probe = TokenProbe(model, recipe.aux_targets)
+    examples = [recipe_example(recipe, i) for i in range(16)]
+    assert any(e.image is None for e in examples) and any(e.scene is not None for e in examples)
+    batch = encode_examples(processor, examples)
+    parts = length_groups(batch, [e.image is not None for e in examples], 3)
+    assert sorted(i for members, _ in parts for i in members) == list(range(16))
+    computed = sum(part["input_ids"].numel() for _, part in parts)
+    assert computed < batch["input_ids"].numel(), "grouping computed as much padding as the whole batch"
+    results = {}
+    for groups in (1, 3):
+        model.zero_grad()
+        loss, scenes = _answer_loss(model, probe, dict(batch), examples, groups)
+        aux = probe.loss(scenes)
+        (loss + aux).backward()
+        results[groups] = (loss.detach(), aux.detach(),
+                           {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (loss1, aux1, grads1), (loss3, aux3, grads3) = results[1], results[3]
+    torch.testing.assert_close(loss3, loss1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(aux3, aux1, rtol=1e-5, atol=1e-5)
+    assert grads1.keys() == grads3.keys() and len(grads1) > 50
+    for name in grads1:
+        torch.testing.assert_close(grads3[name], grads1[name], rtol=1e-3, atol=1e-5, msg=name)
