@@ -1,6 +1,6 @@
 """The demo model's one training recipe: which conversations it sees, in which mix, and its fixed settings.
 
-    python -m training.train --recipe demo-present-wide-long
+    python -m training.train --recipe demo-present-wide-grouped
 
 Example i of the recipe is a pure function of i (its RNG is seeded with i), so a run is reproducible from
 random weights and a snapshot can be checked at any step. The mix:
@@ -16,7 +16,8 @@ random weights and a snapshot can be checked at any step. The mix:
   (training/phrasings.py: "what color is the circle?", "how many squares?");
 - from `demo-present` on, each "is there" question is answered by its own coin, and every image token gets the
   multi-label "present" target (training/token_targets.py);
-- the shipped recipe (`demo-present-wide-long`) is `demo-present` on a 128-wide vision tower, for 6,000 steps.
+- the shipped recipe (`demo-present-wide-grouped`) is `demo-present` on a 128-wide vision tower, for 5,500 steps,
+  each step's batch computed in 3 length groups (training/length_groups.py).
 
 Evaluation probes (`ood_probe`) come from a disjoint seed range and held-out question pools.
 """
@@ -199,13 +200,18 @@ DEMO_PRESENT_EMA = replace(DEMO_PRESENT, ema_decay=0.998, ema_start=0.5)
 DEMO_PRESENT_WIDE = replace(DEMO_PRESENT, vision_width=128)
 # `demo-present-wide` for 6,000 steps instead of 5,000: its snapshots showed "describe" still climbing steeply as
 # the learning rate came down (0.734 at step 3,000, 0.797 at 4,000, 0.944 at 5,000) and the loss still falling.
-# The shipped weights' recipe: 46.1 minutes on an AMX Xeon (0.46 s a step), final smoothed loss 0.0039; 0.9865
-# overall, count 0.990, "where" 0.990, largest 0.982, colour and exists 1.0, "describe" 0.9469 (17 misses of 320:
-# one short of 0.95); probes 0.996 refused.
+# The weights shipped before `demo-present-wide-grouped`: 46.1 minutes on an AMX Xeon (0.46 s a step), final smoothed
+# loss 0.0039; 0.9865 overall, count 0.990, "where" 0.990, largest 0.982, colour and exists 1.0, "describe" 0.9469
+# (17 misses of 320: one short of 0.95); probes 0.996 refused.
 DEMO_PRESENT_WIDE_LONG = replace(DEMO_PRESENT_WIDE, steps=6000)
-# `demo-present-wide-long` in the hour on the slower CPUs of this machine kind: 6,000 steps took 66 minutes on an
-# AMD EPYC with AVX2 (0.66 s a step). Each step's batch is computed in 3 length groups (training/length_groups.py:
-# the same loss, less padding computed; about 0.58 s a step there) and the run is 5,500 steps.
+# The shipped weights' recipe: `demo-present-wide-long` made shorter for the slower CPUs of this machine kind (it
+# measured 0.66 s a step on an AVX2-only AMD EPYC, about 66 minutes for 6,000 steps). Each step's batch is computed
+# in 3 length groups (training/length_groups.py: the same loss and gradients, less padding computed; 3-12 % a step
+# less in side-by-side timings there) and the run is 5,500 steps. It is a new draw too: summing in another order
+# rounds differently, and a run's trajectory follows. 66.9 minutes on that EPYC (CPU family 25 model 1; 0.57-0.85
+# s a step as the shared machine's load varied, its first 7 minutes beside a test run), final smoothed loss
+# 0.0085: 0.986 overall, "describe" 0.950 (16 misses of 320), where 0.995, count 0.985, largest 0.988, colour
+# 0.997, exists 1.0; probes 0.996 refused, none in-domain.
 DEMO_PRESENT_WIDE_GROUPED = replace(DEMO_PRESENT_WIDE_LONG, steps=5500, length_groups=3)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
            "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE, "demo-where-fade": DEMO_WHERE_FADE,

@@ -1,6 +1,6 @@
 """Train the demo LFM2-VL from random weights with one command, and save it as a checkpoint folder.
 
-    python -m training.train --recipe demo-present-wide-long [--out models/owlet-shapes-vl] [--threads 2]
+    python -m training.train --recipe demo-present-wide-grouped [--out models/owlet-shapes-vl] [--threads 2]
 
 The recipe (training/recipe.py) fixes the data mix, the step count, the batch, the learning rate and the seed,
 so the same command gives the same weights (on the same torch build and thread count). Loss is on assistant
@@ -231,7 +231,7 @@ def _save(model, processor, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="demo-present-wide-long",
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="demo-present-wide-grouped",
                         help="default: the recipe of the shipped weights (models/owlet-shapes-vl/README.md)")
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--steps", type=int, help="override the recipe's step count (smoke runs)")

@@ -142,11 +142,11 @@ def test_a_twin_scene_holds_two_shapes_of_one_kind_and_colour_and_plain_draws_ar
         assert 2 <= len(scene.shapes) <= 4
         assert (first.kind, first.colour) == (second.kind, second.colour) and (first.x, first.y) != (second.x, second.y)
     # The shipped weights' training data, pinned: the first 300 examples of `demo-present` (whose data
-    # `demo-present-wide-long`, the shipped recipe, shares: width and step count draw nothing) as they were when the
+    # `demo-present-wide-grouped`, the shipped recipe, shares: width, step count and length groups draw nothing) as they were when the
     # weights were trained (the twin code and the "present" target added no RNG draw to them).
     digest = hashlib.sha256()
     for i in range(300):
-        example = recipe_example(RECIPES["demo-present-wide-long"], i)
+        example = recipe_example(RECIPES["demo-present-wide-grouped"], i)
         digest.update(repr((example.scene, example.turns)).encode())
     assert digest.hexdigest()[:16] == "a410e9bfc9382de0", "demo-present's data changed: the card's command no longer " \
         "reproduces the shipped weights"
