@@ -2,6 +2,9 @@
 Chromium, ask its suggested question and two follow-ups, and capture the page.
 
     python scripts/screenshot.py [--model models/owlet-shapes-vl] [--out docs/screenshot.png]
+
+Needs Chromium (`scripts/ensure_test_tools.sh`), and Debian's `fonts-noto-color-emoji` for the title's and the
+attach button's emoji (without it they render as empty boxes; the tests do not need it).
 """
 from __future__ import annotations
 

@@ -208,10 +208,11 @@ DEMO_PRESENT_WIDE_LONG = replace(DEMO_PRESENT_WIDE, steps=6000)
 # measured 0.66 s a step on an AVX2-only AMD EPYC, about 66 minutes for 6,000 steps). Each step's batch is computed
 # in 3 length groups (training/length_groups.py: the same loss and gradients, less padding computed; 3-12 % a step
 # less in side-by-side timings there) and the run is 5,500 steps. It is a new draw too: summing in another order
-# rounds differently, and a run's trajectory follows. 66.9 minutes on that EPYC (CPU family 25 model 1; 0.57-0.85
-# s a step as the shared machine's load varied, its first 7 minutes beside a test run), final smoothed loss
-# 0.0085: 0.986 overall, "describe" 0.950 (16 misses of 320), where 0.995, count 0.985, largest 0.988, colour
-# 0.997, exists 1.0; probes 0.996 refused, none in-domain.
+# rounds differently, and a run's trajectory follows. The shipped weights: 41.3 minutes on an AMD EPYC with AVX-512
+# (CPU family 26 model 2; 0.45 s a step, quiet), final smoothed loss 0.0064: 0.989 overall, "describe" 0.966 (11
+# misses of 320), where 0.990, count 0.988, largest 0.982, colour and exists 1.0; probes 0.989 refused, none
+# in-domain. Its first run, on the AVX2 EPYC (CPU family 25 model 1), took 66.9 minutes (0.57-0.85 s a step as the
+# shared machine's load varied) and drew 0.986 overall, "describe" 0.950, probes 0.996 refused.
 DEMO_PRESENT_WIDE_GROUPED = replace(DEMO_PRESENT_WIDE_LONG, steps=5500, length_groups=3)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
            "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE, "demo-where-fade": DEMO_WHERE_FADE,
