@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.gradio_queue_state import has_message_queue, live_events, pending_by_session, pending_events
 from ui.identity import DIRECT, ClientAddresses
 from ui.request_body import buffered, json_object, replaying, session_hash_of
 from ui.session_budget import SESSION_HASH
@@ -113,7 +114,7 @@ class SessionGuard:
         heartbeat goes first; a live session's binding is never forgotten (the map grows instead)."""
         if len(self._bound) <= self.remembered:
             return
-        live = getattr(self.queue, "pending_event_ids_session", {})
+        live = pending_by_session(self.queue)
         idle = next((s for s in self._bound if not live.get(s) and s not in self._heartbeats), None)
         if idle is not None:
             del self._bound[idle]
@@ -148,7 +149,7 @@ class SessionGuard:
 
     def _unread(self, session_hash: str) -> int:
         """Events of the session whose completion its client has not read yet (running ones included)."""
-        return len(getattr(self.queue, "pending_event_ids_session", {}).get(session_hash) or ())
+        return len(pending_events(self.queue, session_hash))
 
     def _binding_returned_event(self, scope: Scope, send: Send) -> Send:
         """A ``send`` that binds the event id in a ``/call/<api>`` answer (``{"event_id": ...}``) to the caller's
@@ -172,8 +173,7 @@ class SessionGuard:
         session_hash, event_id = request.get("session_hash"), request.get("event_id")
         if not isinstance(session_hash, str) or not isinstance(event_id, str):
             return False
-        pending = getattr(self.queue, "pending_event_ids_session", {}).get(session_hash) or ()
-        return event_id in pending
+        return event_id in pending_events(self.queue, session_hash)
 
     @staticmethod
     async def _cancel_only_the_named_event(request: dict) -> bytes:
@@ -190,14 +190,14 @@ class SessionGuard:
 
     def _session_of_event(self, event_id: str) -> str:
         """The session an API result stream reads, as Gradio finds it: the event's, else the id itself."""
-        event = getattr(self.queue, "event_ids_to_events", {}).get(event_id)
+        event = live_events(self.queue).get(event_id)
         if event is not None:
             return event.session_hash
-        pending = getattr(self.queue, "pending_event_ids_session", {})
+        pending = pending_by_session(self.queue)
         return next((session for session, ids in pending.items() if event_id in ids), event_id)
 
     async def _stream(self, session_hash: str, scope: Scope, receive: Receive, send: Send) -> None:
-        if session_hash not in getattr(self.queue, "pending_messages_per_session", {}):
+        if not has_message_queue(self.queue, session_hash):
             return await PlainTextResponse(NOT_FOUND, status_code=404)(scope, receive, send)
         if not self.bind(session_hash, scope, new=False):  # a known session was bound by the event that opened it
             return await self._refuse(scope, receive, send)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from ui.gradio_queue_state import live_events, pending_by_session, pending_events
+
 
 class LiveSessionQueues(OrderedDict):
     def __init__(self, queue, max_size: int, items=()):
@@ -46,13 +48,12 @@ class LiveSessionQueues(OrderedDict):
         idle = next((key for key in self if not self._running(key)), None)  # least recently used first
         if idle is not None:
             del self[idle]
-            getattr(self._queue, "pending_event_ids_session", {}).pop(idle, None)  # finished, never to be read
+            pending_by_session(self._queue).pop(idle, None)  # finished, never to be read
 
     def _running(self, session_hash) -> bool:
         """Whether one of the session's events is still queued or running (not merely unread)."""
-        pending = getattr(self._queue, "pending_event_ids_session", {}).get(session_hash) or ()
-        events = getattr(self._queue, "event_ids_to_events", {})
-        return any(event_id in events for event_id in list(pending))
+        events = live_events(self._queue)
+        return any(event_id in events for event_id in list(pending_events(self._queue, session_hash)))
 
 
 def keep_sessions_with_answers(page) -> None:
