@@ -7,7 +7,8 @@ Gradio keeps three maps Owlet's guards depend on (``gradio.queueing.Queue``):
 - ``event_ids_to_events``: event id → the event, while it is queued or running;
 - ``pending_messages_per_session``: session hash → the messages waiting for its stream (``ui.session_queues``).
 
-A Gradio without them reads as "nothing pending": the guards then fall back to refusing less, never to crashing.
+A Gradio without them reads as empty maps: nothing pending, nothing live, no message queue (so every stream would
+get 404). The tests run the pinned Gradio through these guards, so a rename shows there first.
 """
 from __future__ import annotations
 
