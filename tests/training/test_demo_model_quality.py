@@ -1,8 +1,8 @@
 """The shipped demo checkpoint: loads offline like any checkpoint, fits the size budget, and answers well.
 
-The quality gate is the fast check: >= 97 % exact match on 100 fresh held-out scenes (4 turns each, the image on
-the first turn only), and as much with every question asked in another form. The full 500-scene figures are in
-the model card.
+The quality gate is the fast check: >= 98 % exact match (the overall target) on 100 fresh held-out scenes (4 turns
+each, the image on the first turn only), and as much with every question asked in another form. The shipped weights
+score 0.99 on both (2026-12-03). The full 500-scene figures are in the model card.
 """
 
 import torch
@@ -28,7 +28,7 @@ def test_accuracy_on_100_held_out_scenes(demo_model_dir, monkeypatch):
     assert type(model).__name__ == "Lfm2VlForConditionalGeneration"
     report = evaluate(model, processor, scenes=100, batch_size=100, describe_style=describe_style_of(demo_model_dir))
     assert report["questions"] == 400
-    assert report["accuracy"] >= 0.97, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
+    assert report["accuracy"] >= 0.98, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
 
 
 def test_questions_asked_in_other_forms_are_answered(demo_model_dir, monkeypatch):
@@ -39,7 +39,7 @@ def test_questions_asked_in_other_forms_are_answered(demo_model_dir, monkeypatch
     model, processor = load(demo_model_dir)
     report = evaluate(model, processor, scenes=100, batch_size=100, phrasings=True,
                       describe_style=describe_style_of(demo_model_dir))
-    assert report["accuracy"] >= 0.97, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
+    assert report["accuracy"] >= 0.98, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
     assert report["in_domain_refusal_rate"] <= 0.01, [f for f in report["failures"] if "only know" in f["got"]][:5]
 
 
@@ -52,4 +52,4 @@ def test_a_second_is_there_question_is_answered_from_the_picture(demo_model_dir,
     model, processor = load(demo_model_dir)
     report = evaluate(model, processor, scenes=100, batch_size=100, exists_pairs=True)
     assert report["questions"] == 200
-    assert report["per_turn"][2] >= 0.97, f"turn 2 {report['per_turn'][2]:.3f}; misses: {report['failures'][:5]}"
+    assert report["per_turn"][2] >= 0.98, f"turn 2 {report['per_turn'][2]:.3f}; misses: {report['failures'][:5]}"
