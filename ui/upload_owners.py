@@ -30,13 +30,50 @@ MAX_RECORDED_PATHS = 200_000  # about 40 MB; the oldest record goes first (the c
 MAX_UPLOAD_ANSWER_BYTES = 64 * 1024  # an upload answers with one path (ui.upload_cache allows one file)
 
 
+class UploadedPaths:
+    """Which client addresses uploaded each path (the newest ``remembered`` paths). Shared by the middleware that
+    serves files (``UploadOwners``) and the check of the files a ``/chat`` call names (``ui.chat_files``)."""
+
+    def __init__(self, remembered: int = MAX_RECORDED_PATHS):
+        self.remembered = remembered
+        self._owners: OrderedDict[str, set[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, address: str, path: str) -> None:
+        key = _key(path)
+        if key is None:
+            return
+        with self._lock:
+            self._owners.setdefault(key, set()).add(address)
+            self._owners.move_to_end(key)
+            while len(self._owners) > self.remembered:
+                self._owners.popitem(last=False)
+
+    def owners(self, path: str) -> set[str] | None:
+        """The addresses that uploaded ``path``; None when no upload of this page's lifetime returned it."""
+        key = _key(path)
+        if key is None:
+            return None
+        with self._lock:
+            owners = self._owners.get(key)
+            return set(owners) if owners is not None else None
+
+    def may_read(self, address: str, path: str) -> bool:
+        """Served files: a path no upload returned is left to Gradio's own rules."""
+        owners = self.owners(path)
+        return owners is None or address in owners
+
+    def uploaded_by(self, address: str, path: str) -> bool:
+        owners = self.owners(path)
+        return owners is not None and address in owners
+
+
 class UploadOwners:
     """ASGI middleware: records who uploaded each path, and refuses served files to other addresses."""
 
-    def __init__(self, app: ASGIApp, addresses: ClientAddresses = DIRECT, remembered: int = MAX_RECORDED_PATHS):
-        self.app, self.addresses, self.remembered = app, addresses, remembered
-        self._owners: OrderedDict[str, set[str]] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, app: ASGIApp, addresses: ClientAddresses = DIRECT, ledger: UploadedPaths | None = None):
+        self.app, self.addresses = app, addresses
+        self.ledger = ledger if ledger is not None else UploadedPaths()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,24 +83,11 @@ class UploadOwners:
             return await self.app(scope, receive, self._recording(self.addresses.of(Request(scope)), send))
         if scope["method"] in ("GET", "HEAD") and path.startswith(FILE_PREFIXES):
             target = path[len(next(p for p in FILE_PREFIXES if path.startswith(p))):]
-            if not self.may_read(self.addresses.of(Request(scope)), target):
+            if _key(target) is None or not self.ledger.may_read(self.addresses.of(Request(scope)), target):
                 # Word for word what Gradio answers for a path that is not there (gradio.route_utils.file_fetch).
                 return await JSONResponse({"detail": f"File not allowed: {target}."}, status_code=403)(
                     scope, receive, send)
         await self.app(scope, receive, send)
-
-    def may_read(self, address: str, target: str) -> bool:
-        with self._lock:
-            owners = self._owners.get(_key(target))
-        return owners is None or address in owners
-
-    def record(self, address: str, path: str) -> None:
-        key = _key(path)
-        with self._lock:
-            self._owners.setdefault(key, set()).add(address)
-            self._owners.move_to_end(key)
-            while len(self._owners) > self.remembered:
-                self._owners.popitem(last=False)
 
     def _recording(self, address: str, send: Send) -> Send:
         """``send`` that also reads the upload's answer (a JSON list of stored paths) and records them."""
@@ -88,9 +112,13 @@ class UploadOwners:
             return
         for path in paths if isinstance(paths, list) else ():
             if isinstance(path, str):
-                self.record(address, path)
+                self.ledger.record(address, path)
 
 
-def _key(path: str) -> str:
-    """One spelling per file: how Gradio would resolve it (``..``, doubled slashes and links undone)."""
-    return os.path.realpath(path)
+def _key(path: str) -> str | None:
+    """One spelling per file: how Gradio would resolve it (``..``, doubled slashes and links undone); None for
+    a path no file can have (a NUL byte, which ``realpath`` refuses with ValueError)."""
+    try:
+        return os.path.realpath(path)
+    except (ValueError, OSError):
+        return None

@@ -54,3 +54,12 @@ def test_a_stranger_cannot_tell_whether_a_picture_was_uploaded(quiet_page):
     assert fetch(url, STRANGER, probe).content == data, "and so does the stranger, its own copy"
     spelled_otherwise = victims.replace(folder, folder + "/../" + folder.rsplit("/", 1)[1])
     assert fetch(url, STRANGER, spelled_otherwise).status_code == 403, "another spelling of the same path"
+
+
+def test_a_path_no_file_can_have_is_refused_not_a_server_error(quiet_page):
+    """``os.path.realpath`` refuses a NUL byte with ValueError: the page answered 500 and logged a traceback."""
+    url, _owlet = quiet_page
+    for target in ("%00", "/tmp/gradio/a%00b.png"):
+        with http(forwarded=STRANGER) as client:
+            response = client.get(f"{url}gradio_api/file={target}")
+        assert response.status_code == 403 and "File not allowed" in response.text, (target, response.text[:200])
