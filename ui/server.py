@@ -23,6 +23,7 @@ from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_replaced_components, share_component_schemas,
                              skip_missing_matplotlib)
+from ui.chat_files import ChatFiles, check_named_files, example_files
 from ui.handlers import ChatHandlers
 from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
@@ -36,7 +37,7 @@ from ui.session_guard import SessionGuard
 from ui.session_queues import keep_sessions_with_answers
 from ui.session_states import open_tabs_of
 from ui.upload_budget import UploadBudget, UploadLedger
-from ui.upload_owners import UploadOwners
+from ui.upload_owners import UploadedPaths, UploadOwners
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
@@ -76,6 +77,8 @@ def build(config, client=None):
     drop_queue_analytics(page)
     forget_replaced_components(page)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
+    uploads = UploadedPaths()  # who uploaded each path: served files and the files a call names (ui.chat_files)
+    check_named_files(page, ChatFiles(uploads, addresses, example_files(page)))
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,
@@ -107,7 +110,7 @@ def build(config, client=None):
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
                                               addresses=addresses),
                                    # An uploaded file is served back only to the address that uploaded it.
-                                   Middleware(UploadOwners, addresses=addresses),
+                                   Middleware(UploadOwners, addresses=addresses, ledger=uploads),
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),
