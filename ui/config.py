@@ -54,7 +54,7 @@ class UIConfig:
     allowed_formats: tuple[str, ...] = limits.ALLOWED_FORMATS
     max_text_chars: int = 4000
     # Any request body but an upload: a question's JSON is a few KB, so more is refused unread (ui.body_limits).
-    max_request_bytes: int = 1024 * 1024
+    max_request_bytes: int = 96 * 1024  # twice the longest question (4,000 emoji, JSON-escaped: 48 KB)
     upload_cache_ttl_s: int = 3600  # Gradio's upload cache: files older than this are deleted, checked as often
     # Upload budgets (ui.upload_budget): bytes one address may upload per window, and bytes the whole page
     # accepts over twice the cache TTL (what Gradio's upload cache can hold at most).

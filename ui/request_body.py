@@ -46,17 +46,47 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def json_object(body: bytes) -> dict | None:
-    """The body as a JSON object, or None when it is not one."""
+MAX_JSON_DEPTH = 64  # no request the page or an API client makes nests deeper than a few levels
+_PARSED = "owlet.request_json"  # where the parsed body is kept in the ASGI scope (see json_object)
+
+
+def json_object(body: bytes, scope: dict | None = None) -> dict | None:
+    """The body as a JSON object, or None when it is not one (not JSON, not an object, or nested deeper than
+    ``MAX_JSON_DEPTH``, which Python's parser may not even survive: RecursionError).
+
+    Given the request's ``scope``, the body is parsed once per request: every middleware that looks at it shares
+    that parse. Each middleware used to parse it again (four times in all, before Gradio's own), and a client
+    posting megabyte bodies from four connections held the event loop that streams everyone's answers (a hostile
+    audit, 2026-12-03)."""
+    if scope is not None:
+        kept = scope.get(_PARSED)
+        if kept is not None and kept[0] == body:
+            return kept[1]
     try:
         value = json.loads(body) if body else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict) or _deeper_than(value, MAX_JSON_DEPTH):
+        value = None
+    if scope is not None:
+        scope[_PARSED] = (body, value)
+    return value
 
 
-def session_hash_of(body: bytes) -> str | None:
-    """The body's ``session_hash`` (None when absent or unreadable: Gradio then makes a new session, or refuses
-    the body itself)."""
-    value = (json_object(body) or {}).get("session_hash")
+def _deeper_than(value, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` deep (iterative: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def session_hash_of(request: dict | None) -> str | None:
+    """A parsed body's ``session_hash`` (None when absent or unreadable: Gradio then makes a new session, or
+    refuses the body itself)."""
+    value = (request or {}).get("session_hash")
     return value if isinstance(value, str) and value else None

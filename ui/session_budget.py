@@ -23,13 +23,15 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
-from ui.request_body import buffered, session_hash_of
+from ui.request_body import MAX_JSON_DEPTH, buffered, json_object, session_hash_of
 
 # Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
 _EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")
 # What Gradio's own clients send as a session hash (the page: 11 random characters; gradio_client: a UUID).
 # Gradio accepts any string, and keeps it as a key of its session stores: a megabyte-long one would be kept too.
 SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NOT_A_JSON_OBJECT = (f"The request body must be a JSON object (nested at most {MAX_JSON_DEPTH} levels), like "
+                     f'{{"data": [...], "session_hash": "..."}}.')
 
 
 class SessionLedger:
@@ -88,8 +90,11 @@ class NewSessionBudget:
         if (scope["type"] != "http" or scope["method"] != "POST"
                 or not any(marker in scope["path"] for marker in _EVENT_ROUTE_MARKERS)):
             return await self.app(scope, receive, send)
-        body, replay, _complete = await buffered(receive)  # bounded: ui.body_limits runs before this
-        session_hash = session_hash_of(body)
+        body, replay, complete = await buffered(receive)  # bounded: ui.body_limits runs before this
+        request = json_object(body, scope)
+        if request is None and complete:
+            return await PlainTextResponse(NOT_A_JSON_OBJECT, status_code=400)(scope, replay, send)
+        session_hash = session_hash_of(request)
         if session_hash is not None and not SESSION_HASH.fullmatch(session_hash):
             return await PlainTextResponse(
                 "Malformed session_hash: use up to 64 letters, digits, '-' or '_' (or leave it out).",

@@ -128,8 +128,8 @@ class SessionGuard:
         body, replay, complete = await buffered(receive)  # bounded: the page's body limits sit outside this
         if not complete:
             return
-        request = json_object(body)
-        session_hash = session_hash_of(body)
+        request = json_object(body, scope)  # parsed once per request: the session budget parsed it already
+        session_hash = session_hash_of(request)
         cancel = path == CANCEL_PATH  # a cancel opens no session: it binds nothing
         if session_hash is not None and not self.bind(session_hash, scope, new=not cancel):
             return await self._refuse(scope, receive, send)

@@ -80,3 +80,44 @@ def test_uploads_keep_their_own_larger_limit(page):
     payload = b"\x89PNG" + b"0" * (2 * LIMIT)
     response = httpx.post(page + "gradio_api/upload", files={"files": ("big.png", payload)}, timeout=30)
     assert response.status_code == 200, response.text[:200]
+
+
+def test_the_default_limit_holds_the_longest_question_and_little_more():
+    """The default is sized to the page's longest question (4,000 emoji, JSON-escaped: 12 bytes each), not to a
+    megabyte: parsing a body costs the page's event loop in proportion to its size."""
+    config = UIConfig()
+    longest = join_body("😀" * config.max_text_chars)
+    assert len(longest) < config.max_request_bytes <= 2 * len(longest) + 16 * 1024, (len(longest),
+                                                                                       config.max_request_bytes)
+
+
+@pytest.mark.parametrize("path", ["gradio_api/queue/join", "gradio_api/call/chat", "gradio_api/run/predict"])
+def test_a_deeply_nested_body_gets_a_sentence_not_a_server_error(page, path):
+    """2 KB of nested lists made Python's JSON parser raise RecursionError inside Gradio: 500 and a traceback per
+    request (a hostile audit, 2026-12-03)."""
+    deep = b'{"data": ' + b"[" * 2000 + b"]" * 2000 + b', "session_hash": "deepbody"}'
+    not_deep_enough_to_fail_python = b'{"data": ' + b"[" * 100 + b"]" * 100 + b', "session_hash": "deepbody"}'
+    for body in (deep, not_deep_enough_to_fail_python, b"[1, 2]", b"not json"):
+        response = httpx.post(page + path, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        assert response.status_code == 400 and "must be a JSON object" in response.text, (path, response.text[:200])
+    assert still_serving(page)
+
+
+def test_a_body_is_parsed_once_before_gradio(page, monkeypatch):
+    """Every middleware that reads the body shares one parse (ui.request_body.json_object); each used to parse
+    it again, four times a request before Gradio's own."""
+    import ui.request_body
+
+    parses = []
+    real_loads = json.loads
+
+    class CountingJson:
+        @staticmethod
+        def loads(*args, **kwargs):
+            parses.append(1)
+            return real_loads(*args, **kwargs)
+    monkeypatch.setattr(ui.request_body, "json", CountingJson)
+    response = httpx.post(page + "gradio_api/queue/join", content=join_body("how many shapes?"),
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 200, response.text[:200]
+    assert len(parses) == 1, f"the body was parsed {len(parses)} times by the page's middlewares"
