@@ -61,20 +61,24 @@ def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str]) -> 
     return messages
 
 
-def message_text(value) -> str:
-    """The text of a chat message value in any shape: str, content blocks, a message dict, or a list of them."""
-    if value is None:
+MAX_MESSAGE_DEPTH = 8  # a message is a dict of content blocks at most a few levels deep
+
+
+def message_text(value, depth: int = 0) -> str:
+    """The text of a chat message value in any shape: str, content blocks, a message dict, or a list of them.
+    Nothing deeper than ``MAX_MESSAGE_DEPTH`` is read: a client sent 500 nested lists (1.2 KB) and the unbounded
+    recursion logged a 145 KB traceback per call (a hostile audit, 2026-12-03)."""
+    if value is None or depth > MAX_MESSAGE_DEPTH:
         return ""
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
         if "content" in value:
-            return message_text(value["content"])
-        if value.get("type") == "text" or "text" in value:
-            return str(value.get("text") or "")
-        return ""  # a file block
+            return message_text(value["content"], depth + 1)
+        text = value.get("text") if value.get("type") == "text" or "text" in value else None
+        return text if isinstance(text, str) else ""  # a file block, or text that is not text
     if isinstance(value, (list, tuple)):
-        return "\n".join(t for t in (message_text(v) for v in value) if t)
+        return "\n".join(t for t in (message_text(v, depth + 1) for v in value) if t)
     return ""
 
 

@@ -233,9 +233,11 @@ class ChatHandlers:
     async def edit(self, max_new_tokens, session, browser_id, data: gr.EventData, request: gr.Request):
         """Replace an earlier question with its edited text and answer from there."""
         index, value = _chat_event(data)
-        new_text = None if value is _MISSING else message_text(value)
-        async for update in self._guarded(request, browser_id, session, lambda caller: self._redo(
-                max_new_tokens, session, caller, index if new_text is not None else None, new_text)):
+
+        def redo(caller):  # the value is read inside the guard: its identity and slot checks come first
+            new_text = None if value is _MISSING else message_text(value)
+            return self._redo(max_new_tokens, session, caller, index if new_text is not None else None, new_text)
+        async for update in self._guarded(request, browser_id, session, redo):
             yield update
 
     async def _redo(self, max_new_tokens, session, caller, index: int | None, new_text):

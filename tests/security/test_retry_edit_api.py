@@ -77,3 +77,33 @@ def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
         finally:
             h.decoder.close()
             client.close(purge=True)
+
+
+def test_a_deeply_nested_edit_value_is_read_after_the_identity_check_and_never_recurses_without_end():
+    """A 1.2 KB edit value of 500 nested lists made the page log a 145 KB traceback per call, before any identity
+    or slot check (a hostile audit, 2026-12-03)."""
+    from ui.handlers import ChatHandlers, new_session
+    from ui.metrics import UIMetrics
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    deep = "edited"
+    for _ in range(500):
+        deep = [deep]
+    with running_redis() as url:
+        prefix = unique_prefix("sec-deep-edit")
+        client = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix=prefix))
+        h = ChatHandlers(client, UIConfig(redis_url=url, key_prefix=prefix), UIMetrics())
+        try:
+            event = gr.EventData(None, {"index": 0, "value": deep})
+
+            async def run(token, session):
+                return [u async for u in h.edit(16, session, token, event, gr.Request(session_hash="d"))]
+
+            [(_box, _chat, status, _session)] = asyncio.run(run("forged", new_session()))
+            assert status == IdentityRequired.user_message, "the stranger is turned away before the value is read"
+            [(_box, _chat, status, _session)] = asyncio.run(run(h.issuer.mint(), new_session()))
+            assert status == wording.NOTHING_TO_RETRY, "an identified caller gets a sentence, not a traceback"
+        finally:
+            h.decoder.close()
+            client.close(purge=True)

@@ -52,3 +52,12 @@ def test_parse_input_accepts_both_shapes():
     assert parse_input({"text": "x", "files": [{"path": "/b.png", "meta": {}}]}) == ("x", ["/b.png"])
     assert parse_input("just text") == ("just text", [])
     assert parse_input(None) == ("", [])
+
+
+def test_message_text_reads_no_deeper_than_a_message_nests():
+    deep = "question"
+    for _ in range(500):
+        deep = [deep]
+    assert message_text(deep) == "", "500 nested lists are not a message (and no RecursionError)"
+    assert message_text([[{"type": "text", "text": "shallow"}]]) == "shallow"
+    assert message_text({"text": {"not": "text"}}) == ""
