@@ -109,7 +109,11 @@ class ChatHandlers:
                     # Closed at once on Stop, disconnect or "New conversation": the turn's job is then cancelled.
                     async with contextlib.aclosing(turn(caller)) as updates:
                         async for update in updates:
-                            if live.abandoned:  # the page shows a fresh chat now: send nothing more
+                            if live.abandoned:
+                                # The page shows a fresh chat now. End with an update that changes nothing:
+                                # when a stream ends after the fresh chat was shown, Gradio's page re-applies
+                                # the stream's last update, which brought the old chat back, box locked.
+                                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
                                 break
                             yield update
                 finally:

@@ -1,0 +1,97 @@
+"""A real browser (headless Chromium) interrupting an answer that is still queued: "New conversation", a reload.
+The page runs with no worker, so a question stays queued for as long as the test needs (tests.security.pages).
+Found by a QA pass, 2026-12-03: after "New conversation" the old chat came back 2-3 s later with its "Queued"
+bubble and a locked box, until the page was reloaded."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.security.pages import page_without_worker
+from tests.ui.test_browser import BOT, CHROMIUM, LAUNCH_ARGS, USER
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
+
+
+@pytest.fixture
+def browser_and_page():
+    from playwright.sync_api import sync_playwright
+
+    with page_without_worker("ui-interrupt", queue_poll_s=0.3) as (url, owlet), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
+        tab.goto(url)
+        tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+        try:
+            yield tab, owlet
+        finally:
+            browser.close()
+
+
+def send(tab, text: str) -> None:
+    tab.locator("#owlet-input textarea").fill(text)
+    tab.locator("#owlet-input textarea").press("Enter")
+
+
+def wait_for(condition, timeout: float = 20, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_new_conversation_while_queued_stays_new(browser_and_page):
+    tab, owlet = browser_and_page
+    send(tab, "how many shapes?")
+    wait_for(lambda: "Queued" in tab.locator(BOT).last.inner_text() if tab.locator(BOT).count() else False,
+             what="the queued bubble")
+    tab.locator("#owlet-new").click()
+    wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
+    time.sleep(4)  # several queue polls: the abandoned stream must not bring the old chat back
+    assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, tab.locator("#owlet-chat").inner_text()
+    assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
+    assert owlet.queue_stats()["queued"] == 0, "the abandoned question was cancelled"
+    send(tab, "a new question")
+    wait_for(lambda: tab.locator(USER).count() == 1 and "Queued" in tab.locator(BOT).last.inner_text(),
+             what="the new question to be queued")
+
+
+def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack):
+    """The old answer's stream ends only after the fresh chat is shown (its worker is paused for a moment, as a
+    busy worker would be): Gradio then re-applied the stream's last update, bringing back the old chat with its
+    "Queued" bubble and a locked box."""
+    import os
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    worker = stack.children["worker"].pid
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
+            tab.goto(stack.url)
+            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            send(tab, "first question")
+            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
+                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                send(tab, "how many shapes?")
+                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
+                         what="the follow-up to be queued")
+                tab.locator("#owlet-new").click()
+                wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
+                time.sleep(0.8)
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            time.sleep(3)  # the cancelled job's end reaches the old stream now
+            assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, \
+                tab.locator("#owlet-chat").inner_text()
+            assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
+        finally:
+            browser.close()
