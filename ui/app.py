@@ -98,8 +98,11 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         for event in (*answering, new_event, clear_event):
             event.then(handlers.remember_conversation, [session, browser_id], [last_conversation], queue=False,
                        api_visibility="private")
+        # A reload during an answer reopens the chat, then goes on streaming that answer.
         page.load(handlers.on_load, [browser_id, last_conversation, session], [browser_id, chatbot, status, session],
-                  api_visibility="private")
+                  api_visibility="private").then(handlers.resume, [session, browser_id], streamed,
+                                                 api_visibility="private", concurrency_limit=None,
+                                                 show_progress="hidden", postprocess=False)
         # API clients get their identity the way the page does (README: "Running it in public").
         identity_token = gr.Textbox(visible=False)
         identity_token.submit(handlers.identity, [identity_token], [identity_token], api_name="identity",

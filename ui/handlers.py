@@ -160,8 +160,29 @@ class ChatHandlers:
                 turns = []
             if turns:
                 session["conversation"] = stored_conversation
-                return browser_id, render_history(turns, {}), wording.RESTORED, session
+                session["job"] = self._pending_job(user, stored_conversation)  # resume() streams it
+                return (browser_id, render_history(turns, {}),
+                        wording.RESTORED_ANSWERING if session["job"] else wording.RESTORED, session)
         return browser_id, [], "", session
+
+    async def resume(self, session, browser_id, request: gr.Request):
+        """After a reload: keep streaming the restored conversation's answer still in progress (``on_load`` put
+        its job in the session), as the tab that asked would have. A question asked, then the page reloaded,
+        used to show no answer until the next reload."""
+        job = session.get("job") if isinstance(session, dict) else None
+        if not job:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        async for update in self._guarded(request, browser_id, session, lambda caller: self._resume(
+                session, caller, job)):
+            yield update
+
+    async def _resume(self, session, caller, job):
+        session = dict(session)
+        started = time.monotonic()
+        base = await asyncio.to_thread(self._shown_history, caller.user, session)
+        async for update in self._stream(caller.user, session, job, base, started):
+            yield update
 
     def identity(self, stored_token, request: gr.Request):
         """The /identity endpoint: the caller's token if it verifies, else a fresh one. Browsers get theirs
@@ -302,7 +323,12 @@ class ChatHandlers:
         session["job"] = job
         # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
         # read it back. Earlier messages are built once per turn and shared by every update of the stream.
-        base = shown + [pending_user]
+        async for update in self._stream(user, session, job, shown + [pending_user], started):
+            yield update
+
+    async def _stream(self, user, session, job, base, started):
+        """Follow ``job`` to its end: queue position, then the growing answer under the chat ``base`` (which ends
+        with the question), then the final stats. Stop, a closed tab or "New conversation" cancel the job."""
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
         finished = locked = lost = False
@@ -396,6 +422,13 @@ class ChatHandlers:
             return render_history(self.client.history(user, session["conversation"]), session["images"])
         except Exception:
             return []
+
+    def _pending_job(self, user, conv) -> str | None:
+        """The job still answering the conversation's last question, if any (None if Redis cannot say)."""
+        try:
+            return self.client.pending_job(user, conv)
+        except Exception:
+            return None
 
     def _cancel_as_caller(self, request, browser_id, job) -> bool:
         """Cancel ``job`` if the caller owns it; True if it was cancelled. A caller without a valid identity

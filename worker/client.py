@@ -62,6 +62,16 @@ class OwletClient:
         self.convs.check_owner(user_id, conv)
         return [{k: t.get(k) for k in ("role", "text", "image_sha")} for t in self.convs.turns(conv)]
 
+    def pending_job(self, user_id: str, conv: str) -> str | None:
+        """The job answering the conversation's last question while it is queued or running, else None; raises
+        NotYourConversation."""
+        self.convs.check_owner(user_id, conv)
+        pending = self.r.hget(self.keys.conversation(conv), "pending")
+        if pending is None:
+            return None
+        job = pending.decode()
+        return job if self.job_state(job) in ("queued", "dispatched", "started") else None
+
     def truncate(self, user_id: str, conv: str, n_turns: int) -> None:
         """Drop turns after the first ``n_turns`` (retry / edit). Refused while a turn is being answered."""
         self.convs.check_owner(user_id, conv)

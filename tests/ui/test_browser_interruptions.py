@@ -95,3 +95,40 @@ def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack):
             assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
         finally:
             browser.close()
+
+
+def test_a_reload_during_an_answer_goes_on_streaming_it(stack):
+    """A question asked, then the page reloaded while it was queued: the restored chat showed the question with no
+    answer, no Stop and no sign of progress, and the answer appeared only after another reload."""
+    import os
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    worker = stack.children["worker"].pid
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
+            tab.goto(stack.url)
+            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            send(tab, "first question")
+            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
+                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                send(tab, "how many shapes?")
+                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
+                         what="the follow-up to be queued")
+                tab.reload()
+                tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+                wait_for(lambda: tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
+                         and "Queued" in tab.locator(BOT).last.inner_text(), what="the restored chat to show progress")
+                assert tab.locator("#owlet-input textarea").is_disabled(), "answering: the box offers Stop"
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            wait_for(lambda: "First token" in tab.locator("#owlet-status").inner_text()
+                     and not tab.locator("#owlet-input textarea").is_disabled(), what="the answer, without a reload")
+            assert tab.locator(BOT).count() == 2 and "Queued" not in tab.locator(BOT).last.inner_text()
+        finally:
+            browser.close()
