@@ -10,7 +10,8 @@
 2. Starts a worker (``python -m worker``, i.e. ``owlet-worker``) serving ``--model`` / ``$OWLET_MODEL``
    (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``).
 3. Prints the URL once a worker heartbeat is alive and the page answers.
-4. Ctrl-C (or SIGTERM) stops every child process; a child that dies stops the rest too.
+4. Ctrl-C (or SIGTERM) stops every child process. A worker that exits once the stack is ready is started again
+   (its questions are re-queued); one that keeps exiting, or a page that exits, stops the rest too.
 
 Children run in their own process groups, so the whole group is signalled (Celery's threads, anything
 they spawned), and on Linux each child also gets SIGTERM if this launcher itself is killed.
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 from owlet.settings import parse_int
@@ -70,6 +72,7 @@ class Stack:
         self.redis_dir = redis_dir
         self.embedded_dir: str | None = None
         self.children: dict[str, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[list[str], dict]] = {}  # how each child was started, to restart it
 
     # -- start ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Stack":
@@ -126,6 +129,7 @@ class Stack:
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
+        self._commands[name] = (cmd, env)
         out = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -156,9 +160,21 @@ class Stack:
         raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s (see the output above)")
 
     def check_children(self) -> None:
+        dead = self.dead_child()
+        if dead is not None:
+            raise RuntimeError(f"the {dead[0]} process exited with code {dead[1]}")
+
+    def dead_child(self) -> tuple[str, int] | None:
+        """(name, exit code) of a child that has exited, if any."""
         for name, child in self.children.items():
             if child.poll() is not None:
-                raise RuntimeError(f"the {name} process exited with code {child.returncode}")
+                return name, child.returncode
+        return None
+
+    def restart(self, name: str) -> None:
+        """Start a child that exited again, the same way (its process group swept first)."""
+        _signal_group(self.children[name], signal.SIGKILL)
+        self._spawn(name, *self._commands[name])
 
     # -- stop -------------------------------------------------------------------------------------------
     def stop(self, grace_s: float = 10.0) -> None:
@@ -237,6 +253,37 @@ def listen_problem(host: str, port: int) -> str | None:
     return None
 
 
+WORKER_RESTARTS = 3  # a worker that exits this often within RESTART_WINDOW_S is broken, not unlucky
+RESTART_WINDOW_S = 300.0
+
+
+def supervise(stack: Stack, clock=time.monotonic) -> None:
+    """Watch the stack until a child fails for good (raises RuntimeError) or Ctrl-C.
+
+    A worker that exits after the stack was ready (killed, out of memory) is started again, so the page and every
+    conversation stay up: the questions it was answering are re-queued by the reaper and answered by the new
+    worker. It used to take the whole demo down with it, page included, leaving open tabs "reconnecting" forever.
+    A worker that keeps exiting, or a page that exits, stops everything with the reason."""
+    restarts: deque[float] = deque()
+    while True:
+        dead = stack.dead_child()
+        if dead is not None:
+            name, code = dead
+            if name != "worker":
+                raise RuntimeError(f"the {name} process exited with code {code}")
+            now = clock()
+            while restarts and restarts[0] <= now - RESTART_WINDOW_S:
+                restarts.popleft()
+            if len(restarts) >= WORKER_RESTARTS:
+                raise RuntimeError(f"the worker process exited with code {code}, the {len(restarts) + 1}th time "
+                                   f"in {RESTART_WINDOW_S / 60:.0f} min")
+            restarts.append(now)
+            log(f"the worker process exited with code {code}; starting a new one (the questions it was answering "
+                f"are queued again)")
+            stack.restart("worker")
+        time.sleep(0.5)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not (Path(args.model) / "config.json").exists():
@@ -257,9 +304,7 @@ def main(argv=None) -> int:
             log("starting the worker (loading the model) and the page…")
             stack.wait_ready(args.ready_timeout)
             log(f"ready: open {stack.url}  (Ctrl-C stops everything)")
-            while True:
-                stack.check_children()
-                time.sleep(0.5)
+            supervise(stack)
     except KeyboardInterrupt:
         log("stopping…")
         return 0

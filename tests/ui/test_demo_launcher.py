@@ -17,7 +17,7 @@ import pytest
 import redis
 from gradio_client import Client
 
-from tests.ui.page_client import ask
+from tests.ui.page_client import ask, submit
 from tests.ui.stack import ROOT, free_port, tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,6 +93,19 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         r.close()
         assert owners == {b"user:alice"}, "with --auth the login name is the user id"
 
+        # A worker killed mid-answer is started again; the page stays up and the question is answered.
+        worker = next(pid for pid in descendants(demo.pid) if b"-m\x00worker" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(worker, signal.SIGSTOP)  # the question reaches this worker and stays in flight there
+        pending = submit(client, "Are you still there?", max_new_tokens=32)
+        time.sleep(1.5)
+        os.kill(worker, signal.SIGKILL)
+        wait_for_output("the worker process exited with code -9; starting a new one")
+        _box, chat, status = pending.result(timeout=180)
+        assert "First token" in status, f"the question asked as the worker was killed got no answer: {status}"
+        _outputs, (_box, chat, status) = ask(client, "And now?", max_new_tokens=32)
+        assert "First token" in status, status
+        assert demo.poll() is None, "the demo is still running"
+
         children = descendants(demo.pid)
         assert len(children) >= 3, "worker, page and embedded Redis should be running"
         demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
@@ -129,3 +142,38 @@ def test_demo_on_a_port_already_taken_says_so_before_starting_anything(tmp_path)
     assert f"the page cannot listen on 127.0.0.1:{port}" in output and "--port" in output, output[-2000:]
     assert "starting the worker" not in output and "Traceback" not in output, output[-2000:]
     assert time.monotonic() - started < 120, "it failed before loading anything"
+
+
+def test_a_worker_that_keeps_exiting_stops_the_demo_and_a_dead_page_at_once(monkeypatch):
+    """supervise(): a worker that exits is started again, but not a fourth time within the window; a page that
+    exits ends the demo at once."""
+    from owlet import demo as launcher
+
+    monkeypatch.setattr(launcher.time, "sleep", lambda _s: None)
+
+    class FakeStack:
+        def __init__(self, deaths):
+            self.deaths, self.restarted = list(deaths), []
+
+        def dead_child(self):
+            return self.deaths.pop(0) if self.deaths else ("page", 0)
+
+        def restart(self, name):
+            self.restarted.append(name)
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 50.0  # each death 50 s after the last: four within 300 s
+        return now[0]
+
+    stack = FakeStack([("worker", -9)] * 4)
+    with pytest.raises(RuntimeError, match="worker process exited with code -9, the 4th time"):
+        launcher.supervise(stack, clock=clock)
+    assert stack.restarted == ["worker"] * 3
+
+    spaced = FakeStack([("worker", -9), None, ("worker", 1), None, ("worker", 137), None, ("worker", -9)])
+    slow = iter(range(0, 10_000, 400))
+    with pytest.raises(RuntimeError, match="the page process exited with code 0"):
+        launcher.supervise(spaced, clock=lambda: float(next(slow)))
+    assert spaced.restarted == ["worker"] * 4, "deaths far apart are each restarted"
