@@ -41,7 +41,7 @@ FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job'
 
 
 def new_session() -> dict:
-    return {"conversation": None, "job": None, "images": {}}
+    return {"conversation": None, "job": None, "images": {}, "has_image": False}
 
 
 def _in_use(session) -> bool:
@@ -65,6 +65,13 @@ def _box(busy: bool, text: str = ""):
     if busy:
         return gr.update(value=EMPTY_BOX, interactive=False, submit_btn=False, stop_btn=True)
     return gr.update(value={"text": text, "files": []}, interactive=True, submit_btn=True, stop_btn=False)
+
+
+def _box_as_sent():
+    """The input box opened again with whatever it holds: a refused question keeps its text and its picture, and
+    a retry or edit refused leaves a draft the user is typing alone. (The page does not clear the box on send;
+    the first update of an admitted turn does.)"""
+    return gr.update(interactive=True, submit_btn=True, stop_btn=False)
 
 
 class ChatHandlers:
@@ -100,7 +107,7 @@ class ChatHandlers:
         try:
             caller = self._caller(request, browser_id)
             if _belongs_to_another(session, caller.user):
-                yield _box(False), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
+                yield _box_as_sent(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
                 return
             with self.event_slots.hold(caller.address):
                 session_hash = getattr(request, "session_hash", None)
@@ -119,7 +126,7 @@ class ChatHandlers:
                 finally:
                     self.live.end(session_hash, live)
         except (IdentityRequired, SlotRefused) as exc:
-            yield _box(False), gr.skip(), self._error_text(exc), dict(session or new_session())
+            yield _box_as_sent(), gr.skip(), self._error_text(exc), dict(session or new_session())
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -160,6 +167,7 @@ class ChatHandlers:
                 turns = []
             if turns:
                 session["conversation"] = stored_conversation
+                session["has_image"] = any(turn.get("image_sha") for turn in turns)
                 session["job"] = self._pending_job(user, stored_conversation)  # resume() streams it
                 return (browser_id, render_history(turns, {}),
                         wording.RESTORED_ANSWERING if session["job"] else wording.RESTORED, session)
@@ -214,20 +222,24 @@ class ChatHandlers:
         session = dict(session or new_session())
         text, files = parse_input(message)
         if not text and not files:
-            yield _box(False), gr.skip(), wording.EMPTY_MESSAGE, session
+            yield _box_as_sent(), gr.skip(), wording.EMPTY_MESSAGE, session
             return
         if len(files) > 1:
-            yield _box(False, text), gr.skip(), wording.ONE_IMAGE_ONLY, session
+            yield _box_as_sent(), gr.skip(), wording.ONE_IMAGE_ONLY, session
             return
         if len(text) > self.config.max_text_chars:
-            yield _box(False, text), gr.skip(), wording.too_long(self.config.max_text_chars), session
+            yield _box_as_sent(), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
         checked = None
+        if files and session.get("conversation"):
+            # A new picture starts a new conversation: the model would otherwise see both pictures and answer
+            # about either (the bundled model mixed them), while the page promised to switch pictures.
+            session = {**new_session(), "user": session.get("user")}
         if files:
             try:
                 checked = await self.decoder.check(files[0], self.limits, caller.address)
             except SlotRefused as exc:
-                yield _box(False, text), gr.skip(), self._error_text(exc), session
+                yield _box_as_sent(), gr.skip(), self._error_text(exc), session
                 return
             except UploadRejected as exc:
                 self.metrics.errors.labels("image_rejected").inc()
@@ -268,27 +280,27 @@ class ChatHandlers:
     async def _redo(self, max_new_tokens, session, caller, index: int | None, new_text):
         session = dict(session or new_session())
         if index is None:
-            yield _box(False), gr.skip(), wording.NEEDS_MESSAGE_INDEX, session
+            yield _box_as_sent(), gr.skip(), wording.NEEDS_MESSAGE_INDEX, session
             return
         conv = session.get("conversation")
         user = caller.user
         if not conv:
-            yield _box(False), gr.skip(), wording.NOTHING_TO_RETRY, session
+            yield _box_as_sent(), gr.skip(), wording.NOTHING_TO_RETRY, session
             return
         if new_text is not None and len(new_text) > self.config.max_text_chars:  # the same limit as /chat
-            yield _box(False), gr.skip(), wording.too_long(self.config.max_text_chars), session
+            yield _box_as_sent(), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
         try:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
             if not (0 <= index < len(turns)) or turns[index].get("role") != "user":
-                yield (_box(False), render_history(turns, session["images"]),
+                yield (_box_as_sent(), render_history(turns, session["images"]),
                        wording.NOT_YOUR_MESSAGE, session)
                 return
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
         except Exception as exc:
-            yield _box(False), gr.skip(), self._error_text(exc), session
+            yield _box_as_sent(), gr.skip(), self._error_text(exc), session
             return
         text = new_text if new_text is not None else (turn.get("text") or "")
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
@@ -316,10 +328,12 @@ class ChatHandlers:
                                                                image_sha, sampling, shown)
         if error is not None:
             note = self._error_text(error)
-            yield _box(False, text), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
+            yield _box_as_sent(), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
             return
         if checked is not None:
             session["images"] = {**session["images"], image_sha: image_path}
+        if image_sha:
+            session["has_image"] = True
         session["job"] = job
         # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
         # read it back. Earlier messages are built once per turn and shared by every update of the stream.
@@ -352,8 +366,11 @@ class ChatHandlers:
                     continue
                 session = {**session, "job": None}
                 # Never locked: only the submitted text needs clearing, which a plain value does.
+                status = self._final_status(p, follow_up)
+                if not session.get("has_image") and p.state == "done":
+                    status = f"{wording.NO_PICTURE_YET} · {status}"
                 yield (_box(False) if locked else EMPTY_BOX, base + [assistant_message(self._final_bubble(p))],
-                       self._final_status(p, follow_up), session)
+                       status, session)
                 self._record(p, follow_up)
         finally:
             self.metrics.active_streams.dec()
