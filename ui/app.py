@@ -15,7 +15,7 @@ from ui.handlers import ChatHandlers, new_session
 
 TITLE = "Owlet — chat about an image"
 INTRO = ("Attach an image with 📎 (or drop it in), ask a question, and keep asking follow-ups about it. "
-         "Attach another image at any time to switch pictures.")
+         "Attaching another image starts a new conversation about that one.")
 # What the bundled demo model (models/owlet-shapes-vl) can answer; anything else gets a short refusal.
 DEMO_NOTE = ("*The bundled demo model knows only simple pictures of coloured shapes (circles, squares, triangles, "
              "stars): ask about colours, counts, positions, the largest shape, or for a description; anything else "
@@ -23,6 +23,11 @@ DEMO_NOTE = ("*The bundled demo model knows only simple pictures of coloured sha
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 CSS = """
 #owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
+@media (max-width: 640px) {
+  #owlet-status-row { flex-direction: column; align-items: stretch; }
+  /* A phone keeps the box and the status line under it on screen with the chat. */
+  #owlet-chat { height: 45vh !important; min-height: 240px !important; }
+}
 #owlet-header h1 { margin-bottom: 0; }
 footer { display: none !important; }
 """
@@ -57,16 +62,20 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                              # Gradio's default, pinned: a real VLM can be made to write HTML (text in a crafted
                              # picture), and this browser holds the visitor's identity token.
                              sanitize_html=True)
+        # Between the chat and the box: what happened to the last question, where the user looks (a refusal
+        # under the box, or under the examples, was off a phone's screen).
+        with gr.Row(elem_id="owlet-status-row"):
+            status = gr.Markdown("", elem_id="owlet-status")
+            new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
                                    placeholder="Ask about the image… (attach one with 📎)", show_label=False,
-                                   submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000)
+                                   submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000,
+                                   # A long question scrolls inside the box, which stays short on a phone too.
+                                   max_lines=6)
         examples = example_inputs()
         if examples:  # clicking one fills the box with the picture and a suggested first question
             gr.Examples(examples, [box], label="Examples: click one, then send", elem_id="owlet-examples",
                         examples_per_page=len(examples))
-        with gr.Row():
-            status = gr.Markdown("", elem_id="owlet-status")
-            new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
         with gr.Accordion("Settings", open=False, elem_id="owlet-settings"):
             answer_length = gr.Slider(1, config.max_new_tokens_cap, value=config.max_new_tokens, step=1,
                                       label="Longest answer (tokens)", elem_id="owlet-answer-length")
@@ -84,23 +93,24 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         answering = [chat_event, retry_event, edit_event]
         # No Gradio `cancels` here: Gradio cancels by session_hash, which a client chooses. Stop cancels the
         # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".
-        box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False)
+        box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False,
+                 show_progress="hidden")
         fresh = [box, chatbot, status, session]
         # No Gradio `cancels` either (it would end every stream of the session hash the client names): the
         # handler ends the caller's own stream (ui.live_streams).
         new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh,
-                                   api_name="new_conversation", queue=False)
+                                   api_name="new_conversation", queue=False, show_progress="hidden")
         # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
         # history never disagrees with what is shown.
         clear_event = chatbot.clear(handlers.new_conversation, [session, browser_id], fresh,
-                                    api_visibility="private", queue=False)
+                                    api_visibility="private", queue=False, show_progress="hidden")
         # Remember the conversation in the browser after every change, so a reload reopens it.
         for event in (*answering, new_event, clear_event):
             event.then(handlers.remember_conversation, [session, browser_id], [last_conversation], queue=False,
-                       api_visibility="private")
+                       api_visibility="private", show_progress="hidden")
         # A reload during an answer reopens the chat, then goes on streaming that answer.
         page.load(handlers.on_load, [browser_id, last_conversation, session], [browser_id, chatbot, status, session],
-                  api_visibility="private").then(handlers.resume, [session, browser_id], streamed,
+                  api_visibility="private", show_progress="hidden").then(handlers.resume, [session, browser_id], streamed,
                                                  api_visibility="private", concurrency_limit=None,
                                                  show_progress="hidden", postprocess=False)
         # API clients get their identity the way the page does (README: "Running it in public").

@@ -1,0 +1,97 @@
+"""A real browser (headless Chromium) meeting the page's refusals and its picture rules. Found by a QA pass,
+2026-12-03: a refused question lost its text and picture, the refusal was drawn below the examples (off a phone's
+screen), a second picture was mixed with the first in one conversation, and a question without any picture got
+the model's "I only know about shapes" with no hint to attach one."""
+from __future__ import annotations
+
+import pytest
+
+from tests.security.pages import page_without_worker
+from tests.ui.stack import make_image
+from tests.ui.test_browser import BOT, CHROMIUM, LAUNCH_ARGS, USER
+from tests.ui.test_browser_interruptions import send, wait_for
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_tab(browser, url: str, viewport=None):
+    tab = browser.new_context(viewport=viewport or {"width": 1100, "height": 900}).new_page()
+    tab.goto(url)
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    return tab
+
+
+def attach(tab, path) -> None:
+    tab.locator("#owlet-input input[type=file]").set_input_files(str(path))
+    wait_for(lambda: tab.locator("#owlet-input img").count() > 0, what="the picture's thumbnail")
+
+
+def on_screen(tab, selector: str) -> bool:
+    box = tab.locator(selector).bounding_box()
+    return box is not None and 0 <= box["y"] and box["y"] + box["height"] <= tab.viewport_size["height"]
+
+
+def test_a_refused_question_keeps_its_text_and_picture_and_says_why_on_screen(chromium, tmp_path):
+    with page_without_worker("ui-refusals", address_max_events=1) as (url, owlet):
+        tab = open_tab(chromium, url, PHONE)
+        attach(tab, make_image(tmp_path / "red.png"))
+        tab.locator("#owlet-input textarea").fill("x" * 4100)  # too long: the page's own check
+        tab.locator("#owlet-input textarea").press("Enter")
+        wait_for(lambda: "longer than" in tab.locator("#owlet-status").inner_text(), what="the length refusal")
+        assert len(tab.locator("#owlet-input textarea").input_value()) == 4100, "text kept"
+        assert tab.locator("#owlet-input img").count() > 0, "picture kept"
+        assert on_screen(tab, "#owlet-status"), "the refusal is on a phone's screen, by the box"
+        holder = open_tab(chromium, url)
+        send(holder, "this question holds the address's only answer slot")
+        wait_for(lambda: holder.locator(BOT).count() == 1 and "Queued" in holder.locator(BOT).last.inner_text(),
+                 what="the first question to be queued")
+        send(tab, "what colour is the circle?")
+        wait_for(lambda: "Too many answers" in tab.locator("#owlet-status").inner_text(), what="the slot refusal")
+        assert tab.locator("#owlet-input textarea").input_value() == "what colour is the circle?", "text kept"
+        assert tab.locator("#owlet-input img").count() > 0, "picture kept"
+        assert not tab.locator("#owlet-input textarea").is_disabled()
+        assert on_screen(tab, "#owlet-status")
+        assert owlet.queue_stats()["queued"] == 1, "only the holder's question was admitted"
+
+
+def status_line(tab) -> str:
+    """The status line's own text (without Gradio's progress overlay)."""
+    return tab.locator("#owlet-status [data-testid='markdown']").inner_text()
+
+
+def ask_and_wait(tab, text: str, what: str) -> str:
+    """Send ``text`` and wait for this answer's own final status (not the one before); returns it."""
+    before = status_line(tab)
+    send(tab, text)
+    wait_for(lambda: "First token" in status_line(tab) and status_line(tab) != before
+             and not tab.locator("#owlet-input textarea").is_disabled(), what=what)
+    return status_line(tab)
+
+
+def test_a_new_picture_starts_a_new_conversation_and_no_picture_gets_a_hint(stack, chromium, tmp_path):
+    tab = open_tab(chromium, stack.url)
+    assert ask_and_wait(tab, "what colour is the circle?", "the answer").startswith("No picture in this conversation")
+    attach(tab, make_image(tmp_path / "red.png"))
+    status = ask_and_wait(tab, "and now?", "the first picture's answer")
+    assert "No picture" not in status and tab.locator(USER).count() == 1, "the picture started a new conversation"
+    assert "No picture" not in ask_and_wait(tab, "a follow-up about it", "the follow-up")
+    assert tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
+    attach(tab, make_image(tmp_path / "blue.png", colour=(20, 40, 220)))
+    ask_and_wait(tab, "what about this one?", "the new picture's answer")
+    assert tab.locator(USER).count() == 1 and tab.locator(BOT).count() == 1, "a new conversation"
+    assert "what about this one?" in tab.locator(USER).last.inner_text()
