@@ -19,11 +19,11 @@ from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
 from ui.body_limits import PageBodyLimits, upload_request_limit
+from ui.chat_files import ChatFiles, check_named_files, example_files
 from ui.config import DEV_BROWSER_SECRET
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_replaced_components, share_component_schemas,
                              skip_missing_matplotlib)
-from ui.chat_files import ChatFiles, check_named_files, example_files
 from ui.handlers import ChatHandlers
 from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
@@ -32,6 +32,7 @@ from ui.metrics import UIMetrics
 from ui.ops import LoginAttempts, LoginRequired, ops_routes
 from ui.page_launch import launch_page
 from ui.public_routes import PublicRoutes
+from ui.request_errors import RequestErrors
 from ui.session_budget import NewSessionBudget, SessionLedger
 from ui.session_guard import SessionGuard
 from ui.session_queues import keep_sessions_with_answers
@@ -117,7 +118,9 @@ def build(config, client=None):
                                               addresses=addresses),
                                    # A session hash is bound to the network that first named it (ui.session_guard).
                                    Middleware(SessionGuard, queue=page._queue, addresses=addresses,
-                                              heartbeats=open_tabs_of(page))]},
+                                              heartbeats=open_tabs_of(page)),
+                                   # Innermost: what a request's content makes Gradio raise is a 400, not a 500.
+                                   Middleware(RequestErrors)]},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.
