@@ -75,6 +75,11 @@ class LLMEngine:
         prompt = self.prompts.build(messages)
         max_len = self.max_model_len
         if len(prompt.token_ids) >= max_len:
+            question = self.prompts.question_tokens(messages)
+            if question >= max_len // 2:  # shortening the question is what helps, not a new conversation
+                raise ValueError(f"this question is too long for the model: {question} tokens, and its context "
+                                 f"holds {max_len} for the question, the conversation before it and the answer. "
+                                 f"Ask a shorter question.")
             raise ValueError(f"the conversation is too long: {len(prompt.token_ids)} tokens, and the model's "
                              f"context holds {max_len}. Start a new conversation or use a smaller image.")
         request_id = request_id or uuid.uuid4().hex

@@ -67,6 +67,14 @@ class PromptBuilder:
                              "of this checkpoint is not supported")
         return Prompt(token_ids=ids, images=prompt_images, head_ids=self._head_ids(chat, ids))
 
+    def question_tokens(self, messages) -> int:
+        """How many tokens the last user message's text alone takes (no template, no image): to tell a question
+        too long for the model from a conversation grown too long."""
+        last = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+        items = [{"type": "text", "text": last}] if isinstance(last, str) else last or []
+        text = " ".join(i["text"] for i in items if isinstance(i, dict) and isinstance(i.get("text"), str))
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def _adds_special(self, text: str) -> bool:
         """As the processor's apply_chat_template: the tokenizer's own BOS only if the template wrote none."""
         bos = self.tokenizer.bos_token

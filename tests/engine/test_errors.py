@@ -29,8 +29,13 @@ def test_bad_chats_raise_value_error(make_engine, messages, match):
 
 def test_prompt_longer_than_context_is_refused(make_engine):
     eng = make_engine("llava", max_model_len=64)
-    with pytest.raises(ValueError, match="too long"):
+    with pytest.raises(ValueError, match="this question is too long for the model.*Ask a shorter question"):
         eng.add_request(chat("word " * 200))
+    # A short question at the end of a long conversation: a new conversation is what helps.
+    history = [{"role": "user", "content": "word " * 30}, {"role": "assistant", "content": "word " * 30},
+               {"role": "user", "content": "and?"}]
+    with pytest.raises(ValueError, match="the conversation is too long.*Start a new conversation"):
+        eng.add_request(history)
 
 
 def test_generation_stops_at_the_context_limit(make_engine):
