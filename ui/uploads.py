@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ui.client_gate import AddressSlots
+from ui.client_gate import AddressSlots, SlotRefused
 from ui.decode_verdicts import DecodeVerdicts, content_key, file_key
 from worker.image_structure import structure_problem
 
@@ -167,10 +168,14 @@ class DecodePool:
     uploaded again, are not decoded again for that address.
     """
 
-    def __init__(self, workers: int, per_address: int):
+    def __init__(self, workers: int, per_address: int, slot_wait_s: float = 5.0):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="owlet-decode")
         self.slots = AddressSlots(per_address, "Another image from your network is still being checked. "
                                                "Wait a moment, then send yours again.")
+        # A check waits this long for its address's decode slot before it is refused: six people behind one
+        # office NAT sending pictures at once each got theirs checked in turn, not one "still being checked"
+        # (a QA pass, 2026-12-03). The wait holds no thread, only the caller's own answer slot.
+        self.slot_wait_s = slot_wait_s
         self.verdicts = DecodeVerdicts()
 
     async def check(self, path: str, limits: UploadLimits, address: str) -> CheckedImage:
@@ -184,7 +189,7 @@ class DecodePool:
         known = self.verdicts.by_file(file)
         if known is not None:
             return _verdict(known)
-        self.slots.acquire(address)
+        await self._acquire(address)
         try:
             decode = self._pool.submit(self._check_file, path, file, limits, address)
         except BaseException:
@@ -192,6 +197,17 @@ class DecodePool:
             raise
         decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
         return await asyncio.wrap_future(decode)
+
+    async def _acquire(self, address: str) -> None:
+        """Take one of the address's decode slots, waiting up to ``slot_wait_s``; SlotRefused after that."""
+        deadline = time.monotonic() + self.slot_wait_s
+        while True:
+            try:
+                return self.slots.acquire(address)
+            except SlotRefused:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.05)
 
     def _check_file(self, path: str, file: tuple | None, limits: UploadLimits, address: str) -> CheckedImage:
         data = read_upload(path, limits)

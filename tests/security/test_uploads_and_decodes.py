@@ -69,7 +69,7 @@ def test_decodes_are_limited_per_address_and_leave_the_shared_pool_free(tmp_path
     light.write_bytes(noise_png(64))
     limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
                           allowed_formats=("PNG", "JPEG"))
-    pool = DecodePool(workers=2, per_address=1)
+    pool = DecodePool(workers=2, per_address=1, slot_wait_s=0)
 
     async def scenario():
         first = asyncio.create_task(pool.check(str(heavy), limits, "203.0.113.61"))
@@ -89,6 +89,37 @@ def test_decodes_are_limited_per_address_and_leave_the_shared_pool_free(tmp_path
         pool.close()
     assert heavy_checked.downscaled and light_checked.kept_original
     assert shared_wait < 0.5, shared_wait
+
+
+def test_a_check_waits_a_moment_for_its_address_slot_before_it_is_refused(tmp_path):
+    """Several people behind one address sending pictures at once: each is checked in turn (a QA pass found one of
+    six refused with "still being checked"); only a wait longer than ``slot_wait_s`` is refused."""
+    heavy = tmp_path / "heavy.png"
+    heavy.write_bytes(noise_png(2000))
+    limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
+                          allowed_formats=("PNG", "JPEG"))
+    patient = DecodePool(workers=2, per_address=1, slot_wait_s=120)
+    hasty = DecodePool(workers=2, per_address=1, slot_wait_s=0.1)
+
+    async def scenario():
+        copies = []
+        for i in range(3):  # other bytes each, so no remembered verdict answers
+            copy = tmp_path / f"c{i}.png"
+            copy.write_bytes(noise_png(2000))
+            copies.append(str(copy))
+        together = await asyncio.gather(*(patient.check(c, limits, "203.0.113.63") for c in copies))
+        assert all(c.downscaled for c in together), "all three checked, one after another"
+        first = asyncio.create_task(hasty.check(str(heavy), limits, "203.0.113.64"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(SlotRefused, match="still being checked"):
+            await hasty.check(copies[0], limits, "203.0.113.64")
+        await first
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        patient.close()
+        hasty.close()
 
 
 def test_pixel_cap_and_reduced_jpeg_decoding(monkeypatch):
@@ -153,7 +184,7 @@ def test_a_cancelled_check_keeps_its_address_slot_until_the_decode_ends(tmp_path
     heavy.write_bytes(noise_png(3000))
     limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
                           allowed_formats=("PNG", "JPEG"))
-    pool = DecodePool(workers=2, per_address=1)
+    pool = DecodePool(workers=2, per_address=1, slot_wait_s=0)
     address = "203.0.113.62"
 
     async def scenario():
