@@ -19,7 +19,9 @@ from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
 from ui.job_follower import follow_job
 from ui.live_streams import LiveStreams
 from ui.pacing import UpdatePacer, watch_loop_lag
+from ui.restored_pictures import write_back
 from ui.stream_hub import StreamHub
+from ui.upload_owners import UploadedPaths
 from ui.uploads import DecodePool, UploadLimits, UploadRejected
 from worker.errors import UnknownJob
 
@@ -75,8 +77,9 @@ def _box_as_sent():
 
 
 class ChatHandlers:
-    def __init__(self, client, config, metrics):
+    def __init__(self, client, config, metrics, uploads: UploadedPaths | None = None):
         self.client, self.config, self.metrics = client, config, metrics
+        self.uploads = uploads if uploads is not None else UploadedPaths()  # who uploaded each file (the page's)
         self.limits = UploadLimits.from_config(config)
         self.issuer = issuer_for(config, client, log)
         self.addresses = ClientAddresses.from_config(config)
@@ -153,9 +156,10 @@ class ChatHandlers:
         browser_id = self.issuer.ensure(stored_browser_id)
         session = new_session()
         try:
-            user = self._caller(request, browser_id).user
+            caller = self._caller(request, browser_id)
+            user = caller.user
         except IdentityRequired:  # cannot happen with a token just ensured; the chat then stays unowned
-            user = None
+            caller = user = None
         if user is not None:
             session["user"] = user  # this tab is now the user's: a later load under its hash changes nothing
         if isinstance(stored_conversation, dict):
@@ -169,7 +173,8 @@ class ChatHandlers:
                 session["conversation"] = stored_conversation
                 session["has_image"] = any(turn.get("image_sha") for turn in turns)
                 session["job"] = self._pending_job(user, stored_conversation)  # resume() streams it
-                return (browser_id, render_history(turns, {}),
+                session["images"] = self._pictures_back(caller, stored_conversation) if session["has_image"] else {}
+                return (browser_id, render_history(turns, session["images"]),
                         wording.RESTORED_ANSWERING if session["job"] else wording.RESTORED, session)
         return browser_id, [], "", session
 
@@ -439,6 +444,14 @@ class ChatHandlers:
             return render_history(self.client.history(user, session["conversation"]), session["images"])
         except Exception:
             return []
+
+    def _pictures_back(self, caller, conv) -> dict[str, str]:
+        """A reopened conversation's pictures as files this caller's address may be shown (sha256 -> path)."""
+        try:
+            return write_back(self.client.conversation_images(caller.user, conv), caller.address, self.uploads)
+        except Exception:  # Redis unavailable, or the conversation just expired: placeholders then
+            log.warning("could not show a reopened conversation's pictures", exc_info=True)
+            return {}
 
     def _pending_job(self, user, conv) -> str | None:
         """The job still answering the conversation's last question, if any (None if Redis cannot say)."""

@@ -70,7 +70,8 @@ def build(config, client=None):
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
-    page = build_page(ChatHandlers(client, config, metrics), config)
+    uploads = UploadedPaths()  # who uploaded each path: served files, the files a call names, reopened pictures
+    page = build_page(ChatHandlers(client, config, metrics, uploads), config)
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
@@ -78,7 +79,6 @@ def build(config, client=None):
     drop_queue_analytics(page)
     forget_replaced_components(page)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
-    uploads = UploadedPaths()  # who uploaded each path: served files and the files a call names (ui.chat_files)
     check_named_files(page, ChatFiles(uploads, addresses, example_files(page)))
     launch_kwargs = dict(
         server_name=config.host,

@@ -62,6 +62,16 @@ class OwletClient:
         self.convs.check_owner(user_id, conv)
         return [{k: t.get(k) for k in ("role", "text", "image_sha")} for t in self.convs.turns(conv)]
 
+    def conversation_images(self, user_id: str, conv: str) -> dict[str, bytes]:
+        """The stored bytes of the conversation's pictures, by sha256 (those not yet expired); raises
+        NotYourConversation. For showing them again in a reopened chat."""
+        self.convs.check_owner(user_id, conv)
+        shas = list(dict.fromkeys(t["image_sha"] for t in self.convs.turns(conv) if t.get("image_sha")))
+        if not shas:
+            return {}
+        return {sha: data for sha, data in zip(shas, self.r.mget([self.keys.image(sha) for sha in shas]))
+                if data is not None}
+
     def pending_job(self, user_id: str, conv: str) -> str | None:
         """The job answering the conversation's last question while it is queued or running, else None; raises
         NotYourConversation."""

@@ -132,3 +132,38 @@ def test_a_reload_during_an_answer_goes_on_streaming_it(stack):
             assert tab.locator(BOT).count() == 2 and "Queued" not in tab.locator(BOT).last.inner_text()
         finally:
             browser.close()
+
+
+def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, tmp_path):
+    """A reload showed every picture of the reopened chat as a "🖼️ (image)" placeholder. Now the stored bytes are
+    written back as an upload of the caller's address, which no other address is served."""
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    from tests.ui.stack import make_image
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
+            tab.goto(stack.url)
+            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            tab.locator("#owlet-input input[type=file]").set_input_files(str(make_image(tmp_path / "red.png")))
+            wait_for(lambda: tab.locator("#owlet-input img").count() > 0, what="the thumbnail")
+            send(tab, "what colour is it?")
+            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
+                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the answer")
+            tab.reload()
+            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            picture = tab.locator(f"{USER} img")
+            wait_for(lambda: picture.count() == 1 and picture.evaluate("img => img.complete && img.naturalWidth > 0"),
+                     what="the reopened picture to load")
+            assert "(image)" not in tab.locator(USER).first.inner_text(), "no placeholder"
+            src = picture.get_attribute("src")
+        finally:
+            browser.close()
+    url = src if src.startswith("http") else stack.url.rstrip("/") + src
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as stranger:
+        assert stranger.get(url).status_code == 403, "another address is not shown the written-back picture"
+    with httpx.Client(timeout=30) as owner:
+        assert owner.get(url).status_code == 200
