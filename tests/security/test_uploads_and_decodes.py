@@ -145,6 +145,34 @@ def test_pixel_cap_and_reduced_jpeg_decoding(monkeypatch):
         check_image(big.getvalue(), UploadLimits(64 * 1024 * 1024, 16_000_000, 1024, ("PNG",)))
 
 
+def test_a_phone_sized_jpeg_is_decoded_small_and_accepted_while_other_formats_keep_the_cap(monkeypatch):
+    """A 24 MP phone photo was refused by the 16 MP cap although it is decoded at a quarter of its pixels anyway
+    (a QA pass, 2026-12-03); the cap now applies to what is decoded. Past 4x the cap, and for every format Pillow
+    must decode whole, it is read from the header and refused as before."""
+    limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
+                          allowed_formats=("JPEG", "PNG"))
+    decoded = []
+    load = JpegImageFile.load
+
+    def counted_load(image):
+        decoded.append(image.size)
+        return load(image)
+    monkeypatch.setattr(JpegImageFile, "load", counted_load)
+
+    def jpeg(size) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", size, (200, 30, 30)).save(out, format="JPEG", quality=80)
+        return out.getvalue()
+
+    checked = check_image(jpeg((6000, 4000)), limits)
+    assert (checked.width, checked.height) == (1024, 683) and checked.downscaled
+    assert decoded and all(w * h <= 6000 * 4000 // 4 for w, h in decoded), decoded  # a quarter, or less
+    with pytest.raises(UploadRejected, match="16 megapixels"):
+        check_image(jpeg((9000, 8000)), limits)  # 72 MP: past four times the cap
+    with pytest.raises(UploadRejected, match="16 megapixels"):
+        check_image(jpeg((6000, 4000)), UploadLimits(64 * 1024 * 1024, 16_000_000, 8000, ("JPEG",)))  # kept whole
+
+
 def test_edit_applies_the_same_text_limit_as_chat():
     import gradio as gr
 
