@@ -14,7 +14,10 @@ import logging
 
 import gradio as gr
 
+from ui.log_budget import LogBudget, first_line
+
 log = logging.getLogger("owlet.ui")
+refusals = LogBudget(log)
 
 UPLOAD_FIRST = ("An image must be uploaded to this page first (gradio_client's handle_file does it); names of "
                 "files on the server and URLs are not accepted.")
@@ -51,7 +54,9 @@ def explain_malformed_inputs(page: gr.Blocks, usage: dict[str, str]) -> None:
             raise
         except Exception as exc:
             api_name = getattr(block_fn, "api_name", None)
-            log.info("refused unreadable inputs to %s: %s: %s", api_name, type(exc).__name__, exc)
+            # One line, without the inputs (Gradio's message lists them: the whole question, the identity token).
+            refusals.warning("refused unreadable inputs to %s: %s: %s", api_name, type(exc).__name__,
+                             first_line(exc))
             raise gr.Error(refusal(api_name, usage), print_exception=False) from exc
 
     page.preprocess_data = preprocess_data  # Blocks.process_api looks it up on the instance

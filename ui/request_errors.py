@@ -9,13 +9,18 @@ is caught where it leaves Gradio, before any byte of a response went out, logged
 """
 from __future__ import annotations
 
+import json
 import logging
 
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-log = logging.getLogger("owlet.ui")
+from ui.log_budget import LogBudget, first_line
 
+log = logging.getLogger("owlet.ui")
+refusals = LogBudget(log)
+
+DIRECT_ROUTES = ("/gradio_api/run/", "/gradio_api/api/")
 API_ROUTES = ("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/gradio_api/upload",
               "/gradio_api/queue/join")
 UNREADABLE = ("This request could not be read: the endpoints this page offers, and what each takes, are listed at "
@@ -32,18 +37,44 @@ class RequestErrors:
         if scope["type"] != "http" or not scope.get("path", "").startswith(API_ROUTES):
             return await self.app(scope, receive, send)
         started = False
+        outgoing = _refusals_as_400(send) if scope["path"].startswith(DIRECT_ROUTES) else send
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            await outgoing(message)
 
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:  # noqa: BLE001 — what the client sent broke Gradio's handling of it
             if started:
                 raise
-            log.warning("refused a request Gradio could not handle: %s %s: %s: %.200s", scope.get("method"),
-                        scope.get("path", "")[:200], type(exc).__name__, exc)
+            refusals.warning("refused a request Gradio could not handle: %s %s: %s: %s", scope.get("method"),
+                             scope.get("path", "")[:100], type(exc).__name__, first_line(exc))
             await PlainTextResponse(UNREADABLE, status_code=400)(scope, receive, send)
+
+
+def _refusals_as_400(send: Send) -> Send:
+    """``send`` for the direct routes (``/run/<api>``, ``/api/<api>``): Gradio answers every failed call there with
+    500, the refusals Owlet words for the caller (a ``gr.Error``, whose sentence is the body's ``error``) too. Those
+    go out as 400; a 500 whose ``error`` is null (an internal failure, not shown) stays a 500."""
+    held: list[Message] = []
+
+    async def rewriting_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == 500:
+            held.append(message)
+            return
+        if not held:
+            return await send(message)
+        held.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            start, *bodies = held
+            body = b"".join(m.get("body", b"") for m in bodies)
+            try:
+                refused = bool(json.loads(body).get("error"))
+            except (ValueError, AttributeError):
+                refused = False
+            await send({**start, "status": 400} if refused else start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+    return rewriting_send

@@ -47,3 +47,44 @@ def test_an_upload_whose_field_is_not_a_file_is_a_400(page, caplog):
 def test_known_endpoints_still_answer(page):
     response = httpx.post(page + "gradio_api/call/identity", json={"data": [None]}, timeout=30)
     assert response.status_code == 200 and "event_id" in response.json()
+
+
+def test_a_refused_direct_call_is_a_400_and_logs_one_short_line_without_its_inputs(page, caplog):
+    """/run/<api> answered every refusal with 500, and the log line carried the refused inputs whole: 90 KB a
+    request, the caller's identity token included (a hostile audit, 2026-12-03)."""
+    secret = "v1.secret-looking-token"
+    with caplog.at_level(logging.INFO):
+        for path in ("gradio_api/run/chat", "gradio_api/api/chat"):
+            response = httpx.post(page + path, json={"data": [{"text": "A" * 60_000, "files": []}, 8, secret]},
+                                  timeout=30)  # 3 inputs where the event takes 4
+            assert response.status_code == 400, (path, response.status_code)
+            assert "This request could not be read" in response.json()["error"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert secret not in logged and "AAAA" not in logged, "the inputs are not logged"
+    assert all(len(r.getMessage()) < 400 for r in caplog.records)
+
+
+def test_only_refusals_worded_for_the_caller_become_400s():
+    """A 500 whose ``error`` is null (an internal failure, not shown to the caller) stays a 500."""
+    import asyncio
+    import json
+
+    from ui.request_errors import _refusals_as_400
+
+    def sent_status(status: int, body: dict) -> int:
+        out = []
+
+        async def send(message):
+            out.append(message)
+
+        async def run():
+            rewriting = _refusals_as_400(send)
+            await rewriting({"type": "http.response.start", "status": status, "headers": []})
+            await rewriting({"type": "http.response.body", "body": json.dumps(body).encode(), "more_body": False})
+        asyncio.run(run())
+        assert json.loads(out[-1]["body"]) == body, "the body goes out unchanged"
+        return out[0]["status"]
+
+    assert sent_status(500, {"error": "This request could not be read: ..."}) == 400
+    assert sent_status(500, {"error": None}) == 500
+    assert sent_status(200, {"data": [1]}) == 200
