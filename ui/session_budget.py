@@ -23,14 +23,15 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
-from ui.request_body import MAX_JSON_DEPTH, buffered, json_object, session_hash_of
+from ui.request_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, buffered, json_object, session_hash_of
 
 # Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
 _EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")
 # What Gradio's own clients send as a session hash (the page: 11 random characters; gradio_client: a UUID).
 # Gradio accepts any string, and keeps it as a key of its session stores: a megabyte-long one would be kept too.
 SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
-NOT_A_JSON_OBJECT = (f"The request body must be a JSON object (nested at most {MAX_JSON_DEPTH} levels), like "
+NOT_A_JSON_OBJECT = (f"The request body must be a JSON object (nested at most {MAX_JSON_DEPTH} levels, at most "
+                     f"{MAX_JSON_CONTAINERS} lists and objects), like "
                      f'{{"data": [...], "session_hash": "..."}}.')
 
 

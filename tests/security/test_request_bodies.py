@@ -121,3 +121,31 @@ def test_a_body_is_parsed_once_before_gradio(page, monkeypatch):
                           headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 200, response.text[:200]
     assert len(parses) == 1, f"the body was parsed {len(parses)} times by the page's middlewares"
+
+
+def test_a_body_of_many_small_lists_is_refused_before_it_is_parsed(page, monkeypatch):
+    """96 KB of "[[[...]]]" nested 61 deep (under the depth limit) made 48k containers: 20-190 ms of the event loop
+    a request, garbage collections included (a hostile audit, 2026-12-03). Past MAX_JSON_CONTAINERS brackets the
+    body is refused from a count of its bytes, never parsed."""
+    import ui.request_body
+    from ui.request_body import MAX_JSON_CONTAINERS
+
+    parses = []
+    real_loads = json.loads
+
+    class CountingJson:
+        @staticmethod
+        def loads(*args, **kwargs):
+            parses.append(1)
+            return real_loads(*args, **kwargs)
+    monkeypatch.setattr(ui.request_body, "json", CountingJson)
+    nest = "[" * 60 + "]" * 60
+    body = ('{"data": [' + ",".join([nest] * 790) + '], "fn_index": 1, "session_hash": "manylists"}').encode()
+    assert len(body) < LIMIT and body.count(b"[") > MAX_JSON_CONTAINERS
+    response = httpx.post(page + "gradio_api/queue/join", content=body, headers={"Content-Type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 400 and "must be a JSON object" in response.text
+    assert parses == [], "refused unparsed"
+    question = join_body("[" * 4000)  # a question of brackets is still a question
+    assert httpx.post(page + "gradio_api/queue/join", content=question, headers={"Content-Type": "application/json"},
+                      timeout=30).status_code == 200
