@@ -22,6 +22,7 @@ fetched, charged or admitted. A file uploaded before the page restarted must be 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Any, Iterable, Iterator
@@ -36,6 +37,8 @@ log = logging.getLogger("owlet.ui")
 NOT_YOUR_UPLOAD = ("An image must be uploaded to this page first, from your own network (gradio_client's handle_file "
                    "does it; an upload expires after a while or when the page restarts); URLs, names of files on the "
                    "server and other people's uploads are not accepted.")
+MAX_NAMED_FILES = 4  # a message holds one picture; a call naming hundreds cost a path lookup and a Gradio
+# conversion each (720 of the caller's own upload: 0.2 s of the event loop a request)
 MAX_NESTING = 32  # inputs nest a few levels (a message holds a list of files); deeper is not a call the page makes
 
 
@@ -87,7 +90,8 @@ class ChatFiles:
     def check(self, request, inputs: list) -> None:
         """Raise ``ChatFileRefused`` unless the caller may name every file the inputs name."""
         address = self.addresses.of(request)
-        if not all(self.may_name(address, path) for path in named_paths(inputs)):
+        paths = list(itertools.islice(named_paths(inputs), MAX_NAMED_FILES + 1))
+        if len(paths) > MAX_NAMED_FILES or not all(self.may_name(address, path) for path in paths):
             log.debug("refused a file named by %s", address)
             raise ChatFileRefused()
 

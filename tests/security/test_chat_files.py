@@ -115,6 +115,9 @@ def test_another_clients_upload_cannot_be_named(quiet_page):
         assert taken == missing == directory, "the refusal tells an upload apart from no file"
         assert "must be uploaded to this page first" in taken
         assert owlet.queue_stats()["queued"] == 0, "nothing was admitted"
+        many = {"text": "what colour is it?", "files": [{"path": probe, "meta": FILE_META}] * 5}
+        with http(forwarded=STRANGER) as client, pytest.raises(RuntimeError, match="must be uploaded"):
+            call(client, url, "chat", [many, 16, stranger])  # five of its own: more than a message holds
         assert admitted(url, STRANGER, stranger, probe), "the stranger may send its own upload"
         assert admitted(url, VICTIM, victim, victims), "and the victim its own"
     finally:
