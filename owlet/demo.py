@@ -11,7 +11,7 @@
    (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``).
 3. Prints the URL once a worker heartbeat is alive and the page answers.
 4. Ctrl-C (or SIGTERM) stops every child process. A worker that exits once the stack is ready is started again
-   (its questions are re-queued); one that keeps exiting, or a page that exits, stops the rest too.
+   (its questions are re-queued); one that cannot start any more, or a page that exits, stops the rest too.
 
 Children run in their own process groups, so the whole group is signalled (Celery's threads, anything
 they spawned), and on Linux each child also gets SIGTERM if this launcher itself is killed.
@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import deque
 from pathlib import Path
 
 from owlet.settings import parse_int
@@ -150,12 +149,8 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check_children()
-            try:
-                with DIRECT.open(self.url + "healthz", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
+            if self.serving():
+                return
             time.sleep(0.5)
         raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s (see the output above)")
 
@@ -170,6 +165,14 @@ class Stack:
             if child.poll() is not None:
                 return name, child.returncode
         return None
+
+    def serving(self) -> bool:
+        """Whether the page answers and ``/healthz`` reports a live worker."""
+        try:
+            with DIRECT.open(self.url + "healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
     def restart(self, name: str) -> None:
         """Start a child that exited again, the same way (its process group swept first)."""
@@ -253,35 +256,38 @@ def listen_problem(host: str, port: int) -> str | None:
     return None
 
 
-WORKER_RESTARTS = 3  # a worker that exits this often within RESTART_WINDOW_S is broken, not unlucky
-RESTART_WINDOW_S = 300.0
+FAILED_RESTARTS = 3  # new workers in a row that die before they serve: the worker cannot start, so stop
 
 
-def supervise(stack: Stack, clock=time.monotonic) -> None:
-    """Watch the stack until a child fails for good (raises RuntimeError) or Ctrl-C.
+def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Watch the stack until it fails for good (raises RuntimeError) or Ctrl-C.
 
-    A worker that exits after the stack was ready (killed, out of memory) is started again, so the page and every
-    conversation stay up: the questions it was answering are re-queued by the reaper and answered by the new
-    worker. It used to take the whole demo down with it, page included, leaving open tabs "reconnecting" forever.
-    A worker that keeps exiting, or a page that exits, stops everything with the reason."""
-    restarts: deque[float] = deque()
+    A worker that exits after the stack was ready (killed, out of memory, an input that crashed it) is started
+    again, so the page and every conversation stay up: the questions it was answering are re-queued by the reaper
+    and answered by the new worker (a job that keeps crashing workers fails after its retry). It used to take the
+    whole demo down with it, page included, leaving open tabs "reconnecting" forever. Restarts back off (1, 2, 4 …
+    30 s). Only a worker that cannot start any more (three new ones in a row dying before they serve), or a page
+    that exits, stops everything with the reason."""
+    failed_in_a_row, serving = 0, True
     while True:
+        if not serving and stack.serving():
+            serving, failed_in_a_row = True, 0
         dead = stack.dead_child()
         if dead is not None:
             name, code = dead
             if name != "worker":
                 raise RuntimeError(f"the {name} process exited with code {code}")
-            now = clock()
-            while restarts and restarts[0] <= now - RESTART_WINDOW_S:
-                restarts.popleft()
-            if len(restarts) >= WORKER_RESTARTS:
-                raise RuntimeError(f"the worker process exited with code {code}, the {len(restarts) + 1}th time "
-                                   f"in {RESTART_WINDOW_S / 60:.0f} min")
-            restarts.append(now)
-            log(f"the worker process exited with code {code}; starting a new one (the questions it was answering "
-                f"are queued again)")
+            failed_in_a_row = 0 if serving else failed_in_a_row + 1
+            if failed_in_a_row >= FAILED_RESTARTS:
+                raise RuntimeError(f"the worker process exited with code {code}, and {failed_in_a_row} new workers "
+                                   f"in a row died before serving")
+            wait_s = min(30, 2 ** failed_in_a_row)
+            log(f"the worker process exited with code {code}; starting a new one in {wait_s} s (the questions it "
+                f"was answering are queued again)")
+            sleep(wait_s)
             stack.restart("worker")
-        time.sleep(0.5)
+            serving = False
+        sleep(0.5)
 
 
 def main(argv=None) -> int:

@@ -144,36 +144,41 @@ def test_demo_on_a_port_already_taken_says_so_before_starting_anything(tmp_path)
     assert time.monotonic() - started < 120, "it failed before loading anything"
 
 
-def test_a_worker_that_keeps_exiting_stops_the_demo_and_a_dead_page_at_once(monkeypatch):
-    """supervise(): a worker that exits is started again, but not a fourth time within the window; a page that
-    exits ends the demo at once."""
+def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops_the_demo():
+    """supervise(): a worker that exits is started again, with a back-off, however often it had served in between
+    (an input that crashes workers must not end the demo); three new workers in a row that die before serving end
+    it, and so does a page that exits."""
     from owlet import demo as launcher
 
-    monkeypatch.setattr(launcher.time, "sleep", lambda _s: None)
-
     class FakeStack:
-        def __init__(self, deaths):
-            self.deaths, self.restarted = list(deaths), []
+        def __init__(self, events):
+            self.events, self.restarted, self.healthy = list(events), [], True
+
+        def serving(self):
+            return self.healthy
 
         def dead_child(self):
-            return self.deaths.pop(0) if self.deaths else ("page", 0)
+            event = self.events.pop(0) if self.events else ("page", 0)
+            if event == "serves":
+                self.healthy = True
+                return None
+            return event
 
         def restart(self, name):
             self.restarted.append(name)
+            self.healthy = False
 
-    now = [0.0]
-
-    def clock():
-        now[0] += 50.0  # each death 50 s after the last: four within 300 s
-        return now[0]
-
-    stack = FakeStack([("worker", -9)] * 4)
-    with pytest.raises(RuntimeError, match="worker process exited with code -9, the 4th time"):
-        launcher.supervise(stack, clock=clock)
-    assert stack.restarted == ["worker"] * 3
-
-    spaced = FakeStack([("worker", -9), None, ("worker", 1), None, ("worker", 137), None, ("worker", -9)])
-    slow = iter(range(0, 10_000, 400))
+    waits = []
+    crash_then_serve = FakeStack([("worker", -9), "serves", ("worker", -11), "serves", ("worker", 1), "serves",
+                                  ("worker", -9), "serves"])
     with pytest.raises(RuntimeError, match="the page process exited with code 0"):
-        launcher.supervise(spaced, clock=lambda: float(next(slow)))
-    assert spaced.restarted == ["worker"] * 4, "deaths far apart are each restarted"
+        launcher.supervise(crash_then_serve, sleep=waits.append)
+    assert crash_then_serve.restarted == ["worker"] * 4, "each worker that had served is replaced"
+    assert [w for w in waits if w != 0.5] == [1, 1, 1, 1], "no back-off while new workers serve"
+
+    waits.clear()
+    never_serves = FakeStack([("worker", -9), ("worker", 1), ("worker", 1), ("worker", 1)])
+    with pytest.raises(RuntimeError, match="3 new workers in a row died before serving"):
+        launcher.supervise(never_serves, sleep=waits.append)
+    assert never_serves.restarted == ["worker"] * 3
+    assert [w for w in waits if w != 0.5] == [1, 2, 4], "backing off"
