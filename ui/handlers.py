@@ -236,10 +236,6 @@ class ChatHandlers:
             yield _box_as_sent(), gr.skip(), wording.too_long(self.config.max_text_chars), session
             return
         checked = None
-        if files and session.get("conversation"):
-            # A new picture starts a new conversation: the model would otherwise see both pictures and answer
-            # about either (the bundled model mixed them), while the page promised to switch pictures.
-            session = {**new_session(), "user": session.get("user")}
         if files:
             try:
                 checked = await self.decoder.check(files[0], self.limits, caller.address)
@@ -254,9 +250,12 @@ class ChatHandlers:
                 yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
                        note, session)
                 return
+        # A new picture starts a new conversation (once admitted: a refused turn leaves the chat as it was). The
+        # model would otherwise see both pictures and answer about either (the bundled model mixed them).
         async for update in self._submit_and_stream(caller, session, text or wording.DEFAULT_IMAGE_PROMPT,
                                                     checked, files[0] if files else None, None,
-                                                    sampling=self._sampling(max_new_tokens)):
+                                                    sampling=self._sampling(max_new_tokens),
+                                                    new_conversation=bool(checked and session.get("conversation"))):
             yield update
 
     # ---- retry and edit: truncate the stored history, then ask again --------------------------------
@@ -317,7 +316,8 @@ class ChatHandlers:
 
     # ---- the shared submit + stream loop -------------------------------------------------------------
 
-    async def _submit_and_stream(self, caller, session, text, checked, image_path, shown, sampling, image_sha=None):
+    async def _submit_and_stream(self, caller, session, text, checked, image_path, shown, sampling, image_sha=None,
+                                 new_conversation: bool = False):
         """Submit the turn, then stream it. ``shown``: the chat before this turn (None: read it here).
 
         A short turn costs the page little: one thread hop reads the history and submits; the box is locked
@@ -330,11 +330,14 @@ class ChatHandlers:
         pending_user = user_message(text, image_path or session["images"].get(image_sha), has_image=bool(
             checked or image_sha))
         shown, job, image_sha, error = await asyncio.to_thread(self._submit, caller, session, text, checked,
-                                                               image_sha, sampling, shown)
+                                                               image_sha, sampling, shown, new_conversation)
         if error is not None:
             note = self._error_text(error)
             yield _box_as_sent(), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
             return
+        if new_conversation:  # admitted as the first turn of a new conversation: nothing earlier is shown
+            shown = []
+            session.update(images={}, has_image=False)
         if checked is not None:
             session["images"] = {**session["images"], image_sha: image_path}
         if image_sha:
@@ -386,16 +389,16 @@ class ChatHandlers:
             elif lost:  # given up on: free its dispatch slot and its conversation, or both stay "answering"
                 self._cancel_quietly(user, job)
 
-    def _submit(self, caller, session, text, checked, image_sha, sampling, shown):
+    def _submit(self, caller, session, text, checked, image_sha, sampling, shown, new_conversation=False):
         """In one thread hop: read the chat shown so far (unless given), then admit the turn atomically
         (limits first; only then are the image, the conversation and the turn stored). Returns
         (shown, job id, image sha, error); sets ``session["conversation"]`` for a new chat."""
         if shown is None:
             shown = self._shown_history(caller.user, session)
         try:
-            admitted = self.client.submit(caller.user, session.get("conversation"), text,
-                                          image=checked.data if checked else None, image_sha=image_sha,
-                                          sampling=sampling, group=caller.group)
+            conv = None if new_conversation else session.get("conversation")
+            admitted = self.client.submit(caller.user, conv, text, image=checked.data if checked else None,
+                                          image_sha=image_sha, sampling=sampling, group=caller.group)
         except Exception as exc:
             return shown, None, image_sha, exc
         session["conversation"] = admitted.conv

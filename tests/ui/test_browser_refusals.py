@@ -91,6 +91,14 @@ def test_a_new_picture_starts_a_new_conversation_and_no_picture_gets_a_hint(stac
     assert "No picture" not in status and tab.locator(USER).count() == 1, "the picture started a new conversation"
     assert "No picture" not in ask_and_wait(tab, "a follow-up about it", "the follow-up")
     assert tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
+    damaged = tmp_path / "damaged.png"
+    damaged.write_bytes(make_image(tmp_path / "whole.png").read_bytes()[:-60])
+    attach(tab, damaged)
+    send(tab, "and this one?")
+    wait_for(lambda: "Image rejected" in status_line(tab), what="the damaged picture's refusal")
+    assert tab.locator(USER).count() == 3, "a refused picture leaves the conversation as it was (and says why)"
+    assert "First token" in ask_and_wait(tab, "still the first picture?", "an answer in the same conversation")
+    assert tab.locator(USER).count() == 3 and tab.locator(BOT).count() == 3, "the refusal was shown, not stored"
     attach(tab, make_image(tmp_path / "blue.png", colour=(20, 40, 220)))
     ask_and_wait(tab, "what about this one?", "the new picture's answer")
     assert tab.locator(USER).count() == 1 and tab.locator(BOT).count() == 1, "a new conversation"
