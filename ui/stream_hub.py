@@ -57,7 +57,10 @@ class StreamHub:
         assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
         self.client, self.tick_s, self.block_ms, self.idle_check_s = client, tick_s, block_ms, idle_check_s
         self.outage_grace_s = outage_grace_s
-        self._subs: dict[str, Subscription] = {}  # by stream key
+        # By stream key: every follower of that stream (a reloaded page or a second tab follows the same answer
+        # as the first; one subscription per key let the newest take the stream from the others, which then
+        # waited for the stall timeout and told their user the worker was lost).
+        self._subs: dict[str, list[Subscription]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -68,7 +71,7 @@ class StreamHub:
         """Follow ``job_id``'s stream from its start; ``deliver`` runs on the calling event loop."""
         sub = Subscription(job_id, self.client.keys.stream(job_id), asyncio.get_running_loop(), deliver)
         with self._lock:
-            self._subs[sub.key] = sub
+            self._subs.setdefault(sub.key, []).append(sub)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="owlet-stream-hub", daemon=True)
                 self._thread.start()
@@ -77,12 +80,19 @@ class StreamHub:
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
-            if self._subs.get(sub.key) is sub:
+            self._drop(sub)
+
+    def _drop(self, sub: Subscription) -> None:
+        """Forget ``sub`` (the lock held)."""
+        followers = self._subs.get(sub.key, [])
+        if sub in followers:
+            followers.remove(sub)
+            if not followers:
                 del self._subs[sub.key]
 
     @property
     def live(self) -> int:
-        return len(self._subs)
+        return sum(len(followers) for followers in self._subs.values())
 
     def close(self) -> None:
         self._stop.set()
@@ -97,7 +107,7 @@ class StreamHub:
         told: set[str] = set()  # streams already told about this outage
         while not self._stop.is_set():
             with self._lock:
-                subs = list(self._subs.values())
+                subs = [sub for followers in self._subs.values() for sub in followers]
             if not subs:
                 self._wake.wait(1.0)
                 self._wake.clear()
@@ -133,27 +143,36 @@ class StreamHub:
             self._stop.wait(max(0.0, self.tick_s - (time.monotonic() - started)))
 
     def _read(self, subs: list[Subscription], block: bool = True) -> None:
-        reply = self.client.r.xread({s.key: s.last_id for s in subs}, count=512,
-                                    block=self.block_ms if block else None)
+        by_key: dict[str, list[Subscription]] = {}
+        for s in subs:
+            if not s.ended:
+                by_key.setdefault(s.key, []).append(s)
+        if not by_key:
+            return
+        # Each stream is read from its least advanced follower; each follower is handed what it has not seen.
+        reply = self.client.r.xread({key: min((s.last_id for s in followers), key=_id_order)
+                                     for key, followers in by_key.items()},
+                                    count=512, block=self.block_ms if block else None)
         if not reply:
             return
-        by_key = {s.key: s for s in subs}
         now = time.monotonic()
         batches: list[tuple[Subscription, list, bool]] = []
         for key, entries in reply:
-            sub = by_key.get(key.decode() if isinstance(key, bytes) else key)
-            if sub is None or sub.ended:
-                continue
-            events = []
-            for entry_id, fields in entries:
-                sub.last_id = entry_id.decode()
-                event = decode(fields)
-                events.append(event)
-                if event["type"] in TERMINAL:
-                    sub.ended = True
-                    break
-            sub.last_event_at = now
-            batches.append((sub, events, sub.ended))
+            entries = [(entry_id.decode(), fields) for entry_id, fields in entries]
+            for sub in by_key.get(key.decode() if isinstance(key, bytes) else key, []):
+                events = []
+                for entry_id, fields in entries:
+                    if _id_order(entry_id) <= _id_order(sub.last_id):
+                        continue
+                    sub.last_id = entry_id
+                    event = decode(fields)
+                    events.append(event)
+                    if event["type"] in TERMINAL:
+                        sub.ended = True
+                        break
+                if events:
+                    sub.last_event_at = now
+                    batches.append((sub, events, sub.ended))
         self._hand_over(batches)
 
     def _check_idle(self, subs: list[Subscription]) -> None:
@@ -206,8 +225,8 @@ class StreamHub:
             return
         with self._lock:
             for sub, _events, ended in batches:
-                if ended and self._subs.get(sub.key) is sub:
-                    del self._subs[sub.key]
+                if ended:
+                    self._drop(sub)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for sub, events, ended in batches:
             by_loop.setdefault(sub.loop, []).append((sub.deliver, events, ended))
@@ -216,6 +235,12 @@ class StreamHub:
                 loop.call_soon_threadsafe(_deliver_all, items)
             except RuntimeError:  # that event loop closed (server shutting down)
                 pass
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>", or "0" for the start) as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _deliver_all(items: list) -> None:

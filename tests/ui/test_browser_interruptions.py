@@ -167,3 +167,43 @@ def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, tmp
         assert stranger.get(url).status_code == 403, "another address is not shown the written-back picture"
     with httpx.Client(timeout=30) as owner:
         assert owner.get(url).status_code == 200
+
+
+def test_two_tabs_of_one_chat_both_get_the_answer(stack):
+    """A second tab (same browser, so the same identity and conversation) reopened the chat and took the answer
+    from the first, which stayed "Queued" with a locked box for two minutes, then said the worker was lost."""
+    import os
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    worker = stack.children["worker"].pid
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1100, "height": 900})
+            first = context.new_page()
+            first.goto(stack.url)
+            first.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            send(first, "first question")  # the browser remembers a conversation once its first answer is in
+            wait_for(lambda: first.locator(BOT).count() == 1 and not first.locator("#owlet-input textarea").is_disabled()
+                     and "First token" in first.locator("#owlet-status").inner_text(), what="the first answer")
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                send(first, "how many shapes?")
+                wait_for(lambda: first.locator(BOT).count() == 2 and "Queued" in first.locator(BOT).last.inner_text(),
+                         what="the follow-up to be queued")
+                second = context.new_page()
+                second.goto(stack.url)
+                second.wait_for_selector("#owlet-input textarea", timeout=60_000)
+                wait_for(lambda: second.locator(BOT).count() == 2 and "Queued" in second.locator(BOT).last.inner_text(),
+                         what="the second tab to show the pending answer")
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            for tab in (first, second):
+                wait_for(lambda: "First token" in tab.locator("#owlet-status").inner_text()
+                         and not tab.locator("#owlet-input textarea").is_disabled(), timeout=30,
+                         what="the answer in both tabs")
+            assert first.locator(BOT).last.inner_text() == second.locator(BOT).last.inner_text()
+        finally:
+            browser.close()

@@ -77,6 +77,43 @@ def client():
         c.close(purge=True)
 
 
+def test_every_follower_of_one_answer_gets_all_of_it(client):
+    """A reloaded page, or a second tab, follows the same answer as the first tab: each gets every event, from the
+    start, and ends with the answer. One subscription per stream let the newest take it from the others, which
+    then waited two minutes and told their user the worker was lost (a QA pass, 2026-12-03)."""
+    async def scenario():
+        hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3)
+        got: dict[str, list] = {"first": [], "reloaded": [], "late": []}
+        ended: dict[str, asyncio.Event] = {name: asyncio.Event() for name in got}
+
+        def deliverer(name):
+            def deliver(events, is_end):
+                got[name].extend(e.get("text") for e in events)
+                if is_end:
+                    ended[name].set()
+            return deliver
+
+        key = client.keys.stream("shared")
+        hub.subscribe("shared", deliverer("first"))
+        for i in range(10):
+            client.r.xadd(key, encode("token", text=str(i)))
+        await asyncio.sleep(0.2)
+        hub.subscribe("shared", deliverer("reloaded"))  # from the start, while "first" is ahead
+        for i in range(10, 20):
+            client.r.xadd(key, encode("token", text=str(i)))
+        await asyncio.sleep(0.2)
+        client.r.xadd(key, encode("done", text="end"))
+        hub.subscribe("shared", deliverer("late"))  # after the end: replays it all
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ended.values())), timeout=10)
+        assert hub.live == 0, "ended followers are dropped"
+        hub.close()
+        return got
+
+    got = asyncio.run(scenario())
+    expected = [str(i) for i in range(20)] + ["end"]
+    assert got == {"first": expected, "reloaded": expected, "late": expected}
+
+
 def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(client):
     async def scenario():
         hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3)
