@@ -81,9 +81,11 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                                       label="Longest answer (tokens)", elem_id="owlet-answer-length")
 
         streamed = [box, chatbot, status, session]
+        # trigger_mode="multiple": a question sent right after Stop or "New conversation", while the old answer's
+        # event has not ended yet (its worker busy), is sent; Gradio's default dropped that Enter silently.
         chat_event = box.submit(handlers.respond, [box, answer_length, session, browser_id], streamed,
                                 api_name="chat", concurrency_limit=None, show_progress="hidden",
-                                postprocess=False)
+                                postprocess=False, trigger_mode="multiple")
         retry_event = chatbot.retry(handlers.retry, [answer_length, session, browser_id], streamed,
                                     api_name="retry", concurrency_limit=None, show_progress="hidden",
                                     postprocess=False)
@@ -109,10 +111,10 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
             event.then(handlers.remember_conversation, [session, browser_id], [last_conversation], queue=False,
                        api_visibility="private", show_progress="hidden")
         # A reload during an answer reopens the chat, then goes on streaming that answer.
-        page.load(handlers.on_load, [browser_id, last_conversation, session], [browser_id, chatbot, status, session],
-                  api_visibility="private", show_progress="hidden").then(handlers.resume, [session, browser_id], streamed,
-                                                 api_visibility="private", concurrency_limit=None,
-                                                 show_progress="hidden", postprocess=False)
+        loaded = page.load(handlers.on_load, [browser_id, last_conversation, session],
+                           [browser_id, chatbot, status, session], api_visibility="private", show_progress="hidden")
+        loaded.then(handlers.resume, [session, browser_id], streamed, api_visibility="private",
+                    concurrency_limit=None, show_progress="hidden", postprocess=False)
         # API clients get their identity the way the page does (README: "Running it in public").
         identity_token = gr.Textbox(visible=False)
         identity_token.submit(handlers.identity, [identity_token], [identity_token], api_name="identity",

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import quote
 
 IMAGE_PLACEHOLDER = "🖼️ *(image)*"
+NO_ANSWER = "*(no answer)*"
 FILE_ROUTE = "/gradio_api/file="  # where Gradio serves files from its upload cache
 
 
@@ -48,10 +49,33 @@ def assistant_message(text: str) -> dict:
     return {"role": "assistant", "metadata": None, "content": [text_block(text)], "options": None}
 
 
+def then_asked(messages: list[dict], question: dict) -> list[dict]:
+    """``messages`` followed by a new question; a last question that got no answer is marked so, not merged."""
+    if messages and messages[-1]["role"] == "user":
+        return messages + [assistant_message(NO_ANSWER), question]
+    return messages + [question]
+
+
+def message_turns(turns: Iterable[Mapping]) -> list[int | None]:
+    """For each message ``render_history`` shows, the index of the stored turn it stands for (None for a "no
+    answer" mark): the chat's retry and edit events name a message, the stored history is cut at a turn."""
+    indices: list[int | None] = []
+    previous = None
+    for i, turn in enumerate(turns):
+        if turn.get("role") == "user" and previous == "user":
+            indices.append(None)
+        indices.append(i)
+        previous = turn.get("role")
+    return indices
+
+
 def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str]) -> list[dict]:
     """Chat messages for stored turns ``{role, text, image_sha}``; images shown from this session's files."""
     messages = []
     for turn in turns:
+        if turn.get("role") == "user" and messages and messages[-1]["role"] == "user":
+            # A question that got no answer (stopped, failed): say so, rather than show it merged with the next.
+            messages.append(assistant_message(NO_ANSWER))
         if turn.get("role") == "user":
             sha = turn.get("image_sha")
             messages.append(user_message(turn.get("text") or "", image_paths.get(sha) if sha else None,

@@ -8,12 +8,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 
 import gradio as gr
 
 from ui import wording
-from ui.chat_view import assistant_message, message_text, parse_input, render_history, user_message
+from ui.chat_view import (assistant_message, message_text, message_turns, parse_input, render_history, then_asked,
+                          user_message)
 from ui.client_gate import AddressSlots, SlotRefused
 from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
 from ui.job_follower import follow_job
@@ -39,6 +41,7 @@ TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait fo
                    "then ask again.")
 
 EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer events skip post-processing)
+RELOAD_GRACE_S = 10.0  # how long an answer whose stream closed waits for a reloaded page to follow it again
 FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events
 
 
@@ -92,6 +95,12 @@ class ChatHandlers:
                                  config.stream_min_updates_per_s)
         self._lag_watch = None  # the task that lets the pacer follow the event loop's load (started on first use)
         self.live = LiveStreams()  # whose answer streams in which session ("New conversation" ends only one's own)
+        # Jobs stopped by their owner whose streams have not ended yet: those streams no longer touch the box, which
+        # is the user's again (a question typed after Stop was wiped by the stopped answer's last updates).
+        self._stopped_jobs: set[str] = set()
+        # How many of this page's streams follow each job: a reloaded page (or a second tab) follows the answer the
+        # closed one was following, so a closed stream cancels its job only if nobody follows it a moment later.
+        self._followers: Counter[str] = Counter()
 
     def _watch_load(self) -> None:
         if self._lag_watch is None or self._lag_watch.done():
@@ -247,7 +256,7 @@ class ChatHandlers:
                 self.metrics.turns.labels("rejected").inc()
                 note = wording.image_rejected(exc.user_message)
                 shown = await asyncio.to_thread(self._shown_history, caller.user, session)
-                yield (_box(False, text), shown + [user_message(text), assistant_message("⚠️ " + note)],
+                yield (_box(False, text), then_asked(shown, user_message(text)) + [assistant_message("⚠️ " + note)],
                        note, session)
                 return
         # A new picture starts a new conversation (once admitted: a refused turn leaves the chat as it was). The
@@ -297,7 +306,9 @@ class ChatHandlers:
         try:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
-            if not (0 <= index < len(turns)) or turns[index].get("role") != "user":
+            shown_turns = message_turns(turns)  # the chat's message index, as a stored turn's index
+            index = shown_turns[index] if 0 <= index < len(shown_turns) else None
+            if index is None or turns[index].get("role") != "user":
                 yield (_box_as_sent(), render_history(turns, session["images"]),
                        wording.NOT_YOUR_MESSAGE, session)
                 return
@@ -333,7 +344,7 @@ class ChatHandlers:
                                                                image_sha, sampling, shown, new_conversation)
         if error is not None:
             note = self._error_text(error)
-            yield _box_as_sent(), shown + [pending_user, assistant_message("⚠️ " + note)], note, session
+            yield _box_as_sent(), then_asked(shown, pending_user) + [assistant_message("⚠️ " + note)], note, session
             return
         if new_conversation:  # admitted as the first turn of a new conversation: nothing earlier is shown
             shown = []
@@ -345,7 +356,7 @@ class ChatHandlers:
         session["job"] = job
         # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
         # read it back. Earlier messages are built once per turn and shared by every update of the stream.
-        async for update in self._stream(user, session, job, shown + [pending_user], started):
+        async for update in self._stream(user, session, job, then_asked(shown, pending_user), started):
             yield update
 
     async def _stream(self, user, session, job, base, started):
@@ -353,6 +364,7 @@ class ChatHandlers:
         with the question), then the final stats. Stop, a closed tab or "New conversation" cancel the job."""
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
+        self._followers[job] += 1
         finished = locked = lost = False
         try:
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
@@ -368,24 +380,28 @@ class ChatHandlers:
                         continue
                     # Once locked, the same plain empty value keeps the box so, and Gradio's diff of it is
                     # empty. (gr.skip() would make Gradio rebuild the component and its config on every
-                    # update: the costliest part of an update before.) The session state has not changed
-                    # since: skipping it spares Gradio a state write and a config rebuild per update.
-                    yield EMPTY_BOX, shown_now, p.status, gr.skip()
+                    # update: the costliest part of an update before; only a stopped answer's few last
+                    # updates pay it.) The session state has not changed since: skipping it spares Gradio a
+                    # state write and a config rebuild per update.
+                    yield gr.skip() if job in self._stopped_jobs else EMPTY_BOX, shown_now, p.status, gr.skip()
                     continue
                 session = {**session, "job": None}
-                # Never locked: only the submitted text needs clearing, which a plain value does.
+                # Locked: open the box with no value, which keeps a draft typed after Stop (the first update
+                # cleared the question already). Never locked: only the submitted text needs clearing.
                 status = self._final_status(p, follow_up)
                 if not session.get("has_image") and p.state == "done":
                     status = f"{wording.NO_PICTURE_YET} · {status}"
-                yield (_box(False) if locked else EMPTY_BOX, base + [assistant_message(self._final_bubble(p))],
-                       status, session)
+                box = gr.skip() if job in self._stopped_jobs else _box_as_sent() if locked else EMPTY_BOX
+                yield box, base + [assistant_message(self._final_bubble(p))], status, session
                 self._record(p, follow_up)
         finally:
+            self._stopped_jobs.discard(job)
             self.metrics.active_streams.dec()
-            if not finished:  # Stop pressed, tab closed or server shutting down: free the engine slot
-                self.metrics.cancels.inc()
-                self.metrics.turns.labels("cancelled").inc()
-                self._cancel_quietly(user, job)
+            self._followers[job] -= 1
+            if self._followers[job] <= 0:
+                del self._followers[job]
+            if not finished:  # tab closed (or reloaded), Stop, or the server shutting down: free the engine slot
+                self._cancel_unless_followed(user, job)
             elif lost:  # given up on: free its dispatch slot and its conversation, or both stay "answering"
                 self._cancel_quietly(user, job)
 
@@ -414,6 +430,7 @@ class ChatHandlers:
             # Nothing of the caller's was running (it had ended, or the session's job is someone else's: a
             # client can name any session hash). Say so, and leave the session exactly as it was.
             return _box(False), wording.NOTHING_TO_STOP, session
+        self._stopped_jobs.add(session["job"])  # its stream ends soon; until then it leaves the box alone
         return _box(False), wording.CANCELLED, {**session, "job": None}
 
     def new_conversation(self, session, browser_id, request: gr.Request):
@@ -455,6 +472,18 @@ class ChatHandlers:
         except Exception:  # Redis unavailable, or the conversation just expired: placeholders then
             log.warning("could not show a reopened conversation's pictures", exc_info=True)
             return {}
+
+    def _cancel_unless_followed(self, user, job) -> None:
+        """Cancel ``job`` after ``RELOAD_GRACE_S`` unless a stream follows it by then: a reload closes the old tab's
+        stream a moment before the new page follows the same answer, which it must not find cancelled."""
+        loop = asyncio.get_running_loop()
+
+        def cancel_if_unfollowed():
+            if not self._followers.get(job):
+                self.metrics.cancels.inc()
+                self.metrics.turns.labels("cancelled").inc()
+                loop.run_in_executor(None, self._cancel_quietly, user, job)
+        loop.call_later(RELOAD_GRACE_S, cancel_if_unfollowed)
 
     def _pending_job(self, user, conv) -> str | None:
         """The job still answering the conversation's last question, if any (None if Redis cannot say)."""

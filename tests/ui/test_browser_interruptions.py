@@ -186,7 +186,8 @@ def test_two_tabs_of_one_chat_both_get_the_answer(stack):
             first.goto(stack.url)
             first.wait_for_selector("#owlet-input textarea", timeout=60_000)
             send(first, "first question")  # the browser remembers a conversation once its first answer is in
-            wait_for(lambda: first.locator(BOT).count() == 1 and not first.locator("#owlet-input textarea").is_disabled()
+            wait_for(lambda: first.locator(BOT).count() == 1
+                     and not first.locator("#owlet-input textarea").is_disabled()
                      and "First token" in first.locator("#owlet-status").inner_text(), what="the first answer")
             os.kill(worker, signal.SIGSTOP)
             try:
@@ -205,5 +206,46 @@ def test_two_tabs_of_one_chat_both_get_the_answer(stack):
                          and not tab.locator("#owlet-input textarea").is_disabled(), timeout=30,
                          what="the answer in both tabs")
             assert first.locator(BOT).last.inner_text() == second.locator(BOT).last.inner_text()
+        finally:
+            browser.close()
+
+
+def test_a_question_typed_after_stop_is_kept_and_sent(stack):
+    """After Stop, while the stopped answer's event had not ended (its worker busy), a question typed into the box
+    was wiped by that event's last update, and Enter sent nothing."""
+    import os
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    worker = stack.children["worker"].pid
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
+            tab.goto(stack.url)
+            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+            send(tab, "first question")
+            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
+                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                send(tab, "a slow one")
+                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
+                         what="the follow-up to be queued")
+                tab.locator("#owlet-input .stop-button").click()
+                wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="Stop to open the box")
+                tab.locator("#owlet-input textarea").fill("my next question")
+                time.sleep(0.8)
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            wait_for(lambda: "stopped" in tab.locator(BOT).last.inner_text(), what="the stopped answer's end")
+            time.sleep(1)
+            assert tab.locator("#owlet-input textarea").input_value() == "my next question", "the draft is kept"
+            tab.locator("#owlet-input textarea").press("Enter")
+            wait_for(lambda: tab.locator(USER).count() == 3
+                     and "my next question" in tab.locator(USER).last.inner_text()
+                     and "First token" in tab.locator("#owlet-status").inner_text()
+                     and not tab.locator("#owlet-input textarea").is_disabled(), what="the question sent and answered")
         finally:
             browser.close()

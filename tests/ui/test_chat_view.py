@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat_view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, parse_input,
-                          render_history, user_message)
+from ui.chat_view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, message_turns, parse_input,
+                          render_history, then_asked, user_message)
 
 
 def test_one_message_per_turn_so_indices_match_the_history():
@@ -61,3 +61,14 @@ def test_message_text_reads_no_deeper_than_a_message_nests():
     assert message_text(deep) == "", "500 nested lists are not a message (and no RecursionError)"
     assert message_text([[{"type": "text", "text": "shallow"}]]) == "shallow"
     assert message_text({"text": {"not": "text"}}) == ""
+
+
+def test_a_question_without_an_answer_is_not_merged_with_the_next():
+    turns = [{"role": "user", "text": "stopped one"}, {"role": "user", "text": "next"},
+             {"role": "assistant", "text": "answer"}]
+    messages = render_history(turns, {})
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert message_text(messages[1]) == "*(no answer)*"
+    assert message_turns(turns) == [0, None, 1, 2], "retry and edit name a message; history is cut at a turn"
+    asked = then_asked(render_history(turns[:1], {}), user_message("next"))
+    assert [m["role"] for m in asked] == ["user", "assistant", "user"]

@@ -69,7 +69,8 @@ def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
         time.sleep(0.2)
     _outputs, (_b, chat2, status2) = ask(client, "Hello again?")
     assert "First token" in status2 and chat2[-1]["role"] == "assistant"
-    assert [m["role"] for m in chat2] == ["user", "user", "assistant"], "a stopped answer is not stored"
+    assert [m["role"] for m in chat2] == ["user", "assistant", "user", "assistant"], "a stopped answer is not stored"
+    assert bubble_text(chat2[1]) == "*(no answer)*", "it is marked, not merged with the next question"
 
 
 def test_new_conversation_ends_the_answer_in_progress_and_the_next_question_starts_afresh(stack, tmp_path):

@@ -70,10 +70,12 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
         *_, (_b, _c, status3, _s) = await drain(ask(h, "carol asks", browser=carol, hash_="c1"))
         assert "busy" in status3.lower(), status3
         # Stop while queued: the job ends at once and the stream finishes with "Stopped."
-        h.stop(session, alice, gr.Request(session_hash="a1"))
+        stop_box, _stop_status, _ = h.stop(session, alice, gr.Request(session_hash="a1"))
+        assert stop_box["interactive"] is True, "Stop opens the box at once"
         *_, (box, chat4, status4, session4) = await drain(waiting)
         assert status4 == wording.STOPPED and message_text(chat4[-1]).endswith("*(stopped)*")
-        assert session4["job"] is None and box["interactive"] is True
+        assert session4["job"] is None
+        assert "value" not in box and "interactive" not in box, "the stopped stream leaves a new draft alone"
         h.stop(bob_session, bob, gr.Request(session_hash="b1"))
         await drain(bob_waiting)
 
@@ -174,7 +176,7 @@ def test_queue_eta_is_the_workers_mean_service_time_over_live_capacity(idle_hand
     assert client.eta_s(None) is None
 
 
-def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers):
+def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers, monkeypatch):
     from worker.heartbeat import Heartbeat, publish
 
     h = idle_handlers
@@ -192,8 +194,11 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers)
             if "about" in status:
                 break
         assert any(s.startswith("Queued — position 1, about 8 s") for s in statuses), statuses
-        await second.aclose()  # leaving the stream cancels the waiting job
+        await second.aclose()  # leaving the stream cancels the waiting job, unless a page follows it again soon
         await first.aclose()
+        await asyncio.sleep(0.5)  # the grace a reloaded page gets (shortened here)
 
+    import ui.handlers
+    monkeypatch.setattr(ui.handlers, "RELOAD_GRACE_S", 0.1)
     asyncio.run(scenario())
     assert h.client.health()["queued"] == 0, "closing the page's streams cancelled both jobs"
