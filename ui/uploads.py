@@ -256,5 +256,6 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 def _too_many_pixels_message(size: tuple[int, int] | None, limits: UploadLimits) -> str:
     what = f"{size[0]}×{size[1]} pixels" if size else "too many pixels"
-    return (f"The image is {what}; the limit is {limits.max_pixels / 1e6:.0f} megapixels. "
-            "Please upload a smaller image.")
+    jpeg = limits.max_pixels * JPEG_DRAFT_ALLOWANCE / 1e6
+    return (f"The image is {what}; the limit is {limits.max_pixels / 1e6:.0f} megapixels ({jpeg:.0f} for a JPEG "
+            "photo). Please upload a smaller image.")
