@@ -383,7 +383,10 @@ class ChatHandlers:
                     # update: the costliest part of an update before; only a stopped answer's few last
                     # updates pay it.) The session state has not changed since: skipping it spares Gradio a
                     # state write and a config rebuild per update.
-                    yield gr.skip() if job in self._stopped_jobs else EMPTY_BOX, shown_now, p.status, gr.skip()
+                    if job in self._stopped_jobs:  # the box and "Stopped." are the user's until the job ends
+                        yield gr.skip(), shown_now, gr.skip(), gr.skip()
+                    else:
+                        yield EMPTY_BOX, shown_now, p.status, gr.skip()
                     continue
                 session = {**session, "job": None}
                 # Locked: open the box with no value, which keeps a draft typed after Stop (the first update
