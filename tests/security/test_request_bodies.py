@@ -103,42 +103,38 @@ def test_a_deeply_nested_body_gets_a_sentence_not_a_server_error(page, path):
     assert still_serving(page)
 
 
-def test_a_body_is_parsed_once_before_gradio(page, monkeypatch):
-    """Every middleware that reads the body shares one parse (ui.request_body.json_object); each used to parse
-    it again, four times a request before Gradio's own."""
+@pytest.fixture
+def parses(monkeypatch) -> list:
+    """One entry per JSON parse the page's middlewares make (ui.request_body)."""
     import ui.request_body
 
-    parses = []
+    counted = []
     real_loads = json.loads
 
     class CountingJson:
         @staticmethod
         def loads(*args, **kwargs):
-            parses.append(1)
+            counted.append(1)
             return real_loads(*args, **kwargs)
     monkeypatch.setattr(ui.request_body, "json", CountingJson)
+    return counted
+
+
+def test_a_body_is_parsed_once_before_gradio(page, parses):
+    """Every middleware that reads the body shares one parse (ui.request_body.json_object); each used to parse
+    it again, four times a request before Gradio's own."""
     response = httpx.post(page + "gradio_api/queue/join", content=join_body("how many shapes?"),
                           headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 200, response.text[:200]
     assert len(parses) == 1, f"the body was parsed {len(parses)} times by the page's middlewares"
 
 
-def test_a_body_of_many_small_lists_is_refused_before_it_is_parsed(page, monkeypatch):
+def test_a_body_of_many_small_lists_is_refused_before_it_is_parsed(page, parses):
     """96 KB of "[[[...]]]" nested 61 deep (under the depth limit) made 48k containers: 20-190 ms of the event loop
     a request, garbage collections included (a hostile audit, 2026-12-03). Past MAX_JSON_CONTAINERS brackets the
     body is refused from a count of its bytes, never parsed."""
-    import ui.request_body
     from ui.request_body import MAX_JSON_CONTAINERS
 
-    parses = []
-    real_loads = json.loads
-
-    class CountingJson:
-        @staticmethod
-        def loads(*args, **kwargs):
-            parses.append(1)
-            return real_loads(*args, **kwargs)
-    monkeypatch.setattr(ui.request_body, "json", CountingJson)
     nest = "[" * 60 + "]" * 60
     body = ('{"data": [' + ",".join([nest] * 790) + '], "fn_index": 1, "session_hash": "manylists"}').encode()
     assert len(body) < LIMIT and body.count(b"[") > MAX_JSON_CONTAINERS

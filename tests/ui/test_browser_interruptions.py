@@ -4,6 +4,9 @@ Found by a QA pass, 2026-12-03: after "New conversation" the old chat came back 
 bubble and a locked box, until the page was reloaded."""
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 
 import pytest
@@ -44,6 +47,46 @@ def wait_for(condition, timeout: float = 20, what: str = "") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.fixture
+def chromium_context():
+    """A browser context (tabs in it share the browser's identity and remembered conversation)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            yield browser.new_context(viewport={"width": 1100, "height": 900})
+        finally:
+            browser.close()
+
+
+def open_tab(context, url: str):
+    tab = context.new_page()
+    tab.goto(url)
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    return tab
+
+
+def answered(tab, bots: int) -> bool:
+    """The tab shows ``bots`` answers, the last one finished, and the box is open again."""
+    return (tab.locator(BOT).count() == bots and not tab.locator("#owlet-input textarea").is_disabled()
+            and "First token" in tab.locator("#owlet-status").inner_text())
+
+
+def queued(tab, bots: int) -> bool:
+    return tab.locator(BOT).count() == bots and "Queued" in tab.locator(BOT).last.inner_text()
+
+
+@contextlib.contextmanager
+def paused(worker: int):
+    """The stack's worker stopped for the block (as a busy worker would be), at most a few seconds."""
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
 def test_new_conversation_while_queued_stays_new(browser_and_page):
     tab, owlet = browser_and_page
     send(tab, "how many shapes?")
@@ -60,108 +103,60 @@ def test_new_conversation_while_queued_stays_new(browser_and_page):
              what="the new question to be queued")
 
 
-def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack):
+def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack, chromium_context):
     """The old answer's stream ends only after the fresh chat is shown (its worker is paused for a moment, as a
     busy worker would be): Gradio then re-applied the stream's last update, bringing back the old chat with its
     "Queued" bubble and a locked box."""
-    import os
-    import signal
-
-    from playwright.sync_api import sync_playwright
-
-    worker = stack.children["worker"].pid
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
-            tab.goto(stack.url)
-            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            send(tab, "first question")
-            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
-                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
-            os.kill(worker, signal.SIGSTOP)
-            try:
-                send(tab, "how many shapes?")
-                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
-                         what="the follow-up to be queued")
-                tab.locator("#owlet-new").click()
-                wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
-                time.sleep(0.8)
-            finally:
-                os.kill(worker, signal.SIGCONT)
-            time.sleep(3)  # the cancelled job's end reaches the old stream now
-            assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, \
-                tab.locator("#owlet-chat").inner_text()
-            assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
-        finally:
-            browser.close()
+    tab = open_tab(chromium_context, stack.url)
+    send(tab, "first question")
+    wait_for(lambda: answered(tab, 1), what="the first answer")
+    with paused(stack.children["worker"].pid):
+        send(tab, "how many shapes?")
+        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+        tab.locator("#owlet-new").click()
+        wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
+        time.sleep(0.8)
+    time.sleep(3)  # the cancelled job's end reaches the old stream now
+    assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, tab.locator("#owlet-chat").inner_text()
+    assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
 
 
-def test_a_reload_during_an_answer_goes_on_streaming_it(stack):
+def test_a_reload_during_an_answer_goes_on_streaming_it(stack, chromium_context):
     """A question asked, then the page reloaded while it was queued: the restored chat showed the question with no
     answer, no Stop and no sign of progress, and the answer appeared only after another reload."""
-    import os
-    import signal
-
-    from playwright.sync_api import sync_playwright
-
-    worker = stack.children["worker"].pid
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
-            tab.goto(stack.url)
-            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            send(tab, "first question")
-            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
-                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
-            os.kill(worker, signal.SIGSTOP)
-            try:
-                send(tab, "how many shapes?")
-                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
-                         what="the follow-up to be queued")
-                tab.reload()
-                tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-                wait_for(lambda: tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
-                         and "Queued" in tab.locator(BOT).last.inner_text(), what="the restored chat to show progress")
-                assert tab.locator("#owlet-input textarea").is_disabled(), "answering: the box offers Stop"
-            finally:
-                os.kill(worker, signal.SIGCONT)
-            wait_for(lambda: "First token" in tab.locator("#owlet-status").inner_text()
-                     and not tab.locator("#owlet-input textarea").is_disabled(), what="the answer, without a reload")
-            assert tab.locator(BOT).count() == 2 and "Queued" not in tab.locator(BOT).last.inner_text()
-        finally:
-            browser.close()
+    tab = open_tab(chromium_context, stack.url)
+    send(tab, "first question")
+    wait_for(lambda: answered(tab, 1), what="the first answer")
+    with paused(stack.children["worker"].pid):
+        send(tab, "how many shapes?")
+        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+        tab.reload()
+        tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+        wait_for(lambda: tab.locator(USER).count() == 2 and queued(tab, 2), what="the restored chat to show progress")
+        assert tab.locator("#owlet-input textarea").is_disabled(), "answering: the box offers Stop"
+    wait_for(lambda: answered(tab, 2), what="the answer, without a reload")
+    assert "Queued" not in tab.locator(BOT).last.inner_text()
 
 
-def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, tmp_path):
+def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chromium_context, tmp_path):
     """A reload showed every picture of the reopened chat as a "🖼️ (image)" placeholder. Now the stored bytes are
     written back as an upload of the caller's address, which no other address is served."""
     import httpx
-    from playwright.sync_api import sync_playwright
 
     from tests.ui.stack import make_image
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
-            tab.goto(stack.url)
-            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            tab.locator("#owlet-input input[type=file]").set_input_files(str(make_image(tmp_path / "red.png")))
-            wait_for(lambda: tab.locator("#owlet-input img").count() > 0, what="the thumbnail")
-            send(tab, "what colour is it?")
-            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
-                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the answer")
-            tab.reload()
-            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            picture = tab.locator(f"{USER} img")
-            wait_for(lambda: picture.count() == 1 and picture.evaluate("img => img.complete && img.naturalWidth > 0"),
-                     what="the reopened picture to load")
-            assert "(image)" not in tab.locator(USER).first.inner_text(), "no placeholder"
-            src = picture.get_attribute("src")
-        finally:
-            browser.close()
+    tab = open_tab(chromium_context, stack.url)
+    tab.locator("#owlet-input input[type=file]").set_input_files(str(make_image(tmp_path / "red.png")))
+    wait_for(lambda: tab.locator("#owlet-input img").count() > 0, what="the thumbnail")
+    send(tab, "what colour is it?")
+    wait_for(lambda: answered(tab, 1), what="the answer")
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    picture = tab.locator(f"{USER} img")
+    wait_for(lambda: picture.count() == 1 and picture.evaluate("img => img.complete && img.naturalWidth > 0"),
+             what="the reopened picture to load")
+    assert "(image)" not in tab.locator(USER).first.inner_text(), "no placeholder"
+    src = picture.get_attribute("src")
     url = src if src.startswith("http") else stack.url.rstrip("/") + src
     with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as stranger:
         assert stranger.get(url).status_code == 403, "another address is not shown the written-back picture"
@@ -169,83 +164,38 @@ def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, tmp
         assert owner.get(url).status_code == 200
 
 
-def test_two_tabs_of_one_chat_both_get_the_answer(stack):
+def test_two_tabs_of_one_chat_both_get_the_answer(stack, chromium_context):
     """A second tab (same browser, so the same identity and conversation) reopened the chat and took the answer
     from the first, which stayed "Queued" with a locked box for two minutes, then said the worker was lost."""
-    import os
-    import signal
-
-    from playwright.sync_api import sync_playwright
-
-    worker = stack.children["worker"].pid
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1100, "height": 900})
-            first = context.new_page()
-            first.goto(stack.url)
-            first.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            send(first, "first question")  # the browser remembers a conversation once its first answer is in
-            wait_for(lambda: first.locator(BOT).count() == 1
-                     and not first.locator("#owlet-input textarea").is_disabled()
-                     and "First token" in first.locator("#owlet-status").inner_text(), what="the first answer")
-            os.kill(worker, signal.SIGSTOP)
-            try:
-                send(first, "how many shapes?")
-                wait_for(lambda: first.locator(BOT).count() == 2 and "Queued" in first.locator(BOT).last.inner_text(),
-                         what="the follow-up to be queued")
-                second = context.new_page()
-                second.goto(stack.url)
-                second.wait_for_selector("#owlet-input textarea", timeout=60_000)
-                wait_for(lambda: second.locator(BOT).count() == 2 and "Queued" in second.locator(BOT).last.inner_text(),
-                         what="the second tab to show the pending answer")
-            finally:
-                os.kill(worker, signal.SIGCONT)
-            for tab in (first, second):
-                wait_for(lambda: "First token" in tab.locator("#owlet-status").inner_text()
-                         and not tab.locator("#owlet-input textarea").is_disabled(), timeout=30,
-                         what="the answer in both tabs")
-            assert first.locator(BOT).last.inner_text() == second.locator(BOT).last.inner_text()
-        finally:
-            browser.close()
+    first = open_tab(chromium_context, stack.url)
+    send(first, "first question")  # the browser remembers a conversation once its first answer is in
+    wait_for(lambda: answered(first, 1), what="the first answer")
+    with paused(stack.children["worker"].pid):
+        send(first, "how many shapes?")
+        wait_for(lambda: queued(first, 2), what="the follow-up to be queued")
+        second = open_tab(chromium_context, stack.url)
+        wait_for(lambda: queued(second, 2), what="the second tab to show the pending answer")
+    for tab in (first, second):
+        wait_for(lambda: answered(tab, 2), timeout=30, what="the answer in both tabs")
+    assert first.locator(BOT).last.inner_text() == second.locator(BOT).last.inner_text()
 
 
-def test_a_question_typed_after_stop_is_kept_and_sent(stack):
+def test_a_question_typed_after_stop_is_kept_and_sent(stack, chromium_context):
     """After Stop, while the stopped answer's event had not ended (its worker busy), a question typed into the box
-    was wiped by that event's last update, and Enter sent nothing."""
-    import os
-    import signal
-
-    from playwright.sync_api import sync_playwright
-
-    worker = stack.children["worker"].pid
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            tab = browser.new_context(viewport={"width": 1100, "height": 900}).new_page()
-            tab.goto(stack.url)
-            tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
-            send(tab, "first question")
-            wait_for(lambda: tab.locator(BOT).count() == 1 and not tab.locator("#owlet-input textarea").is_disabled()
-                     and "First token" in tab.locator("#owlet-status").inner_text(), what="the first answer")
-            os.kill(worker, signal.SIGSTOP)
-            try:
-                send(tab, "a slow one")
-                wait_for(lambda: tab.locator(BOT).count() == 2 and "Queued" in tab.locator(BOT).last.inner_text(),
-                         what="the follow-up to be queued")
-                tab.locator("#owlet-input .stop-button").click()
-                wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="Stop to open the box")
-                tab.locator("#owlet-input textarea").fill("my next question")
-                time.sleep(0.8)
-            finally:
-                os.kill(worker, signal.SIGCONT)
-            wait_for(lambda: "stopped" in tab.locator(BOT).last.inner_text(), what="the stopped answer's end")
-            time.sleep(1)
-            assert tab.locator("#owlet-input textarea").input_value() == "my next question", "the draft is kept"
-            tab.locator("#owlet-input textarea").press("Enter")
-            wait_for(lambda: tab.locator(USER).count() == 3
-                     and "my next question" in tab.locator(USER).last.inner_text()
-                     and "First token" in tab.locator("#owlet-status").inner_text()
-                     and not tab.locator("#owlet-input textarea").is_disabled(), what="the question sent and answered")
-        finally:
-            browser.close()
+    was wiped by that event's last updates, and Enter sent nothing."""
+    tab = open_tab(chromium_context, stack.url)
+    send(tab, "first question")
+    wait_for(lambda: answered(tab, 1), what="the first answer")
+    with paused(stack.children["worker"].pid):
+        send(tab, "a slow one")
+        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+        tab.locator("#owlet-input .stop-button").click()
+        wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="Stop to open the box")
+        tab.locator("#owlet-input textarea").fill("my next question")
+        time.sleep(0.8)
+    wait_for(lambda: "stopped" in tab.locator(BOT).last.inner_text(), what="the stopped answer's end")
+    time.sleep(1)
+    assert tab.locator("#owlet-input textarea").input_value() == "my next question", "the draft is kept"
+    tab.locator("#owlet-input textarea").press("Enter")
+    wait_for(lambda: answered(tab, 3) and "my next question" in tab.locator(USER).last.inner_text(),
+             what="the question sent and answered")
