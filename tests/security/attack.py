@@ -2,10 +2,13 @@
 source address, or through the trusted proxy with a chosen ``X-Forwarded-For``, and gradio_client clients."""
 from __future__ import annotations
 
+import io
 import json
+import random
 
 import httpx
 from gradio_client import Client, handle_file
+from PIL import Image
 
 METRICS_TOKEN = "security-metrics-token"
 LIMITS = {"events": 2, "group_jobs": 2, "upload_bytes": 2 * 1024 * 1024}
@@ -16,6 +19,22 @@ def http(source: str = "127.0.0.1", forwarded: str | None = None, timeout: float
     """An HTTP client whose connections come from ``source``; ``forwarded`` is sent as X-Forwarded-For."""
     headers = {"X-Forwarded-For": forwarded} if forwarded else {}
     return httpx.Client(transport=httpx.HTTPTransport(local_address=source), headers=headers, timeout=timeout)
+
+
+def private_picture() -> bytes:
+    """A small PNG of a random colour: bytes nobody else has uploaded."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), tuple(random.randrange(256) for _ in range(3))).save(out, format="PNG")
+    return out.getvalue()
+
+
+def upload(base: str, address: str, data: bytes, name: str) -> str:
+    """Upload ``data`` as the client at ``address`` (through the trusted proxy); returns the stored path."""
+    with http(forwarded=address) as client:
+        response = client.post(base + "gradio_api/upload", files={"files": (name, data, "image/png")})
+    response.raise_for_status()
+    (path,) = response.json()
+    return path
 
 
 def call(client: httpx.Client, base: str, api: str, data: list, stream: bool = True) -> list:

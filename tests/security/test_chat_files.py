@@ -3,33 +3,18 @@ upload found by its bytes' folder (ui.chat_files). Both are refused before Gradi
 sentence for every case, so the refusal says nothing about what exists."""
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import io
-import random
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from PIL import Image
 
-from tests.security.attack import Event, assert_can_still_ask, call, cancel_jobs, http, identity
+from tests.security.attack import (Event, assert_can_still_ask, call, cancel_jobs, http, identity, private_picture,
+                                   upload)
 
 pytestmark = pytest.mark.timeout(180)
 
 VICTIM, STRANGER = "198.51.100.17", "203.0.113.19"
 FILE_META = {"_type": "gradio.FileData"}
-
-
-def picture() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (64, 64), tuple(random.randrange(256) for _ in range(3))).save(out, format="PNG")
-    return out.getvalue()
-
-
-def upload(url: str, address: str, data: bytes, name: str) -> str:
-    with http(forwarded=address) as client:
-        response = client.post(url + "gradio_api/upload", files={"files": (name, data, "image/png")})
-    response.raise_for_status()
-    return response.json()[0]
 
 
 def refusal(url: str, address: str, token: str, path) -> str:
@@ -99,7 +84,7 @@ def test_a_url_is_never_downloaded(quiet_page, monkeypatch):
 
 def test_another_clients_upload_cannot_be_named(quiet_page):
     url, owlet = quiet_page
-    data = picture()
+    data = private_picture()
     victims = upload(url, VICTIM, data, "image.png")
     probe = upload(url, STRANGER, data, "probe.png")
     folder = probe.rsplit("/", 1)[0]

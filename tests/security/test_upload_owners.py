@@ -5,32 +5,13 @@ and could ask for the victim's file name there: 200 said someone had uploaded th
 had (a hostile audit, 2026-12-02)."""
 from __future__ import annotations
 
-import io
-import random
-
 import pytest
-from PIL import Image
 
-from tests.security.attack import http
+from tests.security.attack import http, private_picture, upload
 
 pytestmark = pytest.mark.timeout(120)
 
 VICTIM, STRANGER = "198.51.100.7", "203.0.113.9"
-
-
-def private_picture() -> bytes:
-    image = Image.new("RGB", (64, 64), tuple(random.randrange(256) for _ in range(3)))
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
-
-
-def upload(url: str, address: str, data: bytes, name: str) -> str:
-    with http(forwarded=address) as client:
-        response = client.post(url + "gradio_api/upload", files={"files": (name, data, "image/png")})
-    response.raise_for_status()
-    (path,) = response.json()
-    return path
 
 
 def fetch(url: str, address: str, path: str, method: str = "GET"):

@@ -87,6 +87,19 @@ def paused(worker: int):
         os.kill(worker, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def follow_up_held(context, stack, question: str = "how many shapes?"):
+    """A tab whose first answer is in and whose follow-up ``question`` is queued behind the stack's worker, which
+    stays paused for the block (as a busy worker would be)."""
+    tab = open_tab(context, stack.url)
+    send(tab, "first question")  # the browser remembers a conversation once its first answer is in
+    wait_for(lambda: answered(tab, 1), what="the first answer")
+    with paused(stack.children["worker"].pid):
+        send(tab, question)
+        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+        yield tab
+
+
 def test_new_conversation_while_queued_stays_new(browser_and_page):
     tab, owlet = browser_and_page
     send(tab, "how many shapes?")
@@ -107,12 +120,7 @@ def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack, chromi
     """The old answer's stream ends only after the fresh chat is shown (its worker is paused for a moment, as a
     busy worker would be): Gradio then re-applied the stream's last update, bringing back the old chat with its
     "Queued" bubble and a locked box."""
-    tab = open_tab(chromium_context, stack.url)
-    send(tab, "first question")
-    wait_for(lambda: answered(tab, 1), what="the first answer")
-    with paused(stack.children["worker"].pid):
-        send(tab, "how many shapes?")
-        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+    with follow_up_held(chromium_context, stack) as tab:
         tab.locator("#owlet-new").click()
         wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
         time.sleep(0.8)
@@ -124,12 +132,7 @@ def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack, chromi
 def test_a_reload_during_an_answer_goes_on_streaming_it(stack, chromium_context):
     """A question asked, then the page reloaded while it was queued: the restored chat showed the question with no
     answer, no Stop and no sign of progress, and the answer appeared only after another reload."""
-    tab = open_tab(chromium_context, stack.url)
-    send(tab, "first question")
-    wait_for(lambda: answered(tab, 1), what="the first answer")
-    with paused(stack.children["worker"].pid):
-        send(tab, "how many shapes?")
-        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+    with follow_up_held(chromium_context, stack) as tab:
         tab.reload()
         tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
         wait_for(lambda: tab.locator(USER).count() == 2 and queued(tab, 2), what="the restored chat to show progress")
@@ -167,12 +170,7 @@ def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chr
 def test_two_tabs_of_one_chat_both_get_the_answer(stack, chromium_context):
     """A second tab (same browser, so the same identity and conversation) reopened the chat and took the answer
     from the first, which stayed "Queued" with a locked box for two minutes, then said the worker was lost."""
-    first = open_tab(chromium_context, stack.url)
-    send(first, "first question")  # the browser remembers a conversation once its first answer is in
-    wait_for(lambda: answered(first, 1), what="the first answer")
-    with paused(stack.children["worker"].pid):
-        send(first, "how many shapes?")
-        wait_for(lambda: queued(first, 2), what="the follow-up to be queued")
+    with follow_up_held(chromium_context, stack) as first:
         second = open_tab(chromium_context, stack.url)
         wait_for(lambda: queued(second, 2), what="the second tab to show the pending answer")
     for tab in (first, second):
@@ -183,12 +181,7 @@ def test_two_tabs_of_one_chat_both_get_the_answer(stack, chromium_context):
 def test_a_question_typed_after_stop_is_kept_and_sent(stack, chromium_context):
     """After Stop, while the stopped answer's event had not ended (its worker busy), a question typed into the box
     was wiped by that event's last updates, and Enter sent nothing."""
-    tab = open_tab(chromium_context, stack.url)
-    send(tab, "first question")
-    wait_for(lambda: answered(tab, 1), what="the first answer")
-    with paused(stack.children["worker"].pid):
-        send(tab, "a slow one")
-        wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
+    with follow_up_held(chromium_context, stack, "a slow one") as tab:
         tab.locator("#owlet-input .stop-button").click()
         wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="Stop to open the box")
         tab.locator("#owlet-input textarea").fill("my next question")
