@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Mapping
 
 import gradio as gr
@@ -98,9 +97,6 @@ class ChatHandlers:
         # Jobs stopped by their owner whose streams have not ended yet: those streams no longer touch the box, which
         # is the user's again (a question typed after Stop was wiped by the stopped answer's last updates).
         self._stopped_jobs: set[str] = set()
-        # How many of this page's streams follow each job: a reloaded page (or a second tab) follows the answer the
-        # closed one was following, so a closed stream cancels its job only if nobody follows it a moment later.
-        self._followers: Counter[str] = Counter()
 
     def _watch_load(self) -> None:
         if self._lag_watch is None or self._lag_watch.done():
@@ -364,7 +360,6 @@ class ChatHandlers:
         with the question), then the final stats. Stop, a closed tab or "New conversation" cancel the job."""
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
-        self._followers[job] += 1
         finished = locked = lost = False
         try:
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
@@ -400,9 +395,6 @@ class ChatHandlers:
         finally:
             self._stopped_jobs.discard(job)
             self.metrics.active_streams.dec()
-            self._followers[job] -= 1
-            if self._followers[job] <= 0:
-                del self._followers[job]
             if not finished:  # tab closed (or reloaded), Stop, or the server shutting down: free the engine slot
                 self._cancel_unless_followed(user, job)
             elif lost:  # given up on: free its dispatch slot and its conversation, or both stay "answering"
@@ -477,12 +469,13 @@ class ChatHandlers:
             return {}
 
     def _cancel_unless_followed(self, user, job) -> None:
-        """Cancel ``job`` after ``RELOAD_GRACE_S`` unless a stream follows it by then: a reload closes the old tab's
-        stream a moment before the new page follows the same answer, which it must not find cancelled."""
+        """Cancel ``job`` after ``RELOAD_GRACE_S`` unless a stream follows it by then (the hub's subscriptions): a
+        reload closes the old tab's stream a moment before the new page (or another tab) follows the same answer,
+        which it must not find cancelled."""
         loop = asyncio.get_running_loop()
 
         def cancel_if_unfollowed():
-            if not self._followers.get(job):
+            if not self.hub.following(job):
                 self.metrics.cancels.inc()
                 self.metrics.turns.labels("cancelled").inc()
                 loop.run_in_executor(None, self._cancel_quietly, user, job)

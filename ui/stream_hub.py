@@ -90,6 +90,11 @@ class StreamHub:
             if not followers:
                 del self._subs[sub.key]
 
+    def following(self, job_id: str) -> int:
+        """How many of this page's streams follow ``job_id`` now."""
+        with self._lock:
+            return len(self._subs.get(self.client.keys.stream(job_id), ()))
+
     @property
     def live(self) -> int:
         return sum(len(followers) for followers in self._subs.values())
