@@ -2,6 +2,8 @@
 job re-dispatch once to the other, and the conversation keeps every completed turn."""
 from __future__ import annotations
 
+import signal
+
 from tests.redis_server import unique_prefix
 from tests.worker.live import collect, types, wait_for
 from tests.worker.test_worker_jobs import LONG
@@ -34,6 +36,8 @@ def test_affinity_then_kill_9_mid_generation_redispatches_to_the_other_worker(re
         for _, event in stream:
             seen.append(event)
             if event["type"] == "token":
+                # held still at once, so the kill lands mid-generation however fast this machine decodes
+                workers[holder].proc.send_signal(signal.SIGSTOP)
                 break
         assert seen[-2]["worker"] == holder  # affinity: the follow-up went to the worker holding the cache
         assert client.health()["affinity_hits"] == 1
