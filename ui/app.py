@@ -112,7 +112,8 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                        api_visibility="private", show_progress="hidden")
         # A reload during an answer reopens the chat, then goes on streaming that answer.
         loaded = page.load(handlers.on_load, [browser_id, last_conversation, session],
-                           [browser_id, chatbot, status, session], api_visibility="private", show_progress="hidden")
+                           [browser_id, chatbot, status, session, last_conversation], api_visibility="private",
+                           show_progress="hidden")
         loaded.then(handlers.resume, [session, browser_id], streamed, api_visibility="private",
                     concurrency_limit=None, show_progress="hidden", postprocess=False)
         # API clients get their identity the way the page does (README: "Running it in public").

@@ -151,13 +151,15 @@ class ChatHandlers:
         """Give this browser a lasting id (kept in localStorage) and reopen its last conversation, if any.
 
         The conversation is reopened only if this user still owns it and it has not expired; otherwise
-        the page starts with an empty chat. The page loads once per session: a load under a session hash that is
+        the page starts with an empty chat. A new conversation whose first answer is still being made is newer
+        than the one the browser remembers (it learns the id when that answer ends): that one is reopened, and
+        the browser told to remember it. The page loads once per session: a load under a session hash that is
         already in use (a client can name any hash, and this event answers on the API routes too) changes nothing,
         so nobody can swap their identity or conversation into another tab.
         """
         session_hash = getattr(request, "session_hash", None)
         if _in_use(session) or self.live.owner(session_hash) is not None:
-            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
+            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip(), gr.skip()
         browser_id = self.issuer.ensure(stored_browser_id)
         session = new_session()
         try:
@@ -169,19 +171,24 @@ class ChatHandlers:
             session["user"] = user  # this tab is now the user's: a later load under its hash changes nothing
         if isinstance(stored_conversation, dict):
             stored_conversation = stored_conversation.get("conversation")
-        if user is not None and isinstance(stored_conversation, str) and stored_conversation:
+        # The browser learns a new conversation's id only when its first answer ends: a reload before then
+        # finds it on the server instead (it is newer than anything the browser remembers).
+        reopened = self._first_answer(user)
+        conversation = reopened or stored_conversation
+        if user is not None and isinstance(conversation, str) and conversation:
             try:
-                turns = self.client.history(user, stored_conversation)
+                turns = self.client.history(user, conversation)
             except Exception:  # expired, not this user's, or Redis unavailable: start afresh
                 turns = []
             if turns:
-                session["conversation"] = stored_conversation
+                session["conversation"] = conversation
                 session["has_image"] = any(turn.get("image_sha") for turn in turns)
-                session["job"] = self._pending_job(user, stored_conversation)  # resume() streams it
-                session["images"] = self._pictures_back(caller, stored_conversation) if session["has_image"] else {}
+                session["job"] = self._pending_job(user, conversation)  # resume() streams it
+                session["images"] = self._pictures_back(caller, conversation) if session["has_image"] else {}
                 return (browser_id, render_history(turns, session["images"]),
-                        wording.RESTORED_ANSWERING if session["job"] else wording.RESTORED, session)
-        return browser_id, [], "", session
+                        wording.RESTORED_ANSWERING if session["job"] else wording.RESTORED, session,
+                        {"conversation": conversation} if reopened else gr.skip())
+        return browser_id, [], "", session, gr.skip()
 
     async def resume(self, session, browser_id, request: gr.Request):
         """After a reload: keep streaming the restored conversation's answer still in progress (``on_load`` put
@@ -480,6 +487,16 @@ class ChatHandlers:
                 self.metrics.turns.labels("cancelled").inc()
                 loop.run_in_executor(None, self._cancel_quietly, user, job)
         loop.call_later(RELOAD_GRACE_S, cancel_if_unfollowed)
+
+    def _first_answer(self, user) -> str | None:
+        """The user's newest conversation while its first answer is still being made (None if Redis cannot say)."""
+        if user is None:
+            return None
+        try:
+            found = self.client.first_answer(user)
+        except Exception:
+            return None
+        return found[0] if found else None
 
     def _pending_job(self, user, conv) -> str | None:
         """The job still answering the conversation's last question, if any (None if Redis cannot say)."""

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from worker import heartbeat
 from worker.celery_app import create_app
 from worker.config import Settings
-from worker.errors import ImageMissing, InvalidInput, UnknownJob
+from worker.errors import ImageMissing, InvalidInput, NotYourConversation, UnknownJob
 from worker.fair_dispatch import FairDispatch
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
@@ -82,6 +82,23 @@ class OwletClient:
         job = pending.decode()
         return job if self.job_state(job) in ("queued", "dispatched", "started") else None
 
+    def first_answer(self, user_id: str) -> tuple[str, str] | None:
+        """``(conversation, job)`` while the identity's newest conversation is still answering its first
+        question, else None. A browser learns a new conversation's id only when that answer ends, so a page
+        reloaded before then finds the conversation here."""
+        _check_user(user_id)
+        conv = self.r.get(self.keys.newest_conversation(user_id))
+        if conv is None:
+            return None
+        conv = conv.decode()
+        try:
+            job = self.pending_job(user_id, conv)
+        except NotYourConversation:  # expired since
+            return None
+        if job is None or self.r.llen(self.keys.turns(conv)) != 1:
+            return None
+        return conv, job
+
     def truncate(self, user_id: str, conv: str, n_turns: int) -> None:
         """Drop turns after the first ``n_turns`` (retry / edit). Refused while a turn is being answered."""
         self.convs.check_owner(user_id, conv)
@@ -138,6 +155,8 @@ class OwletClient:
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
         self.jobs.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,
                          image=image, image_sha=image_sha)
+        if new_conv:
+            self.r.set(self.keys.newest_conversation(user_id), conv, ex=s.history_ttl_s)
         self.fair.dispatch()
         return Submitted(job_id, conv, image_sha)
 

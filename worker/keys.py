@@ -27,6 +27,10 @@ class Keys:
         """List of JSON turns {role, text, image_sha}."""
         return f"{self.conversation(conv)}{TURNS_SUFFIX}"
 
+    def newest_conversation(self, user: str) -> str:
+        """String: the id of the newest conversation this identity started (see OwletClient.first_answer)."""
+        return f"{self.prefix}newest:{user}"
+
     def job(self, job_id: str) -> str:
         """Hash: payload (JSON) and state fields."""
         return f"{self.prefix}job:{job_id}"

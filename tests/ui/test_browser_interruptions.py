@@ -141,6 +141,31 @@ def test_a_reload_during_an_answer_goes_on_streaming_it(stack, chromium_context)
     assert "Queued" not in tab.locator(BOT).last.inner_text()
 
 
+def test_a_reload_during_the_first_answer_reopens_the_new_chat(browser_and_page):
+    """The browser learns a new conversation's id only when its first answer ends: a reload before then opened an
+    empty chat, and the question asked went on being answered out of sight. "New conversation" still means new."""
+    tab, owlet = browser_and_page
+    send(tab, "how many shapes?")
+    wait_for(lambda: queued(tab, 1), what="the first question to be queued")
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    wait_for(lambda: tab.locator(USER).count() == 1 and queued(tab, 1), what="the new chat, reopened, still queued")
+    assert "how many shapes?" in tab.locator(USER).first.inner_text()
+    assert tab.locator("#owlet-input textarea").is_disabled(), "answering: the box offers Stop"
+    tab.reload()  # remembered by the browser now, so it reopens from there too
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    wait_for(lambda: tab.locator(USER).count() == 1 and queued(tab, 1), what="the chat after a second reload")
+    assert owlet.queue_stats()["queued"] == 1, "one question, followed by each page in turn, never asked twice"
+
+    tab.locator("#owlet-new").click()
+    wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
+    wait_for(lambda: owlet.queue_stats()["queued"] == 0, what="the abandoned question to be cancelled")
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    time.sleep(2)  # on_load has answered by now
+    assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, tab.locator("#owlet-chat").inner_text()
+
+
 def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chromium_context, tmp_path):
     """A reload showed every picture of the reopened chat as a "🖼️ (image)" placeholder. Now the stored bytes are
     written back as an upload of the caller's address, which no other address is served."""

@@ -141,6 +141,20 @@ def test_users_cannot_touch_each_others_conversations(client):
     assert client.job_state(job) == "queued"
 
 
+def test_first_answer_finds_only_the_newest_conversation_while_its_first_question_waits(client):
+    """What a page reloaded before the browser learned its new conversation's id reopens (ui on_load)."""
+    assert client.first_answer("ann") is None
+    first = client.submit("ann", None, "a first question")
+    assert client.first_answer("ann") == (first.conv, first.job)
+    assert client.first_answer("bob") is None, "nobody else's"
+    newer = client.submit("ann", None, "another new chat")
+    assert client.first_answer("ann") == (newer.conv, newer.job)
+    client.cancel("ann", newer.job)
+    assert client.first_answer("ann") is None, "no answer being made: nothing to reopen"
+    client.submit_turn("ann", newer.conv, "asked again")
+    assert client.first_answer("ann") is None, "not its first question: the browser knows this chat already"
+
+
 def test_one_pending_turn_per_conversation(client):
     job, conv = submit(client, "ann")
     with pytest.raises(ConversationBusy) as exc:
