@@ -6,7 +6,8 @@ with ``show_error=False`` (Owlet never shows internal errors) the caller got ``{
 was wrong. Here such a failure becomes a ``gr.Error`` (the one kind Gradio always shows) naming the endpoint
 and what it takes. The call is refused exactly as before: nothing runs, nothing is admitted, and a file the
 client names on the server (``/etc/passwd``) is still never read. Gradio's own readable refusals (a slider
-value out of range) are ``gr.Error`` already and pass through unchanged.
+value out of range) are ``gr.Error`` already and pass through with their wording, logged as one budgeted line
+instead of the traceback Gradio prints for each.
 """
 from __future__ import annotations
 
@@ -48,12 +49,17 @@ def explain_malformed_inputs(page: gr.Blocks, usage: dict[str, str]) -> None:
     convert = page.preprocess_data
 
     async def preprocess_data(block_fn, inputs, state, explicit_call=False):
+        api_name = getattr(block_fn, "api_name", None)
         try:
             return await convert(block_fn, inputs, state, explicit_call)
-        except gr.Error:
+        except gr.Error as exc:
+            # Gradio's own readable refusal goes out as it is, but Gradio would also print its whole traceback,
+            # one a request for any client sending an answer length of -5 (a hostile audit: 56 GB of log a day
+            # from one address). A budgeted line instead, like every refusal.
+            exc.print_exception = False
+            refusals.warning("refused inputs to %s: %s", api_name, first_line(exc))
             raise
         except Exception as exc:
-            api_name = getattr(block_fn, "api_name", None)
             # One line, without the inputs (Gradio's message lists them: the whole question, the identity token).
             refusals.warning("refused unreadable inputs to %s: %s: %s", api_name, type(exc).__name__,
                              first_line(exc))

@@ -64,6 +64,20 @@ def test_a_refused_direct_call_is_a_400_and_logs_one_short_line_without_its_inpu
     assert all(len(r.getMessage()) < 400 for r in caplog.records)
 
 
+@pytest.mark.parametrize("path", ["gradio_api/run/chat", "gradio_api/api/chat"])
+def test_an_answer_length_out_of_range_is_refused_without_a_traceback(page, capfd, path):
+    """Gradio printed a 2 KB traceback for each out-of-range slider value: 2,000 requests from one address wrote
+    4.4 MB of log in 7 s (a hostile audit, 2026-12-03)."""
+    capfd.readouterr()
+    for length in (-5, 0, 10**12):
+        response = httpx.post(page + path, json={"data": [{"text": "hi", "files": []}, length, None, None],
+                                                 "session_hash": "same-session"}, timeout=30)
+        assert response.status_code == 400, response.text
+        assert "minimum" in response.json()["error"] or "maximum" in response.json()["error"]
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.out + printed.err, (printed.out + printed.err)[-2000:]
+
+
 def test_only_refusals_worded_for_the_caller_become_400s():
     """A 500 whose ``error`` is null (an internal failure, not shown to the caller) stays a 500."""
     import asyncio
