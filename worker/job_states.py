@@ -124,7 +124,8 @@ class JobStates:
     def requeue(self, job_id: str, message: str, now: float | None = None) -> int:
         """dispatched | started -> queued, or -> error (REQUEUE), for a job whose worker was lost: 1 = back at the
         front of its user's queue, 2 = failed with ``message`` because ``max_attempts`` dispatches were spent,
-        0 = it was no longer dispatched or started."""
+        3 = cancelled, because its user had stopped it (the lost worker never read the flag), 0 = it was no
+        longer dispatched or started."""
         s = self.settings
         now = time.time() if now is None else now
         error = json.dumps({"message": message, "t": now})
@@ -132,14 +133,16 @@ class JobStates:
                                       s.stream_ttl_s, error))
 
     def cancel(self, job_id: str) -> bool:
-        """queued -> cancelled at once (FINISH); a dispatched or started job gets its cancel flag, which its
-        worker relays to the engine (the runner then finishes it cancelled). False when it had already ended."""
+        """queued or dispatched -> cancelled at once (FINISH; a worker that receives a cancelled job cannot claim
+        it); a started job gets its cancel flag, which its worker relays to the engine (the runner then finishes
+        it cancelled), or the reaper honours if that worker is lost. False when it had already ended."""
         state = self.r.hget(self.keys.job(job_id), "state")
         if state is None or state.decode() in ENDED:
             return False
-        if state.decode() == "queued" and self.finish(job_id, "cancelled", only_state="queued"):
+        state = state.decode()
+        if state in ("queued", "dispatched") and self.finish(job_id, "cancelled", only_state=state):
             return True
-        # dispatched/started (or it was popped meanwhile): the worker sees the flag within a poll period
+        # started (or it moved on meanwhile): the worker sees the flag within a poll period
         self.r.set(self.keys.cancel(job_id), 1, ex=int(self.settings.job_deadline_s + self.settings.queue_timeout_s))
         return True
 

@@ -312,13 +312,18 @@ return finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARG
 """
 
 # Worker lost: put a dispatched/started job back at the front of its identity's queue (and its identity and
-# group at the front of their rings), or fail it once max_attempts dispatches were spent.
+# group at the front of their rings), or fail it once max_attempts dispatches were spent, or end it cancelled
+# if its user stopped it meanwhile.
 # ARGV: names, job, max_attempts, now, maxlen, stream_ttl, error_json
 REQUEUE = _ALWAYS + _COMMON + r"""
 local job, max_attempts, now, maxlen, ttl, err = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local jk = N.job .. job
 local state = redis.call('HGET', jk, 'state')
 if state ~= 'dispatched' and state ~= 'started' then return 0 end
+if redis.call('EXISTS', N.cancel .. job) == 1 then
+  finish(job, 'cancelled', '{"t": ' .. now .. '}', '', ttl, maxlen, '', 0)
+  return 3
+end
 if tonumber(redis.call('HGET', jk, 'attempts') or '0') >= max_attempts then
   finish(job, 'error', err, '', ttl, maxlen, '', 0)
   return 2

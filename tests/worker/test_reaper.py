@@ -64,6 +64,30 @@ def test_dead_worker_job_is_redispatched_once_then_failed(client):
     assert client.r.sismember(client.keys.workers, "a@x") == 0  # forgotten once nothing of it is left
 
 
+def test_a_stopped_job_whose_worker_is_lost_ends_cancelled_not_queued_again(client):
+    """Stop on a job dispatched to a worker that had just died: the page said "Stopped", but the job waited for
+    the dead worker, was then queued again ("the worker answering you was lost"), and the chat refused every new
+    question until the replacement worker ran it (a QA pass, 2026-12-03: 14 s)."""
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "a@x")
+    assert client.dispatch() == 1 and client.job_state(job) == "dispatched"
+    assert client.cancel("ann", job) is True
+    assert client.job_state(job) == "cancelled", "not started anywhere: ended at once"
+    assert claim(client, job, "a@x") == 0, "the worker that receives it later skips it"
+    client.submit_turn("ann", conv, "next question")  # the conversation is free at once
+
+    beat(client, "a@x", capacity=4)
+    started = client.submit_turn("ann", client.new_conversation("ann"), "hi")
+    client.dispatch()
+    assert claim(client, started, "a@x") == 1
+    assert client.cancel("ann", started) is True and client.job_state(started) == "started"  # flagged
+    die(client, "a@x")  # lost before it read the flag
+    counts = client.reaper.sweep()
+    assert counts["requeued"] == 0 and client.job_state(started) == "cancelled"
+    assert event_types(client, started) == ["queued", "started", "cancelled"]
+
+
 def test_job_sent_to_a_dead_workers_direct_queue_is_redispatched(client):
     conv = client.new_conversation("ann")
     job = client.submit_turn("ann", conv, "hi")

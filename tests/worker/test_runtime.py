@@ -57,7 +57,14 @@ def test_cancel_before_start_never_reaches_the_engine(runtime_client):
     conv = client.new_conversation("ann")
     job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 2})
     n = dispatched(client, job)
-    assert client.cancel("ann", job) is True  # dispatched, not started: the flag is set
+    assert client.cancel("ann", job) is True  # dispatched, not started: ended at once
+    runtime.run_job(job, n)  # the worker that receives it cannot claim it
+    assert types(collect(client, job)) == ["queued", "cancelled"]
+
+    # A cancel racing the claim leaves its flag on a job just started: the runner reads it before the engine.
+    job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 2})
+    n = dispatched(client, job)
+    client.r.set(client.keys.cancel(job), 1)
     runtime.run_job(job, n)
     assert types(collect(client, job)) == ["queued", "started", "cancelled"]
     assert runtime.engine.stats()["requests_finished"] == 0
