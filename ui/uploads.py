@@ -8,8 +8,8 @@ decompression bomb is refused before it is decoded), then a full decode
 downscale to the configured longest side.
 
 What is stored is compact: the original bytes when they already pass every check and need no change
-(a PNG, JPEG or WebP the model can read as it is), otherwise the normalised image re-encoded (JPEG for
-photos that were JPEGs, PNG for the rest). Decoding costs CPU and memory, so the page runs it in a pool of
+(a PNG, JPEG or WebP the model can read as it is, not padded with more bytes than its pixels need), otherwise
+the normalised image re-encoded (JPEG for photos that were JPEGs, PNG for the rest). Decoding costs CPU and memory, so the page runs it in a pool of
 its own (``DecodePool``), never in the thread pool that every handler shares.
 
 Every refusal raises ``UploadRejected`` whose ``user_message`` says what was wrong and what to do.
@@ -66,6 +66,20 @@ class CheckedImage:
 _KEEPABLE_FORMATS = ("PNG", "JPEG", "WEBP")
 _KEEPABLE_MODES = ("RGB", "L")
 _EXIF_ORIENTATION = 0x0112
+
+
+# Bytes a picture may take per pixel and still be stored as uploaded; beyond that it is carrying something other
+# than its pixels (metadata, comments, trailing bytes) and is stored re-encoded. A hostile audit filled the
+# service's whole picture store (every new picture refused, for a day) with 1024x1024 JPEGs padded with 8 MB of
+# comment segments, each charged and held at 10 MB. PNG may hold raw pixels (noise compresses to nothing), a
+# JPEG or WebP even at top quality takes well under 2 bytes a pixel; the allowance covers small files' headers.
+_BYTES_PER_PIXEL = {"PNG": 3.0, "JPEG": 2.0, "WEBP": 2.0}
+_HEADER_ALLOWANCE = 64 * 1024
+
+
+def padded(size: int, width: int, height: int, fmt: str) -> bool:
+    """Whether ``size`` bytes are more than a ``fmt`` picture of this many pixels needs."""
+    return size > width * height * _BYTES_PER_PIXEL.get(fmt, 3.0) + _HEADER_ALLOWANCE
 
 
 def _mb(n: int) -> str:
@@ -133,7 +147,8 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
         if image.size[0] * image.size[1] > limits.max_pixels:  # what will really be decoded
             raise UploadRejected(_too_many_pixels_message((width, height), limits))
         image.load()  # full decode: catches truncated or corrupt pixel data
-        keep = (fmt in _KEEPABLE_FORMATS and image.mode in _KEEPABLE_MODES and not downscaled and not rotated)
+        keep = (fmt in _KEEPABLE_FORMATS and image.mode in _KEEPABLE_MODES and not downscaled and not rotated
+                and not padded(len(data), width, height, fmt))
         if keep:
             return CheckedImage(data, fmt, width, height, fmt, False, True)
         image = ImageOps.exif_transpose(image)  # phones store rotation in EXIF; the model must see it upright
@@ -145,6 +160,10 @@ def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
                              "Please upload it again or try another image.") from None
     if max(image.size) > limits.max_side:
         image.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
+    # Pixels only: Pillow writes a JPEG's comment and EXIF back from ``info``, and a comment over 64 KB made the
+    # save itself fail. Orientation is applied above; a colour profile is kept when it is of ordinary size.
+    icc = image.info.get("icc_profile")
+    image.info = {"icc_profile": icc} if isinstance(icc, bytes) and len(icc) <= _HEADER_ALLOWANCE else {}
     out = io.BytesIO()
     stored = "JPEG" if fmt == "JPEG" else "PNG"
     image.save(out, format=stored, **({"quality": 90} if stored == "JPEG" else {"optimize": False}))

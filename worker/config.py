@@ -24,7 +24,8 @@ class Settings:
     group_submit_window_s: int = 60
     # Bytes of new images stored per identity and per group within image_ttl_s (admission refuses beyond).
     image_quota_user_bytes: int = 64 * 1024 * 1024
-    image_quota_group_bytes: int = 256 * 1024 * 1024
+    # A sixteenth of the total below: one address filling the total refused every new picture of everyone.
+    image_quota_group_bytes: int = 64 * 1024 * 1024
     # ... and the bytes of images the whole service holds at once: eight addresses at their quota would otherwise
     # fill a 2 GB Redis, and with noeviction every turn of everyone would then be refused. Keep it well under
     # Redis's maxmemory.

@@ -342,3 +342,13 @@ def test_a_full_redis_says_busy_and_leaves_nothing_half_written():
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_no_one_address_may_hold_more_than_a_sixteenth_of_the_picture_store():
+    """A hostile audit (2026-12-03) filled the whole store from a few addresses: each address's quota was a quarter
+    of the total, so every new picture of everyone was refused for a day."""
+    from worker.config import Settings
+
+    s = Settings()
+    assert s.image_quota_group_bytes * 16 <= s.image_quota_total_bytes
+    assert s.image_quota_user_bytes <= s.image_quota_group_bytes

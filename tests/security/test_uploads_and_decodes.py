@@ -429,3 +429,34 @@ def test_an_upload_is_decoded_once_however_often_it_is_named(tmp_path, monkeypat
         asyncio.run(scenario())
     finally:
         pool.close()
+
+
+def test_a_picture_padded_with_megabytes_of_comments_is_stored_re_encoded():
+    """A hostile audit (2026-12-03) filled the whole picture store, so every new picture of everyone was refused
+    for a day, from a few addresses: 1024x1024 JPEGs padded with 8 MB of comment segments passed every check and
+    were stored, and charged, at 10 MB each."""
+    limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG", "JPEG", "WEBP"))
+    buf = io.BytesIO()
+    Image.effect_noise((1024, 1024), 60).convert("RGB").save(buf, format="JPEG", quality=95)
+    honest = buf.getvalue()
+    assert check_image(honest, limits).kept_original, "an ordinary photo is stored as uploaded"
+    comment = b"\x00" * 65533
+    segment = b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment
+    padded = honest[:2] + segment * 128 + honest[2:]  # 8 MB of COM segments right after SOI
+    assert len(padded) > 8_000_000
+    checked = check_image(padded, limits)
+    assert not checked.kept_original and checked.format == "JPEG" and (checked.width, checked.height) == (1024, 1024)
+    assert len(checked.data) < 2 * 1024 * 1024, len(checked.data)
+
+
+def test_a_photo_with_a_long_comment_that_must_be_downscaled_is_stored_without_it():
+    """Pillow writes a JPEG's comment back when it saves; one over 64 KB (two COM segments) made the re-encode of
+    a photo that had to be downscaled fail with an internal error instead of being stored."""
+    limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG", "JPEG", "WEBP"))
+    buf = io.BytesIO()
+    Image.new("RGB", (2048, 1536), (30, 90, 200)).save(buf, format="JPEG")
+    photo = buf.getvalue()
+    segment = b"\xff\xfe" + (65533 + 2).to_bytes(2, "big") + b"x" * 65533
+    checked = check_image(photo[:2] + segment * 2 + photo[2:], limits)
+    assert checked.downscaled and (checked.width, checked.height) == (1024, 768)
+    assert b"xxxx" not in checked.data
