@@ -3,13 +3,16 @@
 Every answer stream holds one of Gradio's worker threads (``max_threads``) until it ends, and every image
 decode holds a thread of the decode pool. Without a per-address limit one client could hold all of them and
 leave honest visitors waiting in Gradio's own queue, before Owlet's fair queue ever sees them. A refused
-slot is a message, never a wait. The queue-wide limits (queued plus running jobs, submissions per minute,
+slot is a message, never a wait in a thread; a few callers wait a moment for one on the event loop first (an
+image check, a reloaded page following its answer). The queue-wide limits (queued plus running jobs, submissions per minute,
 image bytes) live in Redis, where every UI replica sees them (``worker.lua``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
+import time
 from collections import Counter
 
 
@@ -44,6 +47,17 @@ class AddressSlots:
             if self._held[address] >= self.limit:
                 raise SlotRefused(self.refusal)
             self._held[address] += 1
+
+    async def acquire_within(self, address: str, wait_s: float, poll_s: float = 0.05) -> None:
+        """``acquire``, waiting up to ``wait_s`` for a slot to come free (holding nothing meanwhile)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.acquire(address)
+            except SlotRefused:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(poll_s)
 
     def release(self, address: str) -> None:
         with self._lock:

@@ -41,6 +41,7 @@ TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait fo
 
 EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer events skip post-processing)
 RELOAD_GRACE_S = 10.0  # how long an answer whose stream closed waits for a reloaded page to follow it again
+RESUME_SLOT_WAIT_S = 20.0  # how long a reloaded page waits for its address's event slot to follow its answer
 FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events
 
 
@@ -106,18 +107,20 @@ class ChatHandlers:
         """Who is asking and from where; raises IdentityRequired for an anonymous call without a valid token."""
         return identify(request, browser_id, self.issuer, self.addresses)
 
-    async def _guarded(self, request, browser_id, session, turn):
+    async def _guarded(self, request, browser_id, session, turn, slot_wait_s: float = 0.0):
         """Run one answering event for its caller while that caller's address holds a free event slot.
 
         ``turn(caller)`` is the event's async generator. A caller without identity, or an address already
-        holding ``address_max_events`` answers, gets a sentence at once instead of a Gradio thread.
+        holding ``address_max_events`` answers (after waiting up to ``slot_wait_s`` for one), gets a sentence
+        instead of a Gradio thread.
         """
         try:
             caller = self._caller(request, browser_id)
             if _belongs_to_another(session, caller.user):
                 yield _box_as_sent(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
                 return
-            with self.event_slots.hold(caller.address):
+            await self.event_slots.acquire_within(caller.address, slot_wait_s, poll_s=0.25)
+            try:
                 session_hash = getattr(request, "session_hash", None)
                 live = self.live.start(session_hash, caller.user)
                 try:
@@ -133,6 +136,8 @@ class ChatHandlers:
                             yield update
                 finally:
                     self.live.end(session_hash, live)
+            finally:
+                self.event_slots.release(caller.address)
         except (IdentityRequired, SlotRefused) as exc:
             yield _box_as_sent(), gr.skip(), self._error_text(exc), dict(session or new_session())
 
@@ -198,8 +203,11 @@ class ChatHandlers:
         if not job:
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
+        # The reloaded tab's own stream may hold its address's slot until Gradio notices it closed (seconds):
+        # wait for it rather than refuse a page that asked nothing new (a QA pass: four people behind one address,
+        # one reloads, and was told "Too many answers are open" while its answer was on its way).
         async for update in self._guarded(request, browser_id, session, lambda caller: self._resume(
-                session, caller, job)):
+                session, caller, job), slot_wait_s=RESUME_SLOT_WAIT_S):
             yield update
 
     async def _resume(self, session, caller, job):

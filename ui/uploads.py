@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ui.client_gate import AddressSlots, SlotRefused
+from ui.client_gate import AddressSlots
 from ui.decode_verdicts import DecodeVerdicts, content_key, file_key
 from worker.image_structure import structure_problem
 
@@ -216,7 +215,7 @@ class DecodePool:
         known = self.verdicts.by_file(file)
         if known is not None:
             return _verdict(known)
-        await self._acquire(address)
+        await self.slots.acquire_within(address, self.slot_wait_s)
         try:
             decode = self._pool.submit(self._check_file, path, file, limits, address)
         except BaseException:
@@ -224,17 +223,6 @@ class DecodePool:
             raise
         decode.add_done_callback(lambda _done: self.slots.release(address))  # also when cancelled before it ran
         return await asyncio.wrap_future(decode)
-
-    async def _acquire(self, address: str) -> None:
-        """Take one of the address's decode slots, waiting up to ``slot_wait_s``; SlotRefused after that."""
-        deadline = time.monotonic() + self.slot_wait_s
-        while True:
-            try:
-                return self.slots.acquire(address)
-            except SlotRefused:
-                if time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(0.05)
 
     def _check_file(self, path: str, file: tuple | None, limits: UploadLimits, address: str) -> CheckedImage:
         data = read_upload(path, limits)
