@@ -379,7 +379,8 @@ class ChatHandlers:
         try:
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
                                       poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
-                                      started_at=started, eta=self.client.eta_s, first_update_s=FIRST_UPDATE_S):
+                                      started_at=started, eta=self.client.eta_s,
+                                      workers_alive=self.client.workers_alive, first_update_s=FIRST_UPDATE_S):
                 finished, lost = p.finished, p.state == "lost"
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)

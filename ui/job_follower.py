@@ -25,6 +25,7 @@ class Progress:
     status: str = ""  # the "Queued — position k" line, or "" once tokens flow
     position: int | None = None
     eta_s: float | None = None
+    no_worker: bool = False  # queued while no worker is alive: no ETA means anything then
     stats: dict = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None
@@ -96,18 +97,21 @@ def _apply(progress: Progress, event: dict) -> None:
 
 
 async def follow_job(client, job_id: str, *, hub, pacer, poll_s: float, stall_timeout_s: float,
-                     started_at: float | None = None, eta=None, first_update_s: float = 0.0) -> AsyncIterator[Progress]:
+                     started_at: float | None = None, eta=None, workers_alive=None,
+                     first_update_s: float = 0.0) -> AsyncIterator[Progress]:
     """Yield ``Progress`` snapshots until the job ends; the last one is always ``finished``.
 
-    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one. The first
-    snapshot comes once events arrived and ``first_update_s`` passed (sooner only if the job ends).
+    ``eta(position) -> seconds | None`` estimates the wait when the queue event does not carry one;
+    ``workers_alive() -> int``, while the job waits, says whether any worker could start it (with none, the
+    line says so instead of an ETA). The first snapshot comes once events arrived and ``first_update_s`` passed
+    (sooner only if the job ends).
     """
     inbox = _Inbox()
     subscription = hub.subscribe(job_id, inbox.deliver)
     pacer.join()
     try:
         async for progress in _follow(client, job_id, inbox, pacer, poll_s, stall_timeout_s, started_at, eta,
-                                      first_update_s):
+                                      workers_alive, first_update_s):
             yield progress
     finally:
         pacer.leave()
@@ -115,7 +119,7 @@ async def follow_job(client, job_id: str, *, hub, pacer, poll_s: float, stall_ti
 
 
 async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s, started_at,
-                  eta, first_update_s) -> AsyncIterator[Progress]:
+                  eta, workers_alive, first_update_s) -> AsyncIterator[Progress]:
     progress = Progress(started_at=started_at or time.monotonic())
     last_event_at = time.monotonic()
     last_yield_at = last_event_at - max(0.0, pacer.interval_s() - first_update_s)  # as if one was just sent
@@ -137,10 +141,13 @@ async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s,
                     position = await asyncio.to_thread(_position, client, job_id)
                     if position is not None:
                         last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
-                        if position != progress.position:
-                            progress.eta_s = await asyncio.to_thread(eta, position) if eta else None
-                            progress.position = position
-                            progress.status = wording.queued(position, progress.eta_s)
+                        no_worker = bool(workers_alive) and not await asyncio.to_thread(workers_alive)
+                        if position != progress.position or no_worker != progress.no_worker:
+                            progress.eta_s = await asyncio.to_thread(eta, position) if eta and not no_worker else None
+                            progress.position, progress.no_worker = position, no_worker
+                            restarted = progress.status.startswith(wording.RESTARTED)
+                            progress.status = ((wording.RESTARTED + " ") if restarted else "") + wording.queued(
+                                position, progress.eta_s, no_worker=no_worker)
                             yield progress
                         continue
                 if silent_for > stall_timeout_s:

@@ -29,9 +29,11 @@ ONE_IMAGE_ONLY = "Please attach one image per message."
 DEFAULT_IMAGE_PROMPT = "Describe this image."
 
 
-def queued(position: int | None, eta_s: float | None) -> str:
-    """'Queued — position 3, about 12 s' (the ETA is omitted when unknown)."""
+def queued(position: int | None, eta_s: float | None, no_worker: bool = False) -> str:
+    """'Queued — position 3, about 12 s' (the ETA is omitted when unknown; with no worker alive, says so)."""
     where = f"position {position}" if position else "waiting for a free slot"
+    if no_worker:
+        return f"Queued — {where}; no worker is running right now, it starts when one is back"
     if eta_s is None or eta_s < 0:
         return f"Queued — {where}"
     return f"Queued — {where}, about {max(1, round(eta_s))} s"

@@ -48,6 +48,7 @@ class OwletClient:
         self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
+        self._alive_count, self._alive_read_at = 0, float("-inf")  # workers_alive's last reading
 
     # -- conversations and images --------------------------------------------------------------------------
     def put_image(self, png_bytes: bytes) -> str:
@@ -198,6 +199,14 @@ class OwletClient:
     def eta_s(self, position: int | None) -> float | None:
         """Seconds until a job at ``position`` should start (the one queue ETA; None while unknown)."""
         return self.readouts.eta_s(position)
+
+    def workers_alive(self) -> int:
+        """How many workers have a live heartbeat, read at most once a second (every page following a queued
+        answer asks at each poll)."""
+        now = time.monotonic()
+        if now - self._alive_read_at >= 1.0:
+            self._alive_count, self._alive_read_at = len(heartbeat.alive(self.r, self.keys)), now
+        return self._alive_count
 
     def queue_stats(self) -> dict:
         """Queue aggregates for operators: queued, waiting_clients, oldest_wait_s, in_flight."""

@@ -123,6 +123,34 @@ def test_a_reloaded_page_waits_for_its_address_slot_instead_of_being_refused(idl
     asyncio.run(scenario())
 
 
+def test_the_queued_line_says_when_no_worker_is_running_instead_of_an_eta(idle_handlers):
+    """With the worker dead, every waiting user read "Queued — position 1, about 1 s" for as long as the restart
+    took (a QA pass, 2026-12-03: 9-37 s)."""
+    from worker.heartbeat import Heartbeat, publish
+
+    h = idle_handlers
+
+    async def scenario():
+        asking = ask(h, "anyone there?", hash_="lonely")
+        statuses = []
+        async def next_status():
+            _box, _chat, status, _session = await asyncio.wait_for(asking.__anext__(), timeout=10)
+            statuses.append(status)
+            return status
+        while "no worker is running" not in await next_status():
+            pass
+        # A worker comes back (alive, with no free slot yet, so the question stays queued).
+        publish(h.client.r, h.client.keys, Heartbeat(worker="back@test", capacity=0), ttl_s=60)
+        while "no worker is running" in await next_status():
+            pass
+        await asking.aclose()
+        return statuses
+
+    statuses = asyncio.run(scenario())
+    assert statuses[-1].startswith("Queued — position 1") and "no worker" not in statuses[-1], statuses
+    assert not any("about" in s for s in statuses if "no worker" in s), "no ETA while nothing can start it"
+
+
 def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
     from worker.heartbeat import Heartbeat, publish
 
