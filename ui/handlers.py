@@ -318,6 +318,10 @@ class ChatHandlers:
             await asyncio.to_thread(self._cancel_quietly, user, session.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
             shown_turns = message_turns(turns)  # the chat's message index, as a stored turn's index
+            if index >= len(shown_turns):
+                # Past the stored chat: a refused question this tab shows with its reason, never stored.
+                yield _box_as_sent(), gr.skip(), wording.NEVER_SENT, session
+                return
             index = shown_turns[index] if 0 <= index < len(shown_turns) else None
             if index is None or turns[index].get("role") != "user":
                 yield (_box_as_sent(), render_history(turns, session["images"]),

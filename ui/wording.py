@@ -14,6 +14,8 @@ NOTHING_TO_STOP = "Nothing to stop: no answer of yours is in progress."
 ANSWER_FAILED = "The answer failed."  # an error event without a message
 NOTHING_TO_RETRY = "Nothing to retry yet."
 NOT_YOUR_MESSAGE = "Only your own messages can be retried or edited."
+NEVER_SENT = ("That question was refused (the reason is under it), so it was never sent: change what the reason "
+              "says and send it again from the box.")
 NEEDS_MESSAGE_INDEX = ("Retry and edit come from the chat's buttons: they need the event data {\"index\": N} of one of "
                        "your messages (and \"value\", the new text, for edit). To ask something new, use /chat.")
 NEW_CONVERSATION = "New conversation."

@@ -151,6 +151,32 @@ def test_the_queued_line_says_when_no_worker_is_running_instead_of_an_eta(idle_h
     assert not any("about" in s for s in statuses if "no worker" in s), "no ETA while nothing can start it"
 
 
+def test_retry_of_a_refused_question_says_it_was_never_sent(idle_handlers, tmp_path):
+    """The chat shows a refused question with its reason under it; its retry button said "Only your own messages
+    can be retried or edited" (a QA pass, 2026-12-03), about the user's own message."""
+    h = idle_handlers
+    alice = h.issuer.mint()
+    damaged = tmp_path / "damaged.png"
+    damaged.write_bytes(make_image(tmp_path / "whole.png").read_bytes()[:-60])
+
+    async def scenario():
+        asking = ask(h, "first question", browser=alice, hash_="t")
+        _box, _chat, _status, session = await asking.__anext__()
+        h.stop(session, alice, gr.Request(session_hash="t"))
+        *_, (_b, _c, _s, session) = await drain(asking)
+        *_, (_b, chat, status, session) = await drain(ask(h, "and this?", session=session, browser=alice,
+                                                          files=[str(damaged)], hash_="t"))
+        assert status.startswith("Image rejected") and message_text(chat[-1]).startswith("⚠️")
+        retried = h.retry(24, session, alice, gr.EventData(None, {"index": len(chat) - 1, "value": "x"}),
+                          gr.Request(session_hash="t"))
+        [(_box, shown, said, _session)] = await drain(retried)
+        return shown, said
+
+    shown, said = asyncio.run(scenario())
+    assert said == wording.NEVER_SENT, said
+    assert shown == gr.skip(), "the refusal and its reason stay in the chat"
+
+
 def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
     from worker.heartbeat import Heartbeat, publish
 
