@@ -144,7 +144,7 @@ def test_demo_on_a_port_already_taken_says_so_before_starting_anything(tmp_path)
     assert time.monotonic() - started < 120, "it failed before loading anything"
 
 
-def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops_the_demo():
+def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops_the_demo(capsys):
     """supervise(): a worker that exits is started again, with a back-off, however often it had served in between
     (an input that crashes workers must not end the demo); three new workers in a row that die before serving end
     it, and so does a page that exits."""
@@ -175,6 +175,8 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
         launcher.supervise(crash_then_serve, sleep=waits.append)
     assert crash_then_serve.restarted == ["worker"] * 4, "each worker that had served is replaced"
     assert [w for w in waits if w != 0.5] == [1, 1, 1, 1], "no back-off while new workers serve"
+    said = capsys.readouterr().out
+    assert said.count("the new worker is serving") == 4, "the log says when the replacement serves (a QA pass)"
 
     waits.clear()
     never_serves = FakeStack([("worker", -9), ("worker", 1), ("worker", 1), ("worker", 1)])
