@@ -25,8 +25,12 @@ CSS = """
 #owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
 @media (max-width: 640px) {
   #owlet-status-row { flex-direction: column; align-items: stretch; }
-  /* A phone keeps the box and the status line under it on screen with the chat. */
-  #owlet-chat { height: 45vh !important; min-height: 240px !important; }
+  /* A phone keeps the box and the status line under it on screen with the chat, from the first load (a QA pass
+     found only 50 px of the box on a 390x844 screen under the intro and the empty chat). */
+  #owlet-chat { height: 40vh !important; min-height: 200px !important; }
+  #owlet-intro h1 { font-size: 1.3em; }
+  #owlet-intro p { font-size: 0.85em; margin: 0.3em 0; line-height: 1.35; }
+  #owlet-new { flex-grow: 1 !important; width: 100% !important; }
 }
 #owlet-header h1 { margin-bottom: 0; }
 footer { display: none !important; }

@@ -49,6 +49,7 @@ def on_screen(tab, selector: str) -> bool:
 def test_a_refused_question_keeps_its_text_and_picture_and_says_why_on_screen(chromium, tmp_path):
     with page_without_worker("ui-refusals", address_max_events=1) as (url, owlet):
         tab = open_tab(chromium, url, PHONE)
+        assert on_screen(tab, "#owlet-input"), "a phone shows the whole box on first load (a QA pass: 50 px of it)"
         attach(tab, make_image(tmp_path / "red.png"))
         tab.locator("#owlet-input textarea").fill("x" * 4100)  # too long: the page's own check
         tab.locator("#owlet-input textarea").press("Enter")
