@@ -56,6 +56,13 @@ class LiveSessionQueues(OrderedDict):
         return any(event_id in events for event_id in list(pending_events(self._queue, session_hash)))
 
 
+# Sessions kept before an idle one goes (Gradio keeps 2,000). Only sessions with no event queued or running are
+# ever dropped, and a tab's next event makes its entry again, so what a smaller store costs is the completions
+# nobody read: a hostile audit (2026-12-03) left 7 unread answers of 114 KB in each of its sessions, about 1 MB
+# a session, and the page grew by 1.4 GB an hour from one address, to 2.5 GB.
+MESSAGE_STORE_SESSIONS = 512
+
+
 def keep_sessions_with_answers(page) -> None:
     """Swap ``page``'s message-queue mapping for ``LiveSessionQueues`` (after ``page.queue(...)``, which makes
     the queue). Another Gradio version without the mapping is left as it is."""
@@ -63,5 +70,4 @@ def keep_sessions_with_answers(page) -> None:
     current = getattr(queue, "pending_messages_per_session", None)
     if current is None or isinstance(current, LiveSessionQueues):
         return
-    queue.pending_messages_per_session = LiveSessionQueues(queue, getattr(current, "max_size", 2000),
-                                                           current.items())
+    queue.pending_messages_per_session = LiveSessionQueues(queue, MESSAGE_STORE_SESSIONS, current.items())

@@ -85,3 +85,23 @@ def test_a_flood_of_new_sessions_does_not_end_an_answer_in_flight():
         assert stop_status.startswith("Stopped."), stop_status
         _box, _chat, status = job.result(timeout=30)  # the stream ends normally, not "session not found"
         assert status == "Stopped.", status
+
+
+def test_the_page_keeps_a_bounded_number_of_idle_sessions_messages():
+    """Unread answers of finished events stay until their session is dropped: a hostile audit (2026-12-03) left
+    about 1 MB in each of its sessions, and Gradio's store kept 2,000 such sessions."""
+    from ui.session_queues import MESSAGE_STORE_SESSIONS, keep_sessions_with_answers
+
+    class Page:
+        class _queue:
+            pending_messages_per_session = type("Gradios", (dict,), {"max_size": 2000})()
+            pending_event_ids_session: dict = {}
+            event_ids_to_events: dict = {}
+
+    page = Page()
+    keep_sessions_with_answers(page)
+    queues = page._queue.pending_messages_per_session
+    assert isinstance(queues, LiveSessionQueues) and queues.max_size == MESSAGE_STORE_SESSIONS <= 512
+    for i in range(3 * MESSAGE_STORE_SESSIONS):  # finished events whose completions nobody reads
+        queues[f"s{i}"] = ["an unread 114 KB answer"]
+    assert len(queues) == MESSAGE_STORE_SESSIONS
