@@ -10,7 +10,6 @@ image bytes) live in Redis, where every UI replica sees them (``worker.lua``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import Counter
@@ -33,16 +32,8 @@ class AddressSlots:
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def hold(self, address: str):
-        self.acquire(address)
-        try:
-            yield
-        finally:
-            self.release(address)
-
     def acquire(self, address: str) -> None:
-        """Take one of ``address``'s slots, or raise SlotRefused; pair with ``release`` (or use ``hold``)."""
+        """Take one of ``address``'s slots, or raise SlotRefused; pair with ``release``."""
         with self._lock:
             if self._held[address] >= self.limit:
                 raise SlotRefused(self.refusal)
