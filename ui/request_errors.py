@@ -5,10 +5,12 @@ unknown ``api_name`` (``/gradio_api/call/nope``, ``/run/nope``, ``/call/v2/nope`
 ``/call/v2/<api>``, an upload whose ``files`` field is not a file. Each answered 500 and wrote a traceback of a few
 KB to the log, so a stranger could fill the disk at request speed (a hostile audit, 2026-12-03). Here the exception
 is caught where it leaves Gradio, before any byte of a response went out, logged as one line, and answered with
-400. A response already started is left as it is (the exception goes on up).
+400. A response already started is left as it is (the exception goes on up), except the queue's event stream,
+which then ends quietly with one budgeted log line.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -21,8 +23,9 @@ log = logging.getLogger("owlet.ui")
 refusals = LogBudget(log)
 
 DIRECT_ROUTES = ("/gradio_api/run/", "/gradio_api/api/")
+EVENT_STREAM = "/gradio_api/queue/data"
 API_ROUTES = ("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/gradio_api/upload",
-              "/gradio_api/queue/join")
+              "/gradio_api/queue/join", EVENT_STREAM)
 UNREADABLE = ("This request could not be read: the endpoints this page offers, and what each takes, are listed at "
               "/gradio_api/info.")
 
@@ -48,6 +51,15 @@ class RequestErrors:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:  # noqa: BLE001 — what the client sent broke Gradio's handling of it
+            if started and scope["path"].startswith(EVENT_STREAM):
+                # Two connections reading one session's event stream: when one ends the session's messages,
+                # Gradio raises inside the other's body, and uvicorn logged a 3.4 KB traceback a time, as often
+                # as a client liked (a hostile audit, 2026-12-03). The stream ends; one budgeted line says so.
+                refusals.warning("ended an event stream Gradio failed mid-response: %s: %s", type(exc).__name__,
+                                 first_line(exc))
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             if started:
                 raise
             refusals.warning("refused a request Gradio could not handle: %s %s: %s: %s", scope.get("method"),

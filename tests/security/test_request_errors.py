@@ -78,6 +78,38 @@ def test_an_answer_length_out_of_range_is_refused_without_a_traceback(page, capf
     assert "Traceback" not in printed.out + printed.err, (printed.out + printed.err)[-2000:]
 
 
+def test_an_event_stream_that_gradio_fails_mid_response_ends_without_a_traceback(caplog):
+    """Two connections reading one session's event stream: when one ended the session's messages, Gradio raised a
+    404 inside the other's body and uvicorn logged a 3.4 KB traceback, as often as a client liked (a hostile audit,
+    2026-12-03)."""
+    import asyncio
+
+    from starlette.exceptions import HTTPException
+
+    from ui.request_errors import RequestErrors
+
+    async def failing_stream(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        raise HTTPException(status_code=404)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def run(path):
+        await RequestErrors(failing_stream)({"type": "http", "method": "GET", "path": path}, None, send)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run("/gradio_api/queue/data"))  # no exception out of the middleware: nothing for uvicorn
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}, "the stream is ended"
+    assert [r.getMessage() for r in caplog.records] == [
+        "ended an event stream Gradio failed mid-response: HTTPException: 404: Not Found"]
+    with pytest.raises(HTTPException):  # any other route's failure after its start still goes up
+        asyncio.run(run("/gradio_api/call/chat/abc"))
+
+
 def test_only_refusals_worded_for_the_caller_become_400s():
     """A 500 whose ``error`` is null (an internal failure, not shown to the caller) stays a 500."""
     import asyncio
