@@ -26,10 +26,12 @@ class SlotRefused(Exception):
 class AddressSlots:
     """At most ``limit`` holders at once per address (thread-safe; handlers run on threads and the loop)."""
 
-    def __init__(self, limit: int, refusal: str):
+    def __init__(self, limit: int, refusal: str, max_waiting: int | None = None):
         assert limit >= 1, "a per-address limit must be at least 1"
         self.limit, self.refusal = limit, refusal
+        self.max_waiting = max_waiting  # callers of one address in acquire_within at once (None: no cap)
         self._held: Counter[str] = Counter()
+        self._waiting: Counter[str] = Counter()  # callers in acquire_within, per address
         self._lock = threading.Lock()
 
     def acquire(self, address: str) -> None:
@@ -40,15 +42,29 @@ class AddressSlots:
             self._held[address] += 1
 
     async def acquire_within(self, address: str, wait_s: float, poll_s: float = 0.05) -> None:
-        """``acquire``, waiting up to ``wait_s`` for a slot to come free (holding nothing meanwhile)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                return self.acquire(address)
-            except SlotRefused:
-                if time.monotonic() >= deadline:
+        """``acquire``, waiting up to ``wait_s`` for a slot to come free (holding nothing meanwhile). With
+        ``max_waiting``, one more waiter of an address is refused at once."""
+        try:
+            return self.acquire(address)
+        except SlotRefused:
+            with self._lock:
+                if wait_s <= 0 or (self.max_waiting is not None and self._waiting[address] >= self.max_waiting):
                     raise
-            await asyncio.sleep(poll_s)
+                self._waiting[address] += 1
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                await asyncio.sleep(poll_s)
+                try:
+                    return self.acquire(address)
+                except SlotRefused:
+                    if time.monotonic() >= deadline:
+                        raise
+        finally:
+            with self._lock:
+                self._waiting[address] -= 1
+                if self._waiting[address] <= 0:
+                    del self._waiting[address]
 
     def release(self, address: str) -> None:
         with self._lock:

@@ -86,7 +86,10 @@ class ChatHandlers:
         self.limits = UploadLimits.from_config(config)
         self.issuer = issuer_for(config, client, log)
         self.addresses = ClientAddresses.from_config(config)
-        self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS)
+        # Reloaded pages wait for a slot (resume); as many may wait as may hold one, so one client cannot park
+        # a crowd of waiting events on the page.
+        self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS,
+                                        max_waiting=config.address_max_events)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
         # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
         self.hub = StreamHub(client, tick_s=config.stream_read_tick_s,

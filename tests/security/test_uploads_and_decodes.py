@@ -460,3 +460,26 @@ def test_a_photo_with_a_long_comment_that_must_be_downscaled_is_stored_without_i
     checked = check_image(photo[:2] + segment * 2 + photo[2:], limits)
     assert checked.downscaled and (checked.width, checked.height) == (1024, 768)
     assert b"xxxx" not in checked.data
+
+
+def test_waiting_for_an_address_slot_is_capped_per_address():
+    """A reloaded page waits for its address's answer slot; a client making many page loads must not park an
+    unbounded number of waiting events (a hostile re-audit, 2026-12-03)."""
+    from ui.client_gate import AddressSlots, SlotRefused
+
+    slots = AddressSlots(1, "busy", max_waiting=2)
+
+    async def scenario():
+        slots.acquire("203.0.113.7")
+        waiters = [asyncio.ensure_future(slots.acquire_within("203.0.113.7", 5)) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(SlotRefused):
+            await slots.acquire_within("203.0.113.7", 5)  # a third waiter is refused at once
+        assert time.monotonic() - started < 0.5
+        await slots.acquire_within("198.51.100.7", 5)  # another address is not affected
+        slots.release("203.0.113.7")
+        await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), timeout=10)
+        assert sum(w.exception() is None for w in waiters) == 1, "the freed slot went to one waiter"
+
+    asyncio.run(scenario())
