@@ -197,10 +197,25 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT
   redis.call('ZREM', HELD, gone)
 end
 if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
+-- Past the total, the pictures used least recently (the lowest expiry: every turn about a picture renews it) give
+-- way, at most 64 a call: a store filled by strangers refused every new picture of everyone for a day. What gives
+-- way is chosen here and removed only once the turn is admitted.
+local give_way = {}
 if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
-  if tonumber(redis.call('GET', QT) or '0') + #image > total_image_quota then return {-11} end
+  local excess = tonumber(redis.call('GET', QT) or '0') + #image - total_image_quota
+  if excess > 0 then
+    local oldest = redis.call('ZRANGE', HELD, 0, 63)
+    for _, key in ipairs(oldest) do
+      if excess <= 0 then break end
+      if key ~= IK then
+        table.insert(give_way, key)
+        excess = excess - tonumber(redis.call('HGET', SIZES, key) or '0')
+      end
+    end
+    if excess > 0 then return {-11} end
+  end
 end
 if tonumber(redis.call('GET', TU) or '0') + text_bytes > text_user_quota then return {-9} end
 if tonumber(redis.call('GET', TG) or '0') + text_bytes > text_group_quota then return {-10} end
@@ -212,6 +227,12 @@ end
 local charged = {}
 if sent_image then charged = {QU, QG} end
 if new_image then
+  for _, key in ipairs(give_way) do
+    redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, key) or '0'))
+    redis.call('HDEL', SIZES, key)
+    redis.call('ZREM', HELD, key)
+    redis.call('DEL', key)
+  end
   -- an entry left from when these bytes were stored before (expired, its purge still waiting) is given back first
   redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, IK) or '0'))
   redis.call('SET', IK, image, 'EX', image_ttl)
