@@ -29,6 +29,7 @@ from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_repla
 from ui.handlers import ChatHandlers
 from ui.held_connections import HeldConnections
 from ui.identity import ClientAddresses
+from ui.log_budget import budget_library_warnings
 from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.metrics import UIMetrics
 from ui.ops import LoginAttempts, LoginRequired, ops_routes
@@ -166,6 +167,7 @@ def serve(config, block: bool = True, client=None):
     page, launch_kwargs, client, _metrics = build(config, client)
     raise_open_files_limit()
     launch_page(page, launch_kwargs)
+    budget_library_warnings()  # after launch: uvicorn has configured its loggers by then
     start_upload_dir_sweeper(config.upload_cache_ttl_s)
     # Everything built so far lives as long as the page: keep it out of the garbage collector's full passes, which
     # a request allocating many objects would otherwise set off over the whole heap (tens of ms each).

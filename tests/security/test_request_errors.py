@@ -134,3 +134,37 @@ def test_only_refusals_worded_for_the_caller_become_400s():
     assert sent_status(500, {"error": "This request could not be read: ..."}) == 400
     assert sent_status(500, {"error": None}) == 500
     assert sent_status(200, {"data": [1]}) == 200
+
+
+SERVED_PAGE = """
+import socket, sys, time
+from ui.__main__ import config_from_args, parse_args
+from ui.server import serve
+config = config_from_args(parse_args(["--port", sys.argv[1], "--redis-url", sys.argv[2]]))
+page = serve(config, block=False)
+for _ in range(100):  # requests uvicorn cannot parse: it logs a warning for each
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as s:
+        s.sendall(b"NOT HTTP AT ALL\\r\\n\\r\\n")
+        s.recv(1024)
+time.sleep(0.5)
+page.close()
+print("SENT", flush=True)
+"""
+
+
+def test_the_libraries_under_the_page_log_malformed_requests_on_a_budget():
+    """uvicorn logged "Invalid HTTP request received." for every request it could not parse (41 B each, as fast as
+    a client could send them; a hostile re-audit, 2026-12-03); now at most 20 such lines a minute."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.ui.stack import ROOT
+
+    with running_redis() as redis_url:
+        env = dict(os.environ, OWLET_KEY_PREFIX=unique_prefix("budget"), PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-c", SERVED_PAGE, str(free_port()), redis_url], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=240)
+    assert "SENT" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    logged = (proc.stdout + proc.stderr).count("Invalid HTTP request received")
+    assert 1 <= logged <= 20, logged
