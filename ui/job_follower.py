@@ -26,6 +26,7 @@ class Progress:
     position: int | None = None
     eta_s: float | None = None
     no_worker: bool = False  # queued while no worker is alive: no ETA means anything then
+    restarted: bool = False  # queued again after its worker was lost (the line says so)
     stats: dict = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None
@@ -58,6 +59,12 @@ class _Inbox:
         return events, self.ended
 
 
+def _queued_line(progress: Progress) -> str:
+    """The line a waiting job shows: its place in the queue, and that it was queued again, if so."""
+    line = wording.queued(progress.position, progress.eta_s, no_worker=progress.no_worker)
+    return f"{wording.RESTARTED} {line}" if progress.restarted else line
+
+
 def _apply(progress: Progress, event: dict) -> None:
     """Fold one stream event into the snapshot (pure; see docs/interfaces.md for the event shapes)."""
     kind = event.get("type")
@@ -66,9 +73,8 @@ def _apply(progress: Progress, event: dict) -> None:
         if event.get("restart"):  # its worker died: the job runs again from scratch, so drop the partial answer
             progress.state, progress.answer, progress.first_token_s, progress.queue_wait_s = "queued", "", None, None
         progress.position, progress.eta_s = event.get("position"), event.get("eta_s")
-        progress.status = wording.queued(progress.position, progress.eta_s)
-        if event.get("restart"):
-            progress.status = wording.RESTARTED + " " + progress.status
+        progress.restarted = progress.restarted or bool(event.get("restart"))
+        progress.status = _queued_line(progress)
     elif kind == "started":
         progress.state, progress.status = "running", ""
         progress.queue_wait_s = now
@@ -145,9 +151,7 @@ async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s,
                         if position != progress.position or no_worker != progress.no_worker:
                             progress.eta_s = await asyncio.to_thread(eta, position) if eta and not no_worker else None
                             progress.position, progress.no_worker = position, no_worker
-                            restarted = progress.status.startswith(wording.RESTARTED)
-                            progress.status = ((wording.RESTARTED + " ") if restarted else "") + wording.queued(
-                                position, progress.eta_s, no_worker=no_worker)
+                            progress.status = _queued_line(progress)
                             yield progress
                         continue
                 if silent_for > stall_timeout_s:
