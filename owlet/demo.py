@@ -268,15 +268,16 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
     whole demo down with it, page included, leaving open tabs "reconnecting" forever. Restarts back off (1, 2, 4 …
     30 s). Only a worker that cannot start any more (three new ones in a row dying before they serve), or a page
     that exits, stops everything with the reason."""
-    failed_in_a_row, serving, restarted_at = 0, True, None
+    failed_in_a_row, serving, lost_at = 0, True, None  # lost_at: when the last worker that served exited
     while True:
         if not serving and stack.serving():
             serving, failed_in_a_row = True, 0
-            log(f"the new worker is serving ({clock() - restarted_at:.1f} s after the old one exited)")
+            log(f"the new worker is serving ({clock() - lost_at:.1f} s after the old one exited)")
         dead = stack.dead_child()
         if dead is not None:
             name, code = dead
-            restarted_at = restarted_at if not serving else clock()
+            if serving:
+                lost_at = clock()
             if name != "worker":
                 raise RuntimeError(f"the {name} process exited with code {code}")
             failed_in_a_row = 0 if serving else failed_in_a_row + 1
