@@ -190,11 +190,14 @@ local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
 local clock = redis.call('TIME')
 local held_now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local HELD, SIZES, expires = KEYS[20], KEYS[21], held_now + tonumber(image_ttl)
+local function no_longer_held(key)  -- its bytes leave the total
+  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, key) or '0'))
+  redis.call('HDEL', SIZES, key)
+  redis.call('ZREM', HELD, key)
+end
 redis.call('PERSIST', QT)  -- the counter of an older Owlet was a window with a TTL
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
-  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, gone) or '0'))
-  redis.call('HDEL', SIZES, gone)
-  redis.call('ZREM', HELD, gone)
+  no_longer_held(gone)
 end
 if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
 -- Past the total, the pictures used least recently (the lowest expiry: every turn about a picture renews it) give
@@ -228,9 +231,7 @@ local charged = {}
 if sent_image then charged = {QU, QG} end
 if new_image then
   for _, key in ipairs(give_way) do
-    redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, key) or '0'))
-    redis.call('HDEL', SIZES, key)
-    redis.call('ZREM', HELD, key)
+    no_longer_held(key)
     redis.call('DEL', key)
   end
   -- an entry left from when these bytes were stored before (expired, its purge still waiting) is given back first
