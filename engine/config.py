@@ -60,6 +60,11 @@ class EngineConfig:
     # packed product) on this CPU (engine/cpu_linear.py). auto: per matrix shape and row count, as measured at
     # load | on (every product of 3 rows or more that the packed product does not take) | off.
     cpu_onednn_linear: str = "auto"
+    # fp32 on CPU: OpenBLAS's GEMM (numpy's BLAS) on a transposed copy of each matrix it is used for, where it is
+    # faster than the kernels above on this CPU (engine/cpu_linear.py, engine/openblas.py). auto: as measured at
+    # load, if the copy fits beside the packed one in a quarter of the available memory | on (every product of 3
+    # rows or more that the packed product does not take) | off.
+    cpu_openblas_linear: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -83,8 +88,9 @@ class EngineConfig:
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if self.cpu_packed_weights not in ("auto", "on", "off"):
             raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
-        if self.cpu_onednn_linear not in ("auto", "on", "off"):
-            raise ValueError(f"cpu_onednn_linear must be auto, on or off, got {self.cpu_onednn_linear!r}")
+        for name in ("cpu_onednn_linear", "cpu_openblas_linear"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise ValueError(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
         if not 0.0 < self.session_owner_share <= 1.0:
             raise ValueError("session_owner_share must be in (0, 1]")
         if not 0.0 < self.session_budget_fraction <= 0.95:

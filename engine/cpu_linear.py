@@ -1,7 +1,7 @@
-"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of three kernels, measured at
+"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of four kernels, measured at
 load on this machine.
 
-Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Two other kernels compute the same
+Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Three other kernels compute the same
 product (to rounding) faster on some CPUs and row counts:
 
 - **MKL's packed GEMM** (``cblas_sgemm_compute`` on a copy packed once, at load). For few rows (a decode step's
@@ -16,6 +16,11 @@ product (to rounding) faster on some CPUs and row counts:
   against 76-93 at 16 rows, 348-367 against 410-422 at 150 rows (a prefill chunk), 1,140 against 1,307-1,338 at
   512. Its rows do not depend on how many rows the product has (from 3 rows up), so a prompt prefilled in one
   chunk or several gets the same values.
+- **OpenBLAS's GEMM** (numpy's BLAS, engine/openblas.py) on a transposed copy made once, at load. On an AVX2-only
+  AMD EPYC, where neither of the two above beats ``sgemm`` by more than 10 %, it took 62 ms for a 16-row product
+  over the same matrices against ``sgemm``'s 82 (293 against 314 at 128 rows). It costs a second copy of each
+  matrix it is used for, and runs on as many threads as torch. Under ``auto`` it is a candidate only where torch
+  runs one thread: with two, OpenBLAS's thread pool beside torch's made a whole engine slower (see ``route``).
 
 Which wins depends on the CPU: on an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row count
 and only on a matrix kept in cache (0.96-1.07x streamed from memory, as a decode step reads it; 0.6-0.9x padded
@@ -41,7 +46,9 @@ from typing import Callable
 
 import torch
 
-SGEMM, PACKED, ONEDNN = "sgemm", "packed", "onednn"
+from engine import openblas
+
+SGEMM, PACKED, ONEDNN, OPENBLAS = "sgemm", "packed", "onednn", "openblas"
 MIN_FAST_ROWS = 3  # fewer rows: a matrix-vector product, memory bound whatever the kernel
 # The most rows a pack is made for. A padded product costs what a full one does, and past 16 rows the re-packing
 # that packing saves matters less: packed for 64 rows, a 16-row product took 127 ms against sgemm's 81, and
@@ -86,6 +93,11 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def openblas_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """fp32 on CPU, with numpy's BLAS an OpenBLAS whose threads can be set."""
+    return device.type == "cpu" and dtype == torch.float32 and openblas.available()
+
+
 def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in module.modules()
             if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
@@ -127,12 +139,14 @@ class KernelPlan:
         parts = [f"{lo}+ {k}" if hi is None else f"{lo}-{hi} {k}" for lo, hi, k in ranges if k != SGEMM]
         return ", ".join(parts) or "sgemm"
 
-    def forced(self, rows: int, packed: bool, onednn: bool) -> "KernelPlan":
+    def forced(self, rows: int, packed: bool, onednn: bool, openblas: bool = False) -> "KernelPlan":
         """This plan with kernels asked for outright (``on``): ``packed`` takes every product of 3..rows rows,
-        ``onednn`` every other product of 3 rows or more."""
+        ``openblas`` every other product of 3 rows or more, ``onednn`` what neither takes."""
         def pick(count: int, kernel: str) -> str:
             if packed and count <= rows:
                 return PACKED
+            if openblas:
+                return OPENBLAS
             return ONEDNN if onednn else kernel
         return KernelPlan(tuple((count, pick(count, kernel)) for count, kernel in self.choices))
 
@@ -145,20 +159,26 @@ def sgemm_plan(rows: int) -> KernelPlan:
 def use_kernels(module: torch.nn.Module, rows: int,
                 plan_for: Callable[[torch.nn.Linear], KernelPlan]) -> list[tuple[torch.nn.Linear, KernelPlan]]:
     """Route the fp32 CPU ``nn.Linear``s under ``module`` through ``plan_for(linear)``; returns the modules whose
-    plan uses a kernel other than sgemm, with their plans. A packed copy for ``rows``-row products is made only for
-    modules whose plan uses it. The modules keep their weights (tied embeddings and the sgemm path read them)."""
+    plan uses a kernel other than sgemm, with their plans. A packed copy for ``rows``-row products, and a transposed
+    one for OpenBLAS, is made only for modules whose plan uses it. The modules keep their weights (tied embeddings
+    and the sgemm path read them)."""
     routed = []
     for linear in _linears(module):
         plan = plan_for(linear)
-        if not (plan.uses(PACKED) or plan.uses(ONEDNN)):
+        if not any(plan.uses(k) for k in (PACKED, ONEDNN, OPENBLAS)):
             continue
         with torch.no_grad():
             packed = (torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
                       if plan.uses(PACKED) else None)
-        linear.forward = functools.partial(_routed_forward, linear, plan, packed, rows)
+            weight_t = openblas.transposed(linear.weight) if plan.uses(OPENBLAS) else None
+        linear.forward = functools.partial(_routed_forward, linear, plan, packed, weight_t, rows)
         linear._owlet_kernels = plan
         linear._owlet_packed_rows = rows if packed is not None else None
+        linear._owlet_copy_bytes = (linear.weight.numel() * linear.weight.element_size()
+                                    * sum(copy is not None for copy in (packed, weight_t)))
         routed.append((linear, plan))
+    if any(plan.uses(OPENBLAS) for _, plan in routed):
+        openblas.set_threads(torch.get_num_threads())
     return routed
 
 
@@ -172,14 +192,17 @@ _WIN_MARGIN = 0.95
 _STREAM_BYTES = 64 * 2**20
 
 
-def _time_product(kernel: str, weights: list[torch.Tensor], packed: list[torch.Tensor] | None, bias, rows: int,
+def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.Tensor] | None, bias, rows: int,
                   n: int) -> float:
     """Seconds an ``n``-row product takes per matrix through ``kernel``, over ``weights`` (copies of one matrix)
-    in turn (``packed``: their packed copies, for the packed kernel, padded to ``rows``). One pass."""
+    in turn (``copies``: the kernel's own copies of them, for a copying kernel: packed ones padded to ``rows``,
+    transposed ones for OpenBLAS). One pass."""
     x = torch.randn(n, weights[0].shape[1])
     if kernel == PACKED:
         padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])]) if n < rows else x
-        calls = [functools.partial(_packed_product, padded, p, w, bias, rows) for p, w in zip(packed, weights)]
+        calls = [functools.partial(_packed_product, padded, p, w, bias, rows) for p, w in zip(copies, weights)]
+    elif kernel == OPENBLAS:
+        calls = [functools.partial(_openblas_product, x, t, bias) for t in copies]
     elif kernel == ONEDNN:
         calls = [functools.partial(_onednn_product, x, w, bias) for w in weights]
     else:
@@ -198,14 +221,14 @@ _ROUNDS = 4
 class Calibration:
     """``plan_for`` for ``use_kernels``: per distinct (out, in, bias) shape, the kernel that is fastest on this
     machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
-    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``), measured once with the matrix
-    streamed from memory. ``time_product(kernel, weight_copies, packed_copies, bias, rows, n)`` is the clock
-    (tests give their own)."""
+    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``), measured once with
+    the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)`` is the
+    clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
 
-    def __init__(self, rows: int, packed: bool = True, onednn: bool = True,
+    def __init__(self, rows: int, packed: bool = True, onednn: bool = True, openblas: bool = False,
                  time_product: Callable[..., float] | None = None, decode_only: tuple = ()):
         self.rows = rows
-        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn)) if allowed]
+        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (OPENBLAS, openblas)) if allowed]
         self._time = time_product or _time_product
         # Modules that never see more rows than a decode step (the LM head: prefill asks it for one row), so
         # their long products are not measured (the LM head is the largest matrix: seconds at load).
@@ -226,17 +249,18 @@ class Calibration:
         with torch.inference_mode():
             copies = min(64, -(-_STREAM_BYTES // (weight.numel() * weight.element_size())))
             weights = [weight] + [weight.clone() for _ in range(copies - 1)]
-            packed = ([torch.ops.mkl._mkl_reorder_linear_weight(w, self.rows) for w in weights]
-                      if PACKED in self.kernels else None)
+            own = {PACKED: lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, self.rows),
+                   OPENBLAS: openblas.transposed}
+            made = {k: [own[k](w) for w in weights] for k in self.kernels if k in own}
             choices = []
             for n in counts:
                 kernels = [SGEMM] + [k for k in self.kernels if not (k == PACKED and n > self.rows)]
                 for k in kernels:  # once untimed: first-call costs (oneDNN's primitive cache) are not the kernel's
-                    self._time(k, weights[:1], packed[:1] if packed else None, bias, self.rows, n)
+                    self._time(k, weights[:1], made[k][:1] if k in made else None, bias, self.rows, n)
                 seconds = dict.fromkeys(kernels, float("inf"))
                 for _ in range(_ROUNDS):
                     for k in kernels:
-                        seconds[k] = min(seconds[k], self._time(k, weights, packed, bias, self.rows, n))
+                        seconds[k] = min(seconds[k], self._time(k, weights, made.get(k), bias, self.rows, n))
                 best = min(kernels[1:], key=seconds.get, default=SGEMM)
                 choices.append((n, best if seconds.get(best, 0) < _WIN_MARGIN * seconds[SGEMM] else SGEMM))
         return KernelPlan(tuple(choices))
@@ -250,8 +274,12 @@ def _onednn_product(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Tensor | None, rows: int,
-                    x: torch.Tensor) -> torch.Tensor:
+def _openblas_product(x, weight_t, bias):
+    return openblas.product(x, weight_t, bias)
+
+
+def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Tensor | None,
+                    weight_t: torch.Tensor | None, rows: int, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or torch.is_grad_enabled() or reference_mode():
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     flat = x.reshape(-1, x.shape[-1])
@@ -263,46 +291,61 @@ def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Ten
         out = _packed_product(flat.contiguous(), packed, linear.weight, linear.bias, rows)[:n]
     elif kernel == ONEDNN:
         out = _onednn_product(flat.contiguous(), linear.weight, linear.bias)
+    elif kernel == OPENBLAS:
+        out = _openblas_product(flat.contiguous(), weight_t, linear.bias)
     else:
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, device: torch.device,
-          dtype: torch.dtype, room_bytes: int, decode_only: tuple = ()) -> int:
-    """The engine's settings applied to ``modules`` (``cpu_packed_weights`` and ``cpu_onednn_linear``: auto, on or
-    off); returns the bytes the packed copies take. ``on`` where a kernel cannot run is refused; ``auto`` packs
-    only if a copy of every matrix fits in ``room_bytes``, and measures (``Calibration``; ``decode_only``: linears
-    that never see more than a decode step's rows)."""
-    can_pack, can_onednn = packed_available(device, dtype), onednn_available(device, dtype)
-    for name, mode, can, lib in (("cpu_packed_weights", packed_mode, can_pack, "MKL"),
-                                 ("cpu_onednn_linear", onednn_mode, can_onednn, "oneDNN")):
+def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, openblas_mode: str,
+          device: torch.device, dtype: torch.dtype, room_bytes: int, decode_only: tuple = ()) -> int:
+    """The engine's settings applied to ``modules`` (``cpu_packed_weights``, ``cpu_onednn_linear`` and
+    ``cpu_openblas_linear``: auto, on or off); returns the bytes the kernels' weight copies take. ``on`` where a
+    kernel cannot run is refused; under ``auto`` a copying kernel (packed, then OpenBLAS) is a candidate only if a
+    copy of every matrix fits in what is left of ``room_bytes``, and the candidates are measured (``Calibration``;
+    ``decode_only``: linears that never see more than a decode step's rows)."""
+    settings = {PACKED: ("cpu_packed_weights", packed_mode, packed_available(device, dtype), "MKL"),
+                ONEDNN: ("cpu_onednn_linear", onednn_mode, onednn_available(device, dtype), "oneDNN"),
+                OPENBLAS: ("cpu_openblas_linear", openblas_mode, openblas_available(device, dtype),
+                           "numpy on OpenBLAS")}
+    for name, mode, can, lib in settings.values():
         if mode == "on" and not can:
             raise ValueError(f"{name}=on needs float32 on a CPU with {lib}; this engine runs {dtype} on {device}")
-    use_packed, use_onednn = can_pack and packed_mode != "off", can_onednn and onednn_mode != "off"
-    if not (use_packed or use_onednn):
+    use = {kernel: can and mode != "off" for kernel, (_, mode, can, _) in settings.items()}
+    auto = {kernel: use[kernel] and settings[kernel][1] == "auto" for kernel in use}
+    if auto[OPENBLAS] and torch.get_num_threads() > 1:
+        # With two threads each, OpenBLAS's pool beside torch's OpenMP one made the engine slower than on sgemm
+        # alone (AVX2 EPYC, 2 cores: a burst took 25.8 s against 23.3), though each product alone was faster.
+        log.info("OpenBLAS not considered: torch runs %d threads, and OpenBLAS's own pool beside torch's is "
+                 "measured only with one", torch.get_num_threads())
+        use[OPENBLAS] = auto[OPENBLAS] = False
+    room, size = room_bytes, sum(packable_bytes(m) for m in modules)
+    for kernel, what in ((PACKED, "packing"), (OPENBLAS, "copying for OpenBLAS")):
+        if auto[kernel] and size > room:
+            log.info("not %s %.0f MB of text weights: with the other copies, more than a quarter of the available "
+                     "memory", what, size / 2**20)
+            use[kernel] = auto[kernel] = False
+        elif use[kernel]:
+            room -= size
+    if not any(use.values()):
         return 0
-    if use_packed and packed_mode == "auto":
-        size = sum(packable_bytes(m) for m in modules)
-        if size > room_bytes:
-            log.info("not packing %.0f MB of text weights: more than a quarter of the available memory",
-                     size / 2**20)
-            use_packed = False
-    measured = (use_packed and packed_mode == "auto") or (use_onednn and onednn_mode == "auto")
-    calibration = (Calibration(rows, packed=use_packed, onednn=use_onednn, decode_only=decode_only) if measured
-                   else None)
-    force_packed, force_onednn = use_packed and packed_mode == "on", use_onednn and onednn_mode == "on"
+    if use[OPENBLAS]:  # before the calibration times it: OpenBLAS starts on as many threads as there are cores
+        openblas.set_threads(torch.get_num_threads())
+    calibration = (Calibration(rows, packed=use[PACKED], onednn=use[ONEDNN], openblas=use[OPENBLAS],
+                               decode_only=decode_only) if any(auto.values()) else None)
+    forced = {kernel: use[kernel] and not auto[kernel] for kernel in use}
 
     def plan_for(linear):
         plan = calibration(linear) if calibration else sgemm_plan(rows)
-        return plan.forced(rows, force_packed, force_onednn)
+        return plan.forced(rows, forced[PACKED], forced[ONEDNN], forced[OPENBLAS])
     routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
     if calibration is not None:
         log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
                  "; ".join(f"{o}x{i}{' (decode only)' if rest[1:] else ''}: {plan.describe()}"
                            for (o, i, *rest), plan in calibration.by_shape.items()))
-    packed = [linear for linear, plan in routed if plan.uses(PACKED)]
-    size = sum(linear.weight.numel() * linear.weight.element_size() for linear in packed)
-    log.info("text-stack matrices: %d through oneDNN for some products, %d packed (%.1f MB) for %d-row decode "
-             "products", sum(plan.uses(ONEDNN) for _, plan in routed), len(packed), size / 2**20, rows)
-    return size
+    copies = sum(linear._owlet_copy_bytes for linear, _ in routed)
+    log.info("text-stack matrices: %d through oneDNN, %d through OpenBLAS, %d packed for %d-row decode products "
+             "(for some or all of their products); %.1f MB of weight copies",
+             *(sum(plan.uses(k) for _, plan in routed) for k in (ONEDNN, OPENBLAS, PACKED)), rows, copies / 2**20)
+    return copies

@@ -139,7 +139,7 @@ class LLMEngine:
             waiting=len(self.scheduler.waiting) + len(self._inbox), max_running=self.config.max_running,
             mean_batch_occupancy=(c["decode_rows"] / c["decode_steps"]) if c["decode_steps"] else 0.0,
             device=str(self.runner.device), dtype=str(self.runner.dtype).replace("torch.", ""),
-            packed_weight_bytes=getattr(self.runner, "packed_weight_bytes", 0),
+            weight_copy_bytes=getattr(self.runner, "weight_copy_bytes", 0),
             image_cache=dict(hits=self.runner.image_features.hits, misses=self.runner.image_features.misses,
                              evictions=self.runner.image_features.evictions,
                              bytes=self.runner.image_features.bytes_held),

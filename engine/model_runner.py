@@ -87,18 +87,19 @@ class ModelRunner:
         self._embed = self.model.get_input_embeddings()
         log.info("loaded %s (%s) on %s in %s: %.1f MB of weights", config.model,
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
-        self.packed_weight_bytes = self._choose_linear_kernels(
+        self.weight_copy_bytes = self._choose_linear_kernels(
             config, min(config.max_running, cpu_linear.MAX_PACKED_ROWS))
         self.fast_conv_layers = short_conv.install(self._text_stack()) if self.device.type == "cpu" else 0
 
     def _choose_linear_kernels(self, config: EngineConfig, rows: int) -> int:
         """Route the text stack's fp32 matmuls through the fastest CPU kernel per matrix shape and row count
-        (engine/cpu_linear.py); returns the bytes the packed copies take. The vision tower keeps nn.Linear: it
-        only runs long products, once per new image."""
+        (engine/cpu_linear.py); returns the bytes the kernels' weight copies take. The vision tower keeps
+        nn.Linear: it only runs long products, once per new image."""
         head = self.model.get_output_embeddings()  # prefill asks it for the last row only (logits_to_keep=1)
         modules = [m for m in (self._text_stack(), head) if m is not None]
-        return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear, self.device,
-                                self.dtype, room_bytes=_available_memory_bytes() // 4,
+        return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear,
+                                config.cpu_openblas_linear, self.device, self.dtype,
+                                room_bytes=_available_memory_bytes() // 4,
                                 decode_only=(head,) if isinstance(head, torch.nn.Linear) else ())
 
     def _text_stack(self) -> torch.nn.Module:

@@ -1,9 +1,9 @@
-"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM and
-oneDNN, each only where the plan puts it, only the text stack routed, and engines on either kernel exact."""
+"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM, oneDNN
+and OpenBLAS, each only where the plan puts it, only the text stack routed, and engines on each kernel exact."""
 import pytest
 import torch
 
-from engine import EngineConfig, cpu_linear
+from engine import EngineConfig, cpu_linear, openblas
 from engine.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -30,6 +30,14 @@ def packed_calls(monkeypatch):
 @pytest.fixture
 def onednn_calls(monkeypatch):
     return _row_counts_of(monkeypatch, "_onednn_product")
+
+
+@pytest.fixture
+def openblas_calls(monkeypatch):
+    return _row_counts_of(monkeypatch, "_openblas_product")
+
+
+needs_openblas = pytest.mark.skipif(not openblas.available(), reason="numpy's BLAS is not an OpenBLAS")
 
 
 def _packed_plan(rows):
@@ -94,6 +102,36 @@ def test_onednn_products_match_nn_linear_and_do_not_depend_on_the_row_count(oned
         assert onednn_calls == [40, 5]
 
 
+@needs_openblas
+@pytest.mark.parametrize("bias", [True, False])
+def test_openblas_products_match_nn_linear_on_a_transposed_copy(bias, openblas_calls, onednn_calls):
+    layer = _linear(bias=bias)
+    plain = torch.nn.Linear(96, 160, bias=bias)
+    plain.load_state_dict(layer.state_dict())
+    plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=True, openblas=True)
+    assert plan.describe() == "3+ openblas", "asked for both, OpenBLAS takes what the packed product does not"
+    torch.set_num_threads(1)
+    openblas.set_threads(2)
+    assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
+    assert openblas.threads() == 1, "OpenBLAS runs on torch's thread count"
+    assert layer._owlet_packed_rows is None and layer._owlet_copy_bytes == 96 * 160 * 4, "one transposed copy"
+    x = torch.randn(2, 20, 96)
+    with torch.inference_mode():
+        got = layer(x)
+        assert got.shape == (2, 20, 160)
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
+        few = x[0, :5]
+        torch.testing.assert_close(layer(few), plain(few), rtol=1e-5, atol=1e-5)
+        assert openblas_calls == [40, 5] and onednn_calls == []
+        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
+            assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
+        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
+            assert torch.equal(layer(x), plain(x))
+    assert openblas_calls == [40, 5]
+    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
+    assert layer.weight.grad is not None and openblas_calls == [40, 5]
+
+
 def test_plan_takes_the_choice_of_the_smallest_probed_count_at_or_above():
     plan = cpu_linear.KernelPlan(((3, "sgemm"), (8, "packed"), (16, "onednn"), (128, "sgemm")))
     assert [plan.kernel_for(n) for n in (1, 2, 3, 4, 8, 9, 16, 17, 128, 4000)] == \
@@ -114,7 +152,7 @@ def test_runner_routes_the_text_stack_only(runners):
     assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16)} == {"packed"}
     assert {m._owlet_kernels.kernel_for(n) for m in text for n in (17, 500)} == {"onednn"}
     assert not any(hasattr(m, "_owlet_kernels") for m in vision)
-    assert runner.packed_weight_bytes == sum(m.weight.numel() * 4 for m in text) + (
+    assert runner.weight_copy_bytes == sum(m.weight.numel() * 4 for m in text) + (
         model.get_output_embeddings().weight.numel() * 4)
     wide = runners("lfm2vl", max_running=64)  # larger batches keep 16-row packs (see MAX_PACKED_ROWS)
     assert {getattr(m, "_owlet_packed_rows", None) for m in wide.model.get_decoder().modules()
@@ -123,22 +161,25 @@ def test_runner_routes_the_text_stack_only(runners):
     assert {getattr(m, "_owlet_packed_rows", None) for m in narrow.model.get_decoder().modules()
             if isinstance(m, torch.nn.Linear)} == {4}
     off = runners("lfm2vl", cpu_packed_weights="off", cpu_onednn_linear="off")
-    assert off.packed_weight_bytes == 0
+    assert off.weight_copy_bytes == 0
     assert not any(hasattr(m, "_owlet_kernels") for m in off.model.modules())
 
 
+@pytest.mark.parametrize("kernel", ["onednn", pytest.param("openblas", marks=needs_openblas)])
 @pytest.mark.parametrize("fam", ["lfm2vl", "llava"])
-def test_an_engine_on_onednn_alone_matches_generate(fam, runners):
-    """Every product of 3 rows or more through oneDNN (prefill chunks and decode steps alike), staggered arrivals
-    batched together: the same greedy tokens as per-request generate() on the model's own nn.Linear."""
+def test_an_engine_on_one_kernel_alone_matches_generate(fam, kernel, runners):
+    """Every product of 3 rows or more through oneDNN, or through OpenBLAS (prefill chunks and decode steps alike),
+    staggered arrivals batched together: the same greedy tokens as per-request generate() on the model's own
+    nn.Linear."""
     from engine import LLMEngine
 
     from .helpers import reference_tokens, serve_staggered
     from .test_exactness import workload
 
-    runner = runners(fam, cpu_packed_weights="off", cpu_onednn_linear="on")
+    runner = runners(fam, cpu_packed_weights="off", cpu_onednn_linear="on" if kernel == "onednn" else "off",
+                     cpu_openblas_linear="on" if kernel == "openblas" else "off")
     text = [m for m in runner.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
-    assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16, 200)} == {"onednn"}
+    assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16, 200)} == {kernel}
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", max_running=4),
                        runner=runner)
     try:
@@ -161,6 +202,11 @@ def test_kernels_asked_for_where_they_cannot_apply_are_refused_clearly():
         EngineConfig(model="x", cpu_packed_weights="yes")
     with pytest.raises(ValueError, match="cpu_onednn_linear must be auto, on or off"):
         EngineConfig(model="x", cpu_onednn_linear="fast")
+    with pytest.raises(ValueError, match="cpu_openblas_linear=on needs float32 on a CPU with numpy on OpenBLAS"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="off",
+                                 cpu_openblas_linear="on"))
+    with pytest.raises(ValueError, match="cpu_openblas_linear must be auto, on or off"):
+        EngineConfig(model="x", cpu_openblas_linear="yes")
 
 
 def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
@@ -170,11 +216,12 @@ def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
     cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32", cpu_onednn_linear="off")
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(cfg)
-    assert runner.packed_weight_bytes == 0
+    assert runner.weight_copy_bytes == 0
     assert not any(getattr(m, "_owlet_packed_rows", None) for m in runner.model.modules())
     assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
+    assert not openblas.available() or "not copying for OpenBLAS" in caplog.text
     forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
-    assert forced.packed_weight_bytes > 0  # "on" is the operator's call
+    assert forced.weight_copy_bytes > 0  # "on" is the operator's call
 
 
 def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_sgemm(packed_calls, onednn_calls):
@@ -212,6 +259,17 @@ def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_s
         assert onednn_calls == [100]
     without = cpu_linear.Calibration(16, packed=False, onednn=False, time_product=fake)
     assert without(model[0]).describe() == "sgemm"
+    if openblas.available():  # OpenBLAS at 0.4 a row from 8 rows up, timed on transposed copies: it takes the
+        # probed count 8 and up, so every product past the probed 6 (7+)
+
+        def with_openblas(kernel, weights, copies, bias, rows, n):
+            if kernel != "openblas":
+                return fake(kernel, weights, copies, bias, rows, n)
+            assert [tuple(c.shape) for c in copies] == [tuple(w.t().shape) for w in weights]
+            assert all(c.is_contiguous() and torch.equal(c, w.t()) for c, w in zip(copies, weights))
+            return (0.4 if n >= 8 else 2.0) * n
+        assert cpu_linear.Calibration(16, openblas=True, time_product=with_openblas)(model[0]).describe() == \
+            "7+ openblas"
     head = torch.nn.Linear(96, 160).eval()  # same shape as model[0], but an LM head: never more than 16 rows
     clock.clear()
     with_head = cpu_linear.Calibration(16, time_product=fake, decode_only=(head,))
@@ -226,12 +284,45 @@ def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
     assert [n for n, _ in plan.choices] == [3, 4, 6, 8, 12, 16, 128]
     assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn"}
     assert plan.kernel_for(128) != "packed"
+    if openblas.available():
+        plan = cpu_linear.Calibration(16, openblas=True)(layer)
+        assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "openblas"}
 
 
 def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
     monkeypatch.setattr(cpu_linear, "_time_product", lambda kernel, *a: 1.0 if kernel == "sgemm" else 2.0)
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
-    assert runner.packed_weight_bytes == 0
+    assert runner.weight_copy_bytes == 0
     assert not any(hasattr(m, "_owlet_kernels") for m in runner.model.modules())
     assert "CPU linear calibration" in caplog.text and ": sgemm" in caplog.text
+
+
+@needs_openblas
+def test_auto_considers_openblas_only_where_torch_runs_one_thread(monkeypatch, caplog):
+    """Two threads each: OpenBLAS's pool beside torch's OpenMP one made a whole engine slower, so ``auto`` leaves it
+    out there (``on`` is the operator's call)."""
+    measured = []
+    monkeypatch.setattr(cpu_linear, "_time_product",
+                        lambda kernel, *a: measured.append(kernel) or (0.5 if kernel == "openblas" else 1.0))
+    model = str(ensure_tiny_checkpoint("lfm2vl"))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with caplog.at_level("INFO", logger="owlet.engine"):
+            two = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
+                                           cpu_onednn_linear="off"))
+        assert "openblas" not in measured and two.weight_copy_bytes == 0
+        assert "OpenBLAS not considered: torch runs 2 threads" in caplog.text
+        forced = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
+                                          cpu_onednn_linear="off", cpu_openblas_linear="on"))
+        assert forced.weight_copy_bytes > 0 and openblas.threads() == 2
+        torch.set_num_threads(1)
+        one = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
+                                       cpu_onednn_linear="off"))
+        assert "openblas" in measured and openblas.threads() == 1
+        text = [m for m in one.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+        assert {m._owlet_kernels.kernel_for(16) for m in text} == {"openblas"}
+        assert one.weight_copy_bytes >= sum(m.weight.numel() * 4 for m in text)
+    finally:
+        torch.set_num_threads(before)
