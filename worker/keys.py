@@ -116,6 +116,11 @@ class Keys:
         """Hash of the stored images' keys -> bytes (what the total gives back when one expires)."""
         return f"{self.prefix}image_sizes"
 
+    def picture_jobs(self, image_key: str) -> str:
+        """Set of the jobs admitted with the stored image ``image_key`` (a full ``image()`` key): while one of them
+        is live, the image does not give way to new ones."""
+        return f"{self.prefix}picture_jobs:{image_key}"
+
     def text_quota(self, owner: str) -> str:
         """Bytes of text (turns and job payloads) stored for one identity (``u:<id>``) or group (``g:<group>``)
         in the current text-quota window."""
@@ -158,4 +163,5 @@ class Keys:
         """JSON of the key prefixes a script needs for keys it discovers while running (ARGV[1])."""
         return json.dumps({"uq": self.user_queue(""), "gq": self.group_queue(""), "job": self.job(""),
                            "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
-                           "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel("")})
+                           "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel(""),
+                           "picture_jobs": self.picture_jobs("")})

@@ -194,6 +194,19 @@ local function no_longer_held(key)  -- its bytes leave the total
   redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, key) or '0'))
   redis.call('HDEL', SIZES, key)
   redis.call('ZREM', HELD, key)
+  redis.call('DEL', N.picture_jobs .. key)
+end
+-- Whether a live job (queued, or on a worker that may be lost and queue it again) was admitted with this image:
+-- such an image never gives way, or that job would fail "upload it again" for a flood of other people's pictures.
+-- Members that ended are dropped as they are met.
+local function needed(key)
+  local jobs = N.picture_jobs .. key
+  for _, other in ipairs(redis.call('SMEMBERS', jobs)) do
+    local st = redis.call('HGET', N.job .. other, 'state')
+    if st == 'queued' or st == 'dispatched' or st == 'started' then return true end
+    redis.call('SREM', jobs, other)
+  end
+  return false
 end
 redis.call('PERSIST', QT)  -- the counter of an older Owlet was a window with a TTL
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
@@ -201,8 +214,8 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT
 end
 if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
 -- Past the total, the pictures used least recently (the lowest expiry: every turn about a picture renews it) give
--- way, at most 64 a call: a store filled by strangers refused every new picture of everyone for a day. What gives
--- way is chosen here and removed only once the turn is admitted.
+-- way, at most 64 a call, never one a live job needs: a store filled by strangers refused every new picture of
+-- everyone for a day. What gives way is chosen here and removed only once the turn is admitted.
 local give_way = {}
 if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
@@ -212,7 +225,7 @@ if sent_image then
     local oldest = redis.call('ZRANGE', HELD, 0, 63)
     for _, key in ipairs(oldest) do
       if excess <= 0 then break end
-      if key ~= IK then
+      if key ~= IK and not needed(key) then
         table.insert(give_way, key)
         excess = excess - tonumber(redis.call('HGET', SIZES, key) or '0')
       end
@@ -248,6 +261,10 @@ elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier
     redis.call('HSET', SIZES, IK, size)
   end
   redis.call('ZADD', HELD, expires, IK)
+end
+if redis.call('EXISTS', IK) == 1 then  -- this job needs its image (sent now or earlier) until it ends
+  redis.call('SADD', N.picture_jobs .. IK, job)
+  redis.call('EXPIRE', N.picture_jobs .. IK, ttl)
 end
 for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for text: pushing the expiry out on
   -- every charge would count bytes since the last quiet day, and a busy service would never get its quota back
