@@ -74,7 +74,7 @@ class JobStates:
         extra = [k.job(job_id), k.stream(job_id), k.conversation(conv), k.turns(conv), k.image(image_sha or ""),
                  k.image_quota("u:" + user), k.image_quota("g:" + group), k.submit_rate(group),
                  k.text_quota("u:" + user), k.text_quota("g:" + group), k.image_quota(TOTAL_IMAGES),
-                 k.images_held(), k.image_sizes()]
+                 k.images_held(), k.image_sizes(), k.image_holders(), k.image_owners()]
         try:
             (code,) = self._scripts.call(
                 self._scripts.submit, job_id, user, quser, group, qgroup, conv, "1" if new_conv else "0", payload,

@@ -116,6 +116,18 @@ class Keys:
         """Hash of the stored images' keys -> bytes (what the total gives back when one expires)."""
         return f"{self.prefix}image_sizes"
 
+    def image_holders(self) -> str:
+        """Zset of client groups -> bytes of the stored images each was first to send (who gives way first)."""
+        return f"{self.prefix}image_holders"
+
+    def image_owners(self) -> str:
+        """Hash of the stored images' keys -> the client group that sent each first."""
+        return f"{self.prefix}image_owners"
+
+    def images_of(self, group: str) -> str:
+        """Zset of the stored images one client group sent first -> when each expires (its own LRU order)."""
+        return f"{self.prefix}images_of:{group}"
+
     def picture_jobs(self, image_key: str) -> str:
         """Set of the jobs admitted with the stored image ``image_key`` (a full ``image()`` key): while one of them
         is live, the image does not give way to new ones."""
@@ -164,4 +176,4 @@ class Keys:
         return json.dumps({"uq": self.user_queue(""), "gq": self.group_queue(""), "job": self.job(""),
                            "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
                            "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel(""),
-                           "picture_jobs": self.picture_jobs("")})
+                           "picture_jobs": self.picture_jobs(""), "images_of": self.images_of("")})

@@ -190,8 +190,16 @@ local QT, total_image_quota = KEYS[19], tonumber(ARGV[29])
 local clock = redis.call('TIME')
 local held_now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local HELD, SIZES, expires = KEYS[20], KEYS[21], held_now + tonumber(image_ttl)
-local function no_longer_held(key)  -- its bytes leave the total
-  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, key) or '0'))
+local HOLDERS, OWNERS = KEYS[22], KEYS[23]
+local function no_longer_held(key)  -- its bytes leave the total, and its sender's share
+  local size = tonumber(redis.call('HGET', SIZES, key) or '0')
+  redis.call('DECRBY', QT, size)
+  local owner = redis.call('HGET', OWNERS, key)
+  if owner then
+    redis.call('ZREM', N.images_of .. owner, key)
+    if tonumber(redis.call('ZINCRBY', HOLDERS, -size, owner)) <= 0 then redis.call('ZREM', HOLDERS, owner) end
+    redis.call('HDEL', OWNERS, key)
+  end
   redis.call('HDEL', SIZES, key)
   redis.call('ZREM', HELD, key)
   redis.call('DEL', N.picture_jobs .. key)
@@ -213,25 +221,52 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT
   no_longer_held(gone)
 end
 if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
--- Past the total, the pictures used least recently (the lowest expiry: every turn about a picture renews it) give
--- way, at most 64 a call, never one a live job needs: a store filled by strangers refused every new picture of
--- everyone for a day. What gives way is chosen here and removed only once the turn is admitted.
-local give_way = {}
+-- Past the total, pictures give way, at most 64 a call, never one a live job needs: a store filled by strangers
+-- refused every new picture of everyone for a day. They go from the client group holding the most bytes, its least
+-- recently used first (every turn about a picture renews it): with the least recently used of everyone going
+-- first, 17 addresses at their quota emptied every idle chat's picture in 70 s (a hostile audit, 2026-12-03); now a
+-- flood mostly evicts itself. Only when that finds nothing that may go (or for pictures stored before owners were
+-- recorded) do they go by age alone, as before. What gives way is chosen here and removed only once the turn is
+-- admitted.
+local give_way, chosen = {}, {}
+local function choose(key)
+  table.insert(give_way, key)
+  chosen[key] = true
+  return tonumber(redis.call('HGET', SIZES, key) or '0')
+end
 if sent_image then
   if tonumber(redis.call('GET', QU) or '0') + #image > user_quota then return {-7} end
   if tonumber(redis.call('GET', QG) or '0') + #image > group_quota then return {-8} end
   local excess = tonumber(redis.call('GET', QT) or '0') + #image - total_image_quota
-  if excess > 0 then
-    local oldest = redis.call('ZRANGE', HELD, 0, 63)
-    for _, key in ipairs(oldest) do
+  local freed, seen, spent = {}, {}, {}  -- per group: bytes chosen, pictures looked at, nothing left to give
+  local looks = 0
+  while excess > 0 and looks < 64 do
+    local largest, most = nil, 0
+    local top = redis.call('ZREVRANGE', HOLDERS, 0, 15, 'WITHSCORES')
+    for i = 1, #top, 2 do
+      local holds = tonumber(top[i + 1]) - (freed[top[i]] or 0)
+      if not spent[top[i]] and holds > most then largest, most = top[i], holds end
+    end
+    if not largest then break end
+    local at = seen[largest] or 0
+    local key = redis.call('ZRANGE', N.images_of .. largest, at, at)[1]
+    looks, seen[largest] = looks + 1, at + 1
+    if not key then
+      spent[largest] = true
+    elseif key ~= IK and not needed(key) then
+      local size = choose(key)
+      excess, freed[largest] = excess - size, (freed[largest] or 0) + size
+    end
+  end
+  if excess > 0 then  -- and as a last resort (every large holder's pictures needed), by age alone as before
+    for _, key in ipairs(redis.call('ZRANGE', HELD, 0, 63)) do
       if excess <= 0 then break end
-      if key ~= IK and not needed(key) then
-        table.insert(give_way, key)
-        excess = excess - tonumber(redis.call('HGET', SIZES, key) or '0')
+      if key ~= IK and not chosen[key] and not needed(key) then
+        excess = excess - choose(key)
       end
     end
-    if excess > 0 then return {-11} end
   end
+  if excess > 0 then return {-11} end
 end
 if tonumber(redis.call('GET', TU) or '0') + text_bytes > text_user_quota then return {-9} end
 if tonumber(redis.call('GET', TG) or '0') + text_bytes > text_group_quota then return {-10} end
@@ -248,11 +283,15 @@ if new_image then
     redis.call('DEL', key)
   end
   -- an entry left from when these bytes were stored before (expired, its purge still waiting) is given back first
-  redis.call('DECRBY', QT, tonumber(redis.call('HGET', SIZES, IK) or '0'))
+  if redis.call('HEXISTS', SIZES, IK) == 1 then no_longer_held(IK) end
   redis.call('SET', IK, image, 'EX', image_ttl)
   redis.call('INCRBY', QT, #image)  -- the service total counts bytes held, once, until they go
   redis.call('ZADD', HELD, expires, IK)
   redis.call('HSET', SIZES, IK, #image)
+  redis.call('HSET', OWNERS, IK, group)  -- the first to send it holds it (the charge is everyone's who sends it)
+  redis.call('ZINCRBY', HOLDERS, #image, group)
+  redis.call('ZADD', N.images_of .. group, expires, IK)
+  redis.call('EXPIRE', N.images_of .. group, image_ttl)
 elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
   redis.call('EXPIRE', IK, image_ttl)
   if redis.call('HEXISTS', SIZES, IK) == 0 then  -- held but not counted (purged early, or stored before the count)
@@ -261,6 +300,11 @@ elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier
     redis.call('HSET', SIZES, IK, size)
   end
   redis.call('ZADD', HELD, expires, IK)
+  local owner = redis.call('HGET', OWNERS, IK)
+  if owner then
+    redis.call('ZADD', N.images_of .. owner, expires, IK)
+    redis.call('EXPIRE', N.images_of .. owner, image_ttl)
+  end
 end
 if redis.call('EXISTS', IK) == 1 then  -- this job needs its image (sent now or earlier) until it ends
   redis.call('SADD', N.picture_jobs .. IK, job)

@@ -173,6 +173,32 @@ def test_a_total_image_quota_keeps_many_addresses_from_filling_redis(queue_clien
     tiny.submit("anon:c", None, "a question without a picture", group="addr:3")
 
 
+def test_pictures_give_way_from_the_largest_holder_first(queue_client):
+    """With the least recently used of everyone going first, 17 addresses at their quota emptied every idle chat's
+    picture in 70 s (a hostile audit, 2026-12-03). Now the client group holding the most picture bytes gives way
+    first, its least recently used picture first: a flood mostly evicts itself, and a quiet chat keeps its picture
+    even when it is the oldest in the store. The per-group counts stay equal to the total."""
+    from worker.job_states import TOTAL_IMAGES
+
+    images = [jpeg(i) for i in range(7)]
+    size = max(len(i) for i in images)
+    c = queue_client(image_quota_total_bytes=int(4.5 * size), group_job_cap=10, group_submit_limit=100)
+    victim = c.submit("anon:v", None, "my picture", image=images[0], group="addr:victim")
+    c.jobs.finish(victim.job, "done")  # answered: the chat is idle, its picture the least recently used
+    flood = []
+    for i in range(1, 7):
+        turn = c.submit(f"anon:f{i}", None, "flood", image=images[i], group="addr:flood")
+        c.jobs.finish(turn.job, "done")
+        flood.append(turn)
+    assert c.images.exists(victim.image_sha), "the quiet chat's picture stayed"
+    held = [t for t in flood if c.images.exists(t.image_sha)]
+    assert [t.image_sha for t in held] == [t.image_sha for t in flood[-3:]], "the flood's oldest went"
+    assert int(c.r.get(c.keys.image_quota(TOTAL_IMAGES))) == len(images[0]) + sum(len(images[i]) for i in (4, 5, 6))
+    holders = dict((g.decode(), int(b)) for g, b in c.r.zrange(c.keys.image_holders(), 0, -1, withscores=True))
+    assert holders == {"addr:victim": len(images[0]), "addr:flood": sum(len(images[i]) for i in (4, 5, 6))}
+    assert c.r.zcard(c.keys.images_of("addr:flood")) == 3 and c.r.hlen(c.keys.image_owners()) == 4
+
+
 def test_image_quotas_count_a_fixed_window_not_since_the_last_quiet_day(queue_client):
     """Every image charge pushed its quota keys' expiry out by a whole image TTL, so the quotas counted bytes since
     the last lull of a day, not within one: a regular user ran out of quota after a few days. The identity's and
