@@ -62,8 +62,8 @@ class EngineConfig:
     cpu_onednn_linear: str = "auto"
     # fp32 on CPU: OpenBLAS's GEMM (numpy's BLAS) on a transposed copy of each matrix it is used for, where it is
     # faster than the kernels above on this CPU (engine/cpu_linear.py, engine/openblas.py). auto: as measured at
-    # load, if the copy fits beside the packed one in a quarter of the available memory | on (every product of 3
-    # rows or more that the packed product does not take) | off.
+    # load, only where torch runs one thread and the copy fits beside the packed one in a quarter of the available
+    # memory | on (every product of 3 rows or more that the packed product does not take) | off.
     cpu_openblas_linear: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0

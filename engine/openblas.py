@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 
+import numpy  # transformers needs it too; importing it loads its BLAS
 import torch
-
-log = logging.getLogger("owlet.engine")
 
 # The thread-count setter under the names OpenBLAS builds export it (numpy's scipy-openblas prefixes its symbols).
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
@@ -31,10 +29,9 @@ _GETTERS = tuple(name.replace("set_", "get_") for name in _SETTERS)
 def _library() -> ctypes.CDLL | None:
     """numpy's OpenBLAS, if numpy's BLAS is OpenBLAS and the process has it loaded (importing numpy loads it)."""
     try:
-        import numpy  # noqa: F401  (loads its BLAS)
-        with open("/proc/self/maps") as maps:  # the mapped files: numpy's BLAS is among them once loaded
+        with open("/proc/self/maps") as maps:  # the mapped files: numpy's BLAS is among them (imported above)
             paths = {fields[-1] for fields in map(str.split, maps) if len(fields) >= 6}
-    except (ImportError, OSError):
+    except OSError:
         return None
     for path in sorted(p for p in paths if p.startswith("/") and _is_openblas(p.rsplit("/", 1)[-1])):
         try:
@@ -76,8 +73,6 @@ def transposed(weight: torch.Tensor) -> torch.Tensor:
 
 def product(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight_t + bias`` for a contiguous 2-D fp32 ``x``, computed by OpenBLAS into a torch tensor."""
-    import numpy
-
     out = torch.empty(x.shape[0], weight_t.shape[1], dtype=x.dtype)
     numpy.matmul(x.numpy(), weight_t.numpy(), out=out.numpy())
     if bias is not None:
