@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 
+from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
 from ui.app import CSS, build_page
@@ -43,6 +44,7 @@ from ui.session_states import open_tabs_of
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_owners import UploadedPaths, UploadOwners
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
+from ui.unused_uploads import UnusedUploads
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -74,7 +76,9 @@ def build(config, client=None):
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
     uploads = UploadedPaths()  # who uploaded each path: served files, the files a call names, reopened pictures
-    page = build_page(ChatHandlers(client, config, metrics, uploads), config)
+    ledger = upload_ledger(config)
+    unused = UnusedUploads(ledger, uploads, get_upload_folder())  # room for uploads when the budget is full
+    page = build_page(ChatHandlers(client, config, metrics, uploads, unused), config)
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
@@ -110,11 +114,12 @@ def build(config, client=None):
                                                                       config.address_logins_window_s),
                                                  addresses=addresses),
                                       Middleware(LoginRequired)] if config.auth else []),
-                                   Middleware(UploadBudget, ledger=upload_ledger(config),
+                                   Middleware(UploadBudget, ledger=ledger,
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              addresses=addresses),
+                                              addresses=addresses, make_room=unused.make_room),
                                    # An uploaded file is served back only to the address that uploaded it.
-                                   Middleware(UploadOwners, addresses=addresses, ledger=uploads),
+                                   Middleware(UploadOwners, addresses=addresses, ledger=uploads,
+                                              on_stored=unused.claim),
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),

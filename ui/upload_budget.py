@@ -17,9 +17,13 @@ its size (``Content-Length``, which browsers and ``gradio_client`` always send):
 before the body is read, never after it is on disk, and what was declared but never sent is given back when the
 request ends. Each upload is charged at least
 ``ui.upload_cache.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make. The ledger is per page process (like ``AddressSlots``).
+
+When an upload would not fit in the page's budget, uploads that no chat turn has used are deleted first to make
+room for it (``ui.unused_uploads``), so files uploaded only to fill the budget cannot keep everyone else's out.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -38,6 +42,21 @@ from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
 # per-address window, three addresses really uploading at their limit (128 MiB per 10 minutes is 1.5 GiB over
 # the page's 2 hours) kept the page's 4 GiB spent and everyone else's pictures refused.
 ADDRESS_SHARE_OF_PAGE = 1 / 8
+CHARGE_SCOPE_KEY = "owlet.upload_charge"
+
+
+class Charge:
+    """One accepted upload in the ledger (a receipt for ``refund`` and ``release``).
+
+    ``spent`` counts toward its address's budgets: what the address sent. ``held`` counts toward the page's:
+    what the upload still holds of the cache on disk, which drops to nothing when the file is deleted early
+    (``ui.unused_uploads``) while what the address spent stays spent."""
+
+    __slots__ = ("stamp", "spent", "held", "address", "in_address_window", "in_page_window")
+
+    def __init__(self, stamp: float, size: int, address: str):
+        self.stamp, self.spent, self.held, self.address = stamp, size, size, address
+        self.in_address_window = self.in_page_window = True
 
 
 class UploadLedger:
@@ -50,12 +69,12 @@ class UploadLedger:
         self.address_bytes, self.address_window_s = address_bytes, address_window_s
         self.total_bytes, self.total_window_s = total_bytes, total_window_s
         self._clock = clock
-        self._by_address: dict[str, deque] = {}
-        self._total: deque = deque()
-        self._total_sum = 0
+        self._by_address: dict[str, deque[Charge]] = {}
+        self._total: deque[Charge] = deque()
+        self._total_sum = 0  # bytes held on disk by the charges in the page's window
         self._sums: dict[str, int] = {}
         self.address_share_bytes = max(1, int(total_bytes * address_share))
-        self._share_sums: dict[str, int] = {}  # bytes of each address in the page's window
+        self._share_sums: dict[str, int] = {}  # bytes each address spent in the page's window
         self._lock = threading.Lock()
 
     def charge(self, address: str, size: int) -> tuple[str, float] | None:
@@ -63,8 +82,8 @@ class UploadLedger:
         the answer is (which budget, seconds until the upload would fit)."""
         return self.charge_with_receipt(address, size)[0]
 
-    def charge_with_receipt(self, address: str, size: int) -> tuple[tuple[str, float] | None, list | None]:
-        """``charge``, and on success a receipt for ``refund``."""
+    def charge_with_receipt(self, address: str, size: int) -> tuple[tuple[str, float] | None, Charge | None]:
+        """``charge``, and on success the ``Charge`` (a receipt for ``refund`` and ``release``)."""
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -72,18 +91,17 @@ class UploadLedger:
             held = self._sums.get(address, 0)
             if held + size > self.address_bytes:
                 return ("address", self._wait(entries, held + size - self.address_bytes, self.address_window_s,
-                                              now)), None
+                                              now, "spent")), None
             share = self._share_sums.get(address, 0)
             if share + size > self.address_share_bytes:
-                return ("share", self._wait([e for e in self._total if e[2] == address],
+                return ("share", self._wait([e for e in self._total if e.address == address],
                                             share + size - self.address_share_bytes, self.total_window_s,
-                                            now)), None
+                                            now, "spent")), None
             if self._total_sum + size > self.total_bytes:
                 return ("page", self._wait(self._total, self._total_sum + size - self.total_bytes,
-                                           self.total_window_s, now)), None
-            # one object in both windows, so a refund corrects both: [time, bytes, address, in the address's
-            # window, in the page's window]
-            entry = [now, size, address, True, True]
+                                           self.total_window_s, now, "held")), None
+            # one object in both windows, so a refund or a release corrects both
+            entry = Charge(now, size, address)
             self._by_address.setdefault(address, deque()).append(entry)
             self._sums[address] = held + size
             self._total.append(entry)
@@ -91,48 +109,68 @@ class UploadLedger:
             self._share_sums[address] = share + size
             return None, entry
 
-    def refund(self, receipt: list, size: int) -> None:
+    def page_room(self) -> int:
+        """Bytes the page's budget has left now."""
+        with self._lock:
+            self._expire(self._clock())
+            return self.total_bytes - self._total_sum
+
+    def refund(self, receipt: Charge, size: int) -> None:
         """Give back up to ``size`` bytes of the charge ``receipt`` stands for: the part of a declared upload that
         never arrived (a client that declares 11 MB and sends nothing must not spend the budget for nothing).
         A charge that has already left its windows has nothing left to give back."""
         with self._lock:
-            give = min(max(size, 0), receipt[1])
+            give = min(max(size, 0), receipt.spent)
             if give == 0:
                 return
-            receipt[1] -= give
-            if receipt[3]:
-                self._sums[receipt[2]] -= give
-            if receipt[4]:
-                self._total_sum -= give
-                self._share_sums[receipt[2]] -= give
+            receipt.spent -= give
+            if receipt.in_address_window:
+                self._sums[receipt.address] -= give
+            if receipt.in_page_window:
+                self._share_sums[receipt.address] -= give
+            self._release(receipt, min(give, receipt.held))
+
+    def release(self, receipt: Charge) -> int:
+        """The upload's file was deleted: what it held of the page's budget is free again (its address's budgets
+        stay spent). Returns the bytes freed."""
+        with self._lock:
+            held = receipt.held
+            self._release(receipt, held)
+            return held if receipt.in_page_window else 0
+
+    def _release(self, receipt: Charge, size: int) -> None:
+        receipt.held -= size
+        if receipt.in_page_window:
+            self._total_sum -= size
 
     def _expire(self, now: float) -> None:
-        while self._total and self._total[0][0] <= now - self.total_window_s:
+        while self._total and self._total[0].stamp <= now - self.total_window_s:
             entry = self._total.popleft()
-            self._total_sum -= entry[1]
-            entry[4] = False
-            left = self._share_sums[entry[2]] - entry[1]
+            self._total_sum -= entry.held
+            entry.in_page_window = False
+            left = self._share_sums[entry.address] - entry.spent
             if left > 0:
-                self._share_sums[entry[2]] = left
+                self._share_sums[entry.address] = left
             else:
-                del self._share_sums[entry[2]]
+                del self._share_sums[entry.address]
         for address in list(self._by_address):
             entries = self._by_address[address]
-            while entries and entries[0][0] <= now - self.address_window_s:
+            while entries and entries[0].stamp <= now - self.address_window_s:
                 entry = entries.popleft()
-                self._sums[address] -= entry[1]
-                entry[3] = False
+                self._sums[address] -= entry.spent
+                entry.in_address_window = False
             if not entries:
                 del self._by_address[address], self._sums[address]
 
     @staticmethod
-    def _wait(entries, excess: int, window_s: float, now: float) -> float:
-        """Seconds until the oldest entries holding ``excess`` bytes leave the window (the window if none)."""
+    def _wait(entries, excess: int, window_s: float, now: float, counted: str) -> float:
+        """Seconds until the oldest entries holding ``excess`` bytes (their ``counted`` field) leave the window
+        (the window if none)."""
         freed = 0
-        for stamp, size, *_ in entries:
-            freed += size
+        for entry in entries:
+            freed += getattr(entry, counted)
             if freed >= excess:
-                return max(0.0, stamp + window_s - now)
+                return max(0.0, entry.stamp + window_s - now)
         return window_s  # the upload alone is bigger than the budget left: a window from now at the latest
 
 
@@ -141,9 +179,12 @@ class UploadBudget:
     when the request ends, what was declared but never received."""
 
     def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int,
-                 addresses: ClientAddresses = DIRECT):
+                 addresses: ClientAddresses = DIRECT, make_room=None):
         self.app, self.ledger, self.addresses = app, ledger, addresses
         self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
+        # Past the page's budget, ``make_room(bytes)`` may free some by deleting unused uploads
+        # (``ui.unused_uploads``); returns the bytes it freed.
+        self.make_room = make_room
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != UPLOAD_PATH:
@@ -159,11 +200,15 @@ class UploadBudget:
         # however small, an upload leaves a file and a directory: each costs at least a minimum
         address, charged = self.addresses.of(request), max(size, MIN_UPLOAD_CHARGE_BYTES)
         refused, receipt = self.ledger.charge_with_receipt(address, charged)
+        if refused is not None and refused[0] == "page" and self.make_room is not None:
+            if await asyncio.to_thread(self.make_room, charged):  # file deletions: off the event loop
+                refused, receipt = self.ledger.charge_with_receipt(address, charged)
         if refused is not None:
             which, wait_s = refused
             retry = max(1, math.ceil(wait_s))
             return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
                                            headers={"Retry-After": str(retry)})(scope, receive, send)
+        scope[CHARGE_SCOPE_KEY] = receipt  # for ui.upload_owners, which learns the stored file's path
         received = 0
 
         async def counting_receive() -> Message:

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.identity import DIRECT, ClientAddresses
 from ui.public_routes import FILE_PREFIXES, UPLOAD_PATH
+from ui.upload_budget import CHARGE_SCOPE_KEY
 
 MAX_RECORDED_PATHS = 200_000  # about 40 MB; the oldest record goes first (the cache deletes files after an hour)
 MAX_UPLOAD_ANSWER_BYTES = 64 * 1024  # an upload answers with one path (ui.upload_cache allows one file)
@@ -40,7 +41,7 @@ class UploadedPaths:
         self._lock = threading.Lock()
 
     def record(self, address: str, path: str) -> None:
-        key = _key(path)
+        key = path_key(path)
         if key is None:
             return
         with self._lock:
@@ -49,9 +50,19 @@ class UploadedPaths:
             while len(self._owners) > self.remembered:
                 self._owners.popitem(last=False)
 
+    def forget(self, address: str, path: str) -> None:
+        """``address`` no longer holds ``path`` (its file was deleted to make room: ``ui.unused_uploads``)."""
+        key = path_key(path)
+        with self._lock:
+            owners = self._owners.get(key)
+            if owners is not None:
+                owners.discard(address)
+                if not owners:
+                    del self._owners[key]
+
     def owners(self, path: str) -> set[str] | None:
         """The addresses that uploaded ``path``; None when no upload of this page's lifetime returned it."""
-        key = _key(path)
+        key = path_key(path)
         if key is None:
             return None
         with self._lock:
@@ -71,25 +82,29 @@ class UploadedPaths:
 class UploadOwners:
     """ASGI middleware: records who uploaded each path, and refuses served files to other addresses."""
 
-    def __init__(self, app: ASGIApp, addresses: ClientAddresses = DIRECT, ledger: UploadedPaths | None = None):
+    def __init__(self, app: ASGIApp, addresses: ClientAddresses = DIRECT, ledger: UploadedPaths | None = None,
+                 on_stored=None):
         self.app, self.addresses = app, addresses
         self.ledger = ledger if ledger is not None else UploadedPaths()
+        # ``on_stored(address, path, charge)`` for each stored upload charged by ui.upload_budget
+        # (``UnusedUploads.claim``)
+        self.on_stored = on_stored
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
         if scope["method"] == "POST" and path == UPLOAD_PATH:
-            return await self.app(scope, receive, self._recording(self.addresses.of(Request(scope)), send))
+            return await self.app(scope, receive, self._recording(self.addresses.of(Request(scope)), scope, send))
         if scope["method"] in ("GET", "HEAD") and path.startswith(FILE_PREFIXES):
             target = path[len(next(p for p in FILE_PREFIXES if path.startswith(p))):]
-            if _key(target) is None or not self.ledger.may_read(self.addresses.of(Request(scope)), target):
+            if path_key(target) is None or not self.ledger.may_read(self.addresses.of(Request(scope)), target):
                 # Word for word what Gradio answers for a path that is not there (gradio.route_utils.file_fetch).
                 return await JSONResponse({"detail": f"File not allowed: {target}."}, status_code=403)(
                     scope, receive, send)
         await self.app(scope, receive, send)
 
-    def _recording(self, address: str, send: Send) -> Send:
+    def _recording(self, address: str, scope: Scope, send: Send) -> Send:
         """``send`` that also reads the upload's answer (a JSON list of stored paths) and records them."""
         status, body = 0, bytearray()
 
@@ -101,21 +116,23 @@ class UploadOwners:
                 if len(body) <= MAX_UPLOAD_ANSWER_BYTES:
                     body.extend(message.get("body", b""))
                 if not message.get("more_body", False):
-                    self._record_answer(address, bytes(body))
+                    self._record_answer(address, bytes(body), scope.get(CHARGE_SCOPE_KEY))
             await send(message)
         return recording_send
 
-    def _record_answer(self, address: str, body: bytes) -> None:
+    def _record_answer(self, address: str, body: bytes, charge) -> None:
         try:
             paths = json.loads(body)
         except ValueError:
             return
-        for path in paths if isinstance(paths, list) else ():
-            if isinstance(path, str):
-                self.ledger.record(address, path)
+        paths = [path for path in paths if isinstance(path, str)] if isinstance(paths, list) else []
+        for path in paths:
+            self.ledger.record(address, path)
+        if len(paths) == 1 and charge is not None and self.on_stored is not None:  # one file per upload
+            self.on_stored(address, paths[0], charge)
 
 
-def _key(path: str) -> str | None:
+def path_key(path: str) -> str | None:
     """One spelling per file: how Gradio would resolve it (``..``, doubled slashes and links undone); None for
     a path no file can have (a NUL byte, which ``realpath`` refuses with ValueError)."""
     try:

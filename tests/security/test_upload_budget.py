@@ -115,12 +115,12 @@ def test_ledger_refund_gives_back_both_windows():
     refused, second = ledger.charge_with_receipt("a", 1 * MB)  # charged before the first one's refund comes
     assert refused is None and ledger.charge("a", 2 * MB)[0] == "address"
     ledger.refund(first, 8 * MB)  # 8 of the first's 9 MB never arrived: its own charge shrinks, not the latest
-    assert first[1] == 1 * MB and second[1] == 1 * MB
+    assert first.spent == 1 * MB and second.spent == 1 * MB
     assert ledger.charge("a", 2 * MB) is None
     assert ledger.charge("b", 8 * MB) is None, "the page's window got the bytes back too"
     assert ledger.charge("c", 1 * MB)[0] == "page"
     ledger.refund(second, 5 * MB)  # no more than was charged comes back
-    assert second[1] == 0
+    assert second.spent == 0
     assert ledger.charge("c", 1 * MB) is None and ledger.charge("c", 1 * MB)[0] == "page"
     clock.now += 601  # both windows passed: a late refund changes nothing
     ledger.refund(first, 1 * MB)

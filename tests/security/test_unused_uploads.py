@@ -1,0 +1,185 @@
+"""Attack: fill the page's upload budget with files nobody uses, so nobody else can upload a picture for hours.
+
+A hostile audit (2026-12-03): 33 addresses, each within its own limits, uploaded random 10 MB files for 15 s; for
+the next two hours every upload over about 3 MB got 429. Now, when the page's budget is full, uploads that no
+admitted turn has used are deleted to make room, the biggest unused holder's oldest first (ui.unused_uploads)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fake_clock import FakeClock
+from tests.security.attack import Event, cancel_jobs, http, identity, private_picture, upload
+from tests.security.pages import page_without_worker
+from ui.unused_uploads import UnusedUploads
+from ui.upload_budget import UploadLedger
+from ui.upload_owners import UploadedPaths
+
+pytestmark = pytest.mark.timeout(180)
+
+MB = 1024 * 1024
+FILE_META = {"_type": "gradio.FileData"}
+
+
+class Page:
+    """A ledger, its owners and its unused uploads over a real folder, as the page wires them."""
+
+    def __init__(self, folder: Path, total_bytes: int = 10 * MB, window_s: float = 600):
+        self.folder, self.clock = folder, FakeClock()
+        self.ledger = UploadLedger(address_bytes=100 * MB, address_window_s=60, total_bytes=total_bytes,
+                                   total_window_s=window_s, clock=self.clock, address_share=1.0)
+        self.owners = UploadedPaths()
+        self.unused = UnusedUploads(self.ledger, self.owners, str(folder), clock=self.clock)
+
+    def upload(self, address: str, size: int, name: str | None = None, data: bytes | None = None) -> Path | None:
+        """Charge, store and record an upload as the middlewares do; None if the budget refused it."""
+        refused, charge = self.ledger.charge_with_receipt(address, size)
+        if refused is not None and refused[0] == "page" and self.unused.make_room(size):
+            refused, charge = self.ledger.charge_with_receipt(address, size)
+        if refused is not None:
+            return None
+        path = self.folder / (name or os.urandom(8).hex()) / "upload.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data if data is not None else b"x")
+        self.owners.record(address, str(path))
+        self.unused.claim(address, str(path), charge)
+        return path
+
+
+def test_a_full_budget_deletes_the_biggest_unused_holders_oldest_upload_first(tmp_path):
+    page = Page(tmp_path)
+    visitor = page.upload("visitor", 1 * MB)  # uploaded, question not sent yet
+    asked = page.upload("asker", 2 * MB)
+    page.unused.mark_used(str(asked))  # a turn was admitted with it
+    flood = [page.upload("flooder", 1 * MB) for _ in range(4)]
+    other = [page.upload("other", 1 * MB) for _ in range(3)]
+    assert page.ledger.page_room() == 0
+    newcomer = page.upload("newcomer", 2 * MB)
+    assert newcomer is not None, "room was made"
+    assert [p.exists() for p in flood] == [False, False, True, True], "the biggest holder's oldest went"
+    assert visitor.exists() and asked.exists() and all(p.exists() for p in other)
+    assert page.owners.owners(str(flood[0])) is None, "a deleted upload is nobody's: not served, not nameable"
+    assert page.unused.unused_bytes("flooder") == 2 * MB and page.unused.deleted_files == 2
+    # unused now: flooder 2 MB, other 3, newcomer 2, the visitor 1: the next 3 MB come from the big ones
+    assert page.upload("newcomer", 3 * MB) is not None
+    assert visitor.exists() and asked.exists()
+    assert page.unused.deleted_files == 5
+    assert sum(page.unused.unused_bytes(a) for a in ("flooder", "other", "newcomer")) == (7 - 3 + 3) * MB
+    assert page.unused.unused_bytes("visitor") == 1 * MB
+
+
+def test_what_an_address_spent_stays_spent_when_its_files_are_deleted(tmp_path):
+    page = Page(tmp_path)
+    page.ledger.address_bytes = 6 * MB
+    for _ in range(6):
+        assert page.upload("flooder", 1 * MB) is not None
+    for _ in range(4):
+        assert page.upload("other", 1 * MB) is not None
+    assert page.upload("newcomer", 3 * MB) is not None
+    assert page.unused.unused_bytes("flooder") == 3 * MB
+    assert page.ledger.charge("flooder", 1 * MB)[0] == "address", "the flood cannot simply start again"
+
+
+def test_nothing_is_deleted_when_deleting_cannot_make_the_upload_fit(tmp_path):
+    page = Page(tmp_path)
+    used = [page.upload("asker", 3 * MB) for _ in range(3)]
+    for path in used:
+        page.unused.mark_used(str(path))
+    waiting = page.upload("visitor", 1 * MB)
+    assert page.upload("newcomer", 2 * MB) is None, "only 1 MB is unused: the upload is refused as before"
+    assert waiting.exists() and all(p.exists() for p in used)
+    assert page.unused.deleted_files == 0
+
+
+def test_a_file_two_addresses_uploaded_stays_until_both_have_given_it_up(tmp_path):
+    """Gradio stores the same bytes at the same path: a stranger who uploads the victim's picture too must not
+    get it deleted along with its own claim."""
+    page = Page(tmp_path, total_bytes=4 * MB)
+    shared = page.upload("stranger", 2 * MB, name="same-bytes")
+    assert page.upload("victim", 1 * MB, name="same-bytes") == shared
+    newcomer = page.upload("newcomer", 2 * MB)
+    assert newcomer is not None, "the stranger's 2 MB claim was released"
+    assert shared.exists(), "the victim still owns the file"
+    assert page.owners.owners(str(shared)) == {"victim"}
+    page.unused.mark_used(str(newcomer))
+    assert page.upload("newcomer2", 2 * MB) is not None
+    assert not shared.exists(), "given up by both: deleted"
+
+
+def test_an_upload_used_once_is_kept_even_when_uploaded_again(tmp_path):
+    page = Page(tmp_path, total_bytes=4 * MB)
+    first = page.upload("visitor", 1 * MB, name="picture")
+    page.unused.mark_used(str(first))
+    assert page.upload("visitor", 1 * MB, name="picture") == first  # the same picture sent again later
+    page.upload("flooder", 2 * MB)
+    assert page.upload("newcomer", 2 * MB) is not None
+    assert first.exists(), "shown in a chat: never deleted to make room"
+
+
+def test_charges_past_the_window_are_forgotten_and_nothing_outside_the_folder_is_deleted(tmp_path):
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    page = Page(folder, total_bytes=2 * MB, window_s=100)
+    outside = tmp_path / "not-an-upload.bin"
+    outside.write_bytes(b"keep me")
+    refused, charge = page.ledger.charge_with_receipt("odd", 1 * MB)
+    page.unused.claim("odd", str(outside), charge)
+    assert page.upload("newcomer", 2 * MB) is not None
+    assert outside.exists(), "only files in the upload folder are ever deleted"
+    page.clock.now += 101
+    assert page.unused.unused_bytes("newcomer") == 2 * MB
+    assert page.ledger.page_room() == 2 * MB and page.unused.make_room(1 * MB) == 0
+    assert page.unused.unused_bytes("newcomer") == 0, "a charge out of the page's window holds nothing"
+
+
+# ---- the page itself ------------------------------------------------------------------------------------------
+
+VISITOR, ASKER, NEWCOMER = "198.51.100.7", "198.51.100.8", "198.51.100.9"
+FLOODERS = [f"203.0.113.{i}" for i in range(1, 9)]
+
+
+def ask(url: str, address: str, path: str) -> str:
+    """Send a question with the upload at ``path`` as ``address``; its status line (a queued turn stays queued)."""
+    with http(forwarded=address) as client:
+        token = identity(client, url)
+    event = Event(url, "chat", [{"text": "what is it?", "files": [{"path": path, "meta": FILE_META}]}, 16, token],
+                  forwarded=address)
+    try:
+        return event.status()
+    finally:
+        event.done.wait(0)
+
+
+def test_a_flood_of_unused_uploads_gives_way_to_a_visitors_picture():
+    """Eight addresses fill the page's upload budget with random files no question ever names; a newcomer's
+    picture is then accepted (before: 429 for two hours), the flood's oldest files deleted for it, and the
+    waiting visitor's and the asker's pictures kept and usable."""
+    with page_without_worker("unused-uploads", max_upload_bytes=2 * MB, address_upload_bytes=2 * MB,
+                             upload_cache_max_bytes=16 * MB) as (url, owlet):
+        try:
+            waiting = upload(url, VISITOR, private_picture(), "waiting.png")
+            asked = upload(url, ASKER, private_picture(), "asked.png")
+            assert ask(url, ASKER, asked).startswith("Queued")
+            flood = [upload(url, address, os.urandom(int(1.9 * MB)), "noise.png") for address in FLOODERS]
+            with http(forwarded=NEWCOMER) as client:
+                answer = client.post(url + "gradio_api/upload",
+                                     files={"files": ("photo.png", os.urandom(int(1.5 * MB)), "image/png")})
+            assert answer.status_code == 200, answer.text
+            assert not Path(flood[0]).exists(), "the flood's oldest upload made the room"
+            assert all(Path(p).exists() for p in flood[1:])
+            assert Path(waiting).exists() and Path(asked).exists()
+            assert ask(url, VISITOR, waiting).startswith("Queued"), "the waiting visitor's picture still works"
+            with http(forwarded=ASKER) as client:
+                assert client.get(url + f"gradio_api/file={asked}").status_code == 200, "shown in the asker's chat"
+            with http(forwarded=FLOODERS[0]) as client:
+                assert client.get(url + f"gradio_api/file={flood[0]}").status_code == 403
+                again = client.post(url + "gradio_api/upload",
+                                    files={"files": ("noise.png", os.urandom(int(1.9 * MB)), "image/png")})
+            assert again.status_code == 429 and again.text.startswith("Upload limit reached"), \
+                "what the flooder spent stays spent"
+            assert httpx.get(url + "gradio_api/info", timeout=10).status_code == 200
+        finally:
+            cancel_jobs(owlet)
