@@ -97,7 +97,7 @@ class UnusedUploads:
                 self._drop(address, key)
                 self.uploads.forget(address, key)  # neither served to it nor nameable in its chat any more
                 addresses.add(address)
-                if not self.uploads.owners(key):
+                if key not in self._claims and not self.uploads.owners(key):
                     doomed.append(key)
             self.freed_bytes += freed
         deleted = sum(self._delete(key) for key in doomed)
