@@ -80,7 +80,8 @@ class StubEngine:
         self._live: dict[str, StubHandle] = {}
         self._lock = threading.Lock()
 
-    def add_request(self, messages, sampling, *, session_id=None, request_id=None, deadline_s=None) -> StubHandle:
+    def add_request(self, messages, sampling, *, session_id=None, request_id=None, deadline_s=None,
+                    owner=None) -> StubHandle:
         handle = StubHandle(request_id or "stub", sampling.max_new_tokens, self.tokens_per_s, deadline_s)
         with self._lock:
             self._live[handle.request_id] = handle

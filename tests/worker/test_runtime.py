@@ -116,3 +116,23 @@ def test_the_session_cache_share_is_the_client_groups_not_the_users(runtime_clie
     job = client.submit_turn("cy", conv, "hi", sampling={"max_new_tokens": 2})  # no group: the user is its own
     runtime.run_job(job, dispatched(client, job))
     assert runtime.engine.sessions.entries.items()[-1][1].owner == "cy"
+
+
+def test_the_page_benchmarks_stub_engine_serves_jobs_through_the_runtime(settings):
+    """bench/page_stream.py runs the real worker on ``bench.stub_engine``: it must take every argument the runtime
+    passes (a hostile audit's crowd test, 2026-12-03, got "internal error" for every job after ``owner`` was added)."""
+    from bench.stub_engine import StubEngine
+
+    runtime = WorkerRuntime(settings, create_app(settings), "stub@test", engine=StubEngine(200.0, 4))
+    runtime.start()
+    client = OwletClient(settings=settings)
+    try:
+        conv = client.new_conversation("ann")
+        job = client.submit_turn("ann", conv, "hi", sampling={"max_new_tokens": 3})
+        runtime.run_job(job, dispatched(client, job))
+        events = collect(client, job)
+        assert types(events)[-1] == "done", events
+        assert len(events[-1]["text"].split()) == 3
+    finally:
+        runtime.stop()
+        client.close(purge=True)
