@@ -13,10 +13,11 @@ flood deletes itself, and a visitor's one picture, uploaded and waiting for its 
 address is among the biggest holders left. What each address spent stays spent (its own budgets are not given
 back), so a flood cannot simply start again; only the page's budget gets the bytes back, because the disk has.
 
-The same bytes uploaded from two addresses are one file: it is deleted only when no address owns it any more
-(``UploadedPaths``); a file written for a reopened conversation (``ui.restored_pictures``) is owned without a
-charge, so it is never deleted here. Nothing is deleted unless deleting can make the upload fit, and nothing
-outside the upload folder is ever touched.
+The same bytes uploaded again, from any address, are the same file (Gradio names it by its bytes): it holds the
+page's budget once, through its newest upload; it counts for the address that uploaded it first, and when it is
+deleted, every address that uploaded it loses it. A file also owned without a charge (``UploadedPaths``: a
+reopened conversation's picture, ``ui.restored_pictures``) is never deleted here. Nothing is deleted unless
+deleting can make the upload fit, and nothing outside the upload folder is ever touched.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from ui.log_budget import LogBudget
 from ui.upload_budget import Charge, UploadLedger
@@ -33,17 +35,29 @@ from ui.upload_owners import UploadedPaths, path_key
 log = LogBudget(logging.getLogger("owlet.ui"), per_minute=2)
 
 
+@dataclass
+class _Unused:
+    """A stored file no turn has used: the address it counts for (its first uploader), every address that uploaded
+    it, and its bytes."""
+    address: str
+    uploaders: set[str]
+    size: int
+
+
 class UnusedUploads:
-    """Unused uploads by address, and ``make_room`` (thread-safe)."""
+    """Stored uploads, the unused ones by address, and ``make_room`` (thread-safe)."""
 
     def __init__(self, ledger: UploadLedger, uploads: UploadedPaths, folder: str, clock=time.monotonic):
         self.ledger, self.uploads, self._clock = ledger, uploads, clock
         self.folder = os.path.realpath(folder)
-        # path -> address -> its charges for the file, each with the bytes it was counted at here
-        self._claims: dict[str, dict[str, list[tuple[Charge, int]]]] = {}
-        self._of_address: dict[str, OrderedDict[str, int]] = {}  # address -> its unused paths (oldest first) -> bytes
-        self._bytes: dict[str, int] = {}  # address -> unused bytes it holds
-        self._in_order: deque[tuple[Charge, str, str]] = deque()  # (charge, address, path), oldest first
+        # Each stored file's newest upload: the one charge that holds its bytes in the page's budget. The same
+        # bytes uploaded again are the same file, so the older charge gives its bytes back (else re-uploading one
+        # picture, used once, held the budget many times over for one file on disk: a hostile audit, 2026-12-03).
+        self._holder: dict[str, Charge] = {}
+        self._unused: dict[str, _Unused] = {}
+        self._of_address: dict[str, OrderedDict[str, None]] = {}  # address -> the unused files it counts for, oldest first
+        self._bytes: dict[str, int] = {}  # address -> bytes of the unused files it counts for
+        self._in_order: deque[tuple[Charge, str]] = deque()  # (charge, path) of every stored upload, oldest first
         self._used: OrderedDict[str, float] = OrderedDict()  # path -> when a turn last used it
         self.deleted_files = self.freed_bytes = 0
         self._lock = threading.Lock()
@@ -55,13 +69,22 @@ class UnusedUploads:
             return
         with self._lock:
             self._forget_old()
-            if key in self._used:  # the same bytes again: the file is shown in a chat already
+            older = self._holder.get(key)
+            if older is not None and older is not charge:
+                self.ledger.release(older)  # one file on disk, held once: by its newest upload
+            self._holder[key] = charge
+            self._in_order.append((charge, key))
+            if key in self._used:  # shown in a chat already
                 return
-            self._claims.setdefault(key, {}).setdefault(address, []).append((charge, charge.held))
-            paths = self._of_address.setdefault(address, OrderedDict())
-            paths[key] = paths.get(key, 0) + charge.held
-            self._bytes[address] = self._bytes.get(address, 0) + charge.held
-            self._in_order.append((charge, address, key))
+            entry = self._unused.get(key)
+            if entry is None:
+                self._unused[key] = _Unused(address, {address}, charge.held)
+                self._of_address.setdefault(address, OrderedDict())[key] = None
+                self._bytes[address] = self._bytes.get(address, 0) + charge.held
+            else:
+                entry.uploaders.add(address)
+                self._bytes[entry.address] += charge.held - entry.size
+                entry.size = charge.held
 
     def mark_used(self, path: str) -> None:
         """A turn was admitted with the picture at ``path``: the file is never deleted here."""
@@ -71,8 +94,9 @@ class UnusedUploads:
         with self._lock:
             self._used[key] = self._clock()
             self._used.move_to_end(key)
-            for address in self._claims.pop(key, {}):
-                self._drop(address, key)
+            entry = self._unused.pop(key, None)
+            if entry is not None:
+                self._unindex(entry, key)
 
     def unused_bytes(self, address: str) -> int:
         with self._lock:
@@ -90,15 +114,15 @@ class UnusedUploads:
             while room + freed < size and self._bytes:
                 address = max(self._bytes, key=self._bytes.__getitem__)
                 key = next(iter(self._of_address[address]))
-                for charge, _counted in self._claims[key].pop(address):
-                    freed += self.ledger.release(charge)
-                if not self._claims[key]:
-                    del self._claims[key]
-                self._drop(address, key)
-                self.uploads.forget(address, key)  # neither served to it nor nameable in its chat any more
-                addresses.add(address)
-                if key not in self._claims and not self.uploads.owners(key):
-                    doomed.append(key)
+                entry = self._unused.pop(key)
+                self._unindex(entry, key)
+                for uploader in entry.uploaders:  # neither served to them nor nameable in their chats any more
+                    self.uploads.forget(uploader, key)
+                addresses.update(entry.uploaders)
+                if self.uploads.owners(key):
+                    continue  # also held without a charge (not an upload of this page's): the file stays
+                freed += self.ledger.release(self._holder.pop(key))
+                doomed.append(key)
             self.freed_bytes += freed
         deleted = sum(self._delete(key) for key in doomed)
         with self._lock:
@@ -107,31 +131,26 @@ class UnusedUploads:
                     deleted, freed / 2**20, len(addresses))
         return freed
 
-    def _drop(self, address: str, key: str) -> None:
-        """Take ``key`` out of ``address``'s unused paths (its claims are gone already)."""
-        paths = self._of_address[address]
-        self._bytes[address] -= paths.pop(key)
+    def _unindex(self, entry: _Unused, key: str) -> None:
+        """Take the unused file ``key`` out of its address's index."""
+        paths = self._of_address[entry.address]
+        del paths[key]
+        self._bytes[entry.address] -= entry.size
         if not paths:
-            del self._of_address[address], self._bytes[address]
+            del self._of_address[entry.address], self._bytes[entry.address]
 
     def _forget_old(self) -> None:
-        """Charges that have left the page's window hold nothing of its budget (their files are past the cache's
-        age too), and uses older than the window are of files the cleaner has deleted."""
+        """A file whose newest upload has left the page's window holds nothing of its budget (and is past the
+        cache's age); uses older than the window are of files the cleaner has deleted."""
         self.ledger.page_room()  # moves the window
         while self._in_order and not self._in_order[0][0].in_page_window:
-            charge, address, key = self._in_order.popleft()
-            charges = self._claims.get(key, {}).get(address, [])
-            counted = next((n for c, n in charges if c is charge), None)
-            if counted is None:
-                continue  # used or deleted since
-            charges[:] = [(c, n) for c, n in charges if c is not charge]
-            self._of_address[address][key] -= counted
-            self._bytes[address] -= counted
-            if not charges:
-                del self._claims[key][address]
-                if not self._claims[key]:
-                    del self._claims[key]
-                self._drop(address, key)
+            charge, key = self._in_order.popleft()
+            if self._holder.get(key) is not charge:
+                continue  # uploaded again since, or deleted
+            del self._holder[key]
+            entry = self._unused.pop(key, None)
+            if entry is not None:
+                self._unindex(entry, key)
         horizon = self._clock() - self.ledger.total_window_s
         while self._used and next(iter(self._used.values())) < horizon:
             self._used.popitem(last=False)

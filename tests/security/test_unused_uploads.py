@@ -94,19 +94,37 @@ def test_nothing_is_deleted_when_deleting_cannot_make_the_upload_fit(tmp_path):
     assert page.unused.deleted_files == 0
 
 
-def test_a_file_two_addresses_uploaded_stays_until_both_have_given_it_up(tmp_path):
-    """Gradio stores the same bytes at the same path: a stranger who uploads the victim's picture too must not
-    get it deleted along with its own claim."""
+def test_a_picture_uploaded_again_holds_the_page_budget_once(tmp_path):
+    """A hostile audit (2026-12-03): one picture, asked about once (so never deleted), uploaded again from nine
+    addresses held the page's budget 25 times over for one file on disk, and the only unused file left, a
+    visitor's waiting picture, was deleted for it."""
+    page = Page(tmp_path)
+    pinned = page.upload("asker", 2 * MB, name="pinned")
+    page.unused.mark_used(str(pinned))
+    waiting = page.upload("visitor", 1 * MB)
+    for address in (f"203.0.113.{i}" for i in range(1, 9)):
+        assert page.upload(address, 2 * MB, name="pinned") == pinned
+    assert page.ledger.page_room() == 7 * MB, "one file on disk: its newest upload holds it, once"
+    assert page.upload("newcomer", 7 * MB) is not None
+    assert waiting.exists() and page.unused.deleted_files == 0
+    assert page.ledger.charge("203.0.113.1", 99 * MB)[0] == "address", "each upload was still spent"
+
+
+def test_a_file_uploaded_by_two_addresses_counts_for_its_first_uploader_and_goes_as_one(tmp_path):
     page = Page(tmp_path, total_bytes=4 * MB)
-    shared = page.upload("stranger", 2 * MB, name="same-bytes")
-    assert page.upload("victim", 1 * MB, name="same-bytes") == shared
-    newcomer = page.upload("newcomer", 2 * MB)
-    assert newcomer is not None, "the stranger's 2 MB claim was released"
-    assert shared.exists(), "the victim still owns the file"
-    assert page.owners.owners(str(shared)) == {"victim"}
-    page.unused.mark_used(str(newcomer))
+    shared = page.upload("victim", 1 * MB, name="same-bytes")
+    assert page.upload("stranger", 1 * MB, name="same-bytes") == shared
+    assert page.ledger.page_room() == 3 * MB
+    assert page.unused.unused_bytes("victim") == 1 * MB and page.unused.unused_bytes("stranger") == 0, \
+        "uploading someone's picture again does not make it count for you"
+    flood = page.upload("flooder", 3 * MB)
+    asked = page.upload("newcomer", 2 * MB)
+    assert asked is not None
+    assert shared.exists() and not flood.exists(), "the biggest holder's file went, not the shared one"
+    page.unused.mark_used(str(asked))
     assert page.upload("newcomer2", 2 * MB) is not None
-    assert not shared.exists(), "given up by both: deleted"
+    assert not shared.exists(), "deleted once it was the biggest unused holder's"
+    assert page.owners.owners(str(shared)) is None, "and lost to every address that uploaded it"
 
 
 def test_an_upload_used_once_is_kept_even_when_uploaded_again(tmp_path):
