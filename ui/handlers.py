@@ -22,7 +22,7 @@ from ui.live_streams import LiveStreams
 from ui.pacing import UpdatePacer, watch_loop_lag
 from ui.restored_pictures import write_back
 from ui.stream_hub import StreamHub
-from ui.unused_uploads import UnusedUploads
+from ui.upload_room import UploadRoom
 from ui.upload_owners import UploadedPaths
 from ui.uploads import DecodePool, UploadLimits, UploadRejected
 from worker.errors import UnknownJob
@@ -82,10 +82,10 @@ def _box_as_sent():
 
 class ChatHandlers:
     def __init__(self, client, config, metrics, uploads: UploadedPaths | None = None,
-                 unused_uploads: UnusedUploads | None = None):
+                 upload_room: UploadRoom | None = None):
         self.client, self.config, self.metrics = client, config, metrics
         self.uploads = uploads if uploads is not None else UploadedPaths()  # who uploaded each file (the page's)
-        self.unused_uploads = unused_uploads  # an admitted turn's picture is marked used: kept when room is made
+        self.upload_room = upload_room  # an admitted turn's picture is marked used: it gives way last
         self.limits = UploadLimits.from_config(config)
         self.issuer = issuer_for(config, client, log)
         self.addresses = ClientAddresses.from_config(config)
@@ -372,8 +372,8 @@ class ChatHandlers:
             session.update(images={}, has_image=False)
         if checked is not None:
             session["images"] = {**session["images"], image_sha: image_path}
-            if self.unused_uploads is not None:
-                self.unused_uploads.mark_used(image_path)
+            if self.upload_room is not None:
+                self.upload_room.mark_used(image_path)
         if image_sha:
             session["has_image"] = True
         session["job"] = job

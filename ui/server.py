@@ -44,7 +44,7 @@ from ui.session_states import open_tabs_of
 from ui.upload_budget import UploadBudget, UploadLedger
 from ui.upload_owners import UploadedPaths, UploadOwners
 from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
-from ui.unused_uploads import UnusedUploads
+from ui.upload_room import UploadRoom
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -77,8 +77,8 @@ def build(config, client=None):
     metrics.registry.register(ClusterCollector(client))
     uploads = UploadedPaths()  # who uploaded each path: served files, the files a call names, reopened pictures
     ledger = upload_ledger(config)
-    unused = UnusedUploads(ledger, uploads, get_upload_folder())  # room for uploads when the budget is full
-    page = build_page(ChatHandlers(client, config, metrics, uploads, unused), config)
+    room = UploadRoom(ledger, uploads, get_upload_folder())  # which uploads give way when the budget is full
+    page = build_page(ChatHandlers(client, config, metrics, uploads, room), config)
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     calm_idle_queue(page)
@@ -116,10 +116,10 @@ def build(config, client=None):
                                       Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=ledger,
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              addresses=addresses, make_room=unused.make_room),
+                                              addresses=addresses, make_room=room.make_room),
                                    # An uploaded file is served back only to the address that uploaded it.
                                    Middleware(UploadOwners, addresses=addresses, ledger=uploads,
-                                              on_stored=unused.claim),
+                                              on_stored=room.claim),
                                    Middleware(NewSessionBudget,
                                               ledger=SessionLedger(config.address_new_sessions,
                                                                    config.address_new_sessions_window_s),

@@ -18,8 +18,9 @@ before the body is read, never after it is on disk, and what was declared but ne
 request ends. Each upload is charged at least
 ``ui.upload_cache.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make. The ledger is per page process (like ``AddressSlots``).
 
-When an upload would not fit in the page's budget, uploads that no chat turn has used are deleted first to make
-room for it (``ui.unused_uploads``), so files uploaded only to fill the budget cannot keep everyone else's out.
+When an upload would not fit in the page's budget, stored uploads are deleted to make room for it, those no chat
+turn has used first, each time from the address holding the most (``ui.upload_room``), so files uploaded only to
+fill the budget cannot keep everyone else's out.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Charge:
 
     ``spent`` counts toward its address's budgets: what the address sent. ``held`` counts toward the page's:
     what the upload still holds of the cache on disk, which drops to nothing when the file is deleted early
-    (``ui.unused_uploads``) while what the address spent stays spent."""
+    (``ui.upload_room``) while what the address spent stays spent."""
 
     __slots__ = ("stamp", "spent", "held", "address", "in_address_window", "in_page_window")
 
@@ -183,7 +184,7 @@ class UploadBudget:
         self.app, self.ledger, self.addresses = app, ledger, addresses
         self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
         # Past the page's budget, ``make_room(bytes)`` may free some by deleting unused uploads
-        # (``ui.unused_uploads``); returns the bytes it freed.
+        # (``ui.upload_room``); returns the bytes it freed.
         self.make_room = make_room
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

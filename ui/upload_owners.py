@@ -51,7 +51,7 @@ class UploadedPaths:
                 self._owners.popitem(last=False)
 
     def forget(self, address: str, path: str) -> None:
-        """``address`` no longer holds ``path`` (its file was deleted to make room: ``ui.unused_uploads``)."""
+        """``address`` no longer holds ``path`` (its file was deleted to make room: ``ui.upload_room``)."""
         key = path_key(path)
         with self._lock:
             owners = self._owners.get(key)
@@ -87,7 +87,7 @@ class UploadOwners:
         self.app, self.addresses = app, addresses
         self.ledger = ledger if ledger is not None else UploadedPaths()
         # ``on_stored(address, path, charge)`` for each stored upload charged by ui.upload_budget
-        # (``UnusedUploads.claim``)
+        # (``UploadRoom.claim``)
         self.on_stored = on_stored
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

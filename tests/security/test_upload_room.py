@@ -1,8 +1,10 @@
-"""Attack: fill the page's upload budget with files nobody uses, so nobody else can upload a picture for hours.
+"""Attack: fill the page's upload budget, so nobody else can upload a picture for hours.
 
-A hostile audit (2026-12-03): 33 addresses, each within its own limits, uploaded random 10 MB files for 15 s; for
-the next two hours every upload over about 3 MB got 429. Now, when the page's budget is full, uploads that no
-admitted turn has used are deleted to make room, the biggest unused holder's oldest first (ui.unused_uploads)."""
+Two hostile audits (2026-12-03), each address within its own limits: 33 addresses uploaded random 10 MB files for
+15 s; 40 addresses uploaded padded 10 MB JPEGs and asked a one-token question about each (so they were "used").
+Either way every upload over a few MB then got 429 for two hours. Now, when the page's budget is full, stored
+uploads are deleted to make room: the oldest file of the address holding the most, unused before used
+(ui.upload_room)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +16,7 @@ import pytest
 from tests.fake_clock import FakeClock
 from tests.security.attack import Event, cancel_jobs, http, identity, private_picture, upload
 from tests.security.pages import page_without_worker
-from ui.unused_uploads import UnusedUploads
+from ui.upload_room import UploadRoom
 from ui.upload_budget import UploadLedger
 from ui.upload_owners import UploadedPaths
 
@@ -25,19 +27,19 @@ FILE_META = {"_type": "gradio.FileData"}
 
 
 class Page:
-    """A ledger, its owners and its unused uploads over a real folder, as the page wires them."""
+    """A ledger, its owners and its upload room over a real folder, as the page wires them."""
 
     def __init__(self, folder: Path, total_bytes: int = 10 * MB, window_s: float = 600):
         self.folder, self.clock = folder, FakeClock()
         self.ledger = UploadLedger(address_bytes=100 * MB, address_window_s=60, total_bytes=total_bytes,
                                    total_window_s=window_s, clock=self.clock, address_share=1.0)
         self.owners = UploadedPaths()
-        self.unused = UnusedUploads(self.ledger, self.owners, str(folder), clock=self.clock)
+        self.room = UploadRoom(self.ledger, self.owners, str(folder), clock=self.clock)
 
     def upload(self, address: str, size: int, name: str | None = None, data: bytes | None = None) -> Path | None:
         """Charge, store and record an upload as the middlewares do; None if the budget refused it."""
         refused, charge = self.ledger.charge_with_receipt(address, size)
-        if refused is not None and refused[0] == "page" and self.unused.make_room(size):
+        if refused is not None and refused[0] == "page" and self.room.make_room(size):
             refused, charge = self.ledger.charge_with_receipt(address, size)
         if refused is not None:
             return None
@@ -45,15 +47,15 @@ class Page:
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(data if data is not None else b"x")
         self.owners.record(address, str(path))
-        self.unused.claim(address, str(path), charge)
+        self.room.claim(address, str(path), charge)
         return path
 
 
-def test_a_full_budget_deletes_the_biggest_unused_holders_oldest_upload_first(tmp_path):
+def test_a_full_budget_deletes_the_biggest_holders_oldest_upload_first(tmp_path):
     page = Page(tmp_path)
     visitor = page.upload("visitor", 1 * MB)  # uploaded, question not sent yet
     asked = page.upload("asker", 2 * MB)
-    page.unused.mark_used(str(asked))  # a turn was admitted with it
+    page.room.mark_used(str(asked))  # a turn was admitted with it
     flood = [page.upload("flooder", 1 * MB) for _ in range(4)]
     other = [page.upload("other", 1 * MB) for _ in range(3)]
     assert page.ledger.page_room() == 0
@@ -62,13 +64,37 @@ def test_a_full_budget_deletes_the_biggest_unused_holders_oldest_upload_first(tm
     assert [p.exists() for p in flood] == [False, False, True, True], "the biggest holder's oldest went"
     assert visitor.exists() and asked.exists() and all(p.exists() for p in other)
     assert page.owners.owners(str(flood[0])) is None, "a deleted upload is nobody's: not served, not nameable"
-    assert page.unused.unused_bytes("flooder") == 2 * MB and page.unused.deleted_files == 2
-    # unused now: flooder 2 MB, other 3, newcomer 2, the visitor 1: the next 3 MB come from the big ones
+    assert page.room.held_bytes("flooder") == 2 * MB and page.room.deleted_files == 2
+    # held now: other 3 MB, flooder 2, asker 2 (used), newcomer 2, visitor 1: the next 3 MB come from the big ones
     assert page.upload("newcomer", 3 * MB) is not None
-    assert visitor.exists() and asked.exists()
-    assert page.unused.deleted_files == 5
-    assert sum(page.unused.unused_bytes(a) for a in ("flooder", "other", "newcomer")) == (7 - 3 + 3) * MB
-    assert page.unused.unused_bytes("visitor") == 1 * MB
+    assert visitor.exists() and asked.exists(), "an address holding less than the others keeps its files"
+    assert page.room.deleted_files == 5
+
+
+def test_files_marked_used_still_give_way_when_their_address_holds_the_most(tmp_path):
+    """The second audit's pin: every flood file asked about once (a one-token question), so none was "unused",
+    and the one unused file left, a visitor's waiting picture, was deleted for each newcomer."""
+    page = Page(tmp_path)
+    waiting = page.upload("visitor", 1 * MB)
+    pinned = []
+    for address in ("a1", "a2", "a3"):
+        for _ in range(3):
+            pinned.append(page.upload(address, 1 * MB))
+            page.room.mark_used(str(pinned[-1]))
+    assert page.ledger.page_room() == 0
+    assert page.upload("newcomer", 2 * MB) is not None
+    assert waiting.exists(), "the visitor holds least: its waiting picture stays"
+    assert sum(not p.exists() for p in pinned) == 2, "two of the pinned files gave way"
+    assert page.room.held_bytes("visitor") == 1 * MB
+
+
+def test_an_address_gives_up_its_unused_files_before_its_used_ones(tmp_path):
+    page = Page(tmp_path, total_bytes=4 * MB)
+    asked = page.upload("visitor", 1 * MB)
+    page.room.mark_used(str(asked))
+    spare = [page.upload("visitor", 1 * MB) for _ in range(3)]
+    assert page.upload("newcomer", 1 * MB) is not None
+    assert asked.exists() and not spare[0].exists() and spare[1].exists()
 
 
 def test_what_an_address_spent_stays_spent_when_its_files_are_deleted(tmp_path):
@@ -79,34 +105,31 @@ def test_what_an_address_spent_stays_spent_when_its_files_are_deleted(tmp_path):
     for _ in range(4):
         assert page.upload("other", 1 * MB) is not None
     assert page.upload("newcomer", 3 * MB) is not None
-    assert page.unused.unused_bytes("flooder") == 3 * MB
+    assert page.room.held_bytes("flooder") == 3 * MB
     assert page.ledger.charge("flooder", 1 * MB)[0] == "address", "the flood cannot simply start again"
 
 
 def test_nothing_is_deleted_when_deleting_cannot_make_the_upload_fit(tmp_path):
     page = Page(tmp_path)
-    used = [page.upload("asker", 3 * MB) for _ in range(3)]
-    for path in used:
-        page.unused.mark_used(str(path))
+    assert page.ledger.charge("uploading", 8 * MB) is None  # an upload on its way in: charged, no file yet
     waiting = page.upload("visitor", 1 * MB)
-    assert page.upload("newcomer", 2 * MB) is None, "only 1 MB is unused: the upload is refused as before"
-    assert waiting.exists() and all(p.exists() for p in used)
-    assert page.unused.deleted_files == 0
+    assert page.upload("newcomer", 3 * MB) is None, "only 2 MB could be had: refused as before"
+    assert waiting.exists() and page.room.deleted_files == 0
+    assert page.upload("newcomer", 2 * MB) is not None and not waiting.exists()
 
 
 def test_a_picture_uploaded_again_holds_the_page_budget_once(tmp_path):
-    """A hostile audit (2026-12-03): one picture, asked about once (so never deleted), uploaded again from nine
-    addresses held the page's budget 25 times over for one file on disk, and the only unused file left, a
-    visitor's waiting picture, was deleted for it."""
+    """A hostile audit (2026-12-03): one picture, asked about once, uploaded again from nine addresses held the
+    page's budget 25 times over for one file on disk, and a visitor's waiting picture was deleted for it."""
     page = Page(tmp_path)
     pinned = page.upload("asker", 2 * MB, name="pinned")
-    page.unused.mark_used(str(pinned))
+    page.room.mark_used(str(pinned))
     waiting = page.upload("visitor", 1 * MB)
     for address in (f"203.0.113.{i}" for i in range(1, 9)):
         assert page.upload(address, 2 * MB, name="pinned") == pinned
     assert page.ledger.page_room() == 7 * MB, "one file on disk: its newest upload holds it, once"
     assert page.upload("newcomer", 7 * MB) is not None
-    assert waiting.exists() and page.unused.deleted_files == 0
+    assert waiting.exists() and page.room.deleted_files == 0
     assert page.ledger.charge("203.0.113.1", 99 * MB)[0] == "address", "each upload was still spent"
 
 
@@ -115,26 +138,27 @@ def test_a_file_uploaded_by_two_addresses_counts_for_its_first_uploader_and_goes
     shared = page.upload("victim", 1 * MB, name="same-bytes")
     assert page.upload("stranger", 1 * MB, name="same-bytes") == shared
     assert page.ledger.page_room() == 3 * MB
-    assert page.unused.unused_bytes("victim") == 1 * MB and page.unused.unused_bytes("stranger") == 0, \
+    assert page.room.held_bytes("victim") == 1 * MB and page.room.held_bytes("stranger") == 0, \
         "uploading someone's picture again does not make it count for you"
     flood = page.upload("flooder", 3 * MB)
     asked = page.upload("newcomer", 2 * MB)
     assert asked is not None
     assert shared.exists() and not flood.exists(), "the biggest holder's file went, not the shared one"
-    page.unused.mark_used(str(asked))
-    assert page.upload("newcomer2", 2 * MB) is not None
-    assert not shared.exists(), "deleted once it was the biggest unused holder's"
+    assert page.upload("newcomer2", 4 * MB) is not None  # the whole budget: every file goes, the shared one too
+    assert not asked.exists() and not shared.exists()
     assert page.owners.owners(str(shared)) is None, "and lost to every address that uploaded it"
 
 
-def test_an_upload_used_once_is_kept_even_when_uploaded_again(tmp_path):
+def test_an_upload_used_once_is_still_used_when_uploaded_again(tmp_path):
     page = Page(tmp_path, total_bytes=4 * MB)
     first = page.upload("visitor", 1 * MB, name="picture")
-    page.unused.mark_used(str(first))
+    page.room.mark_used(str(first))
+    spare = page.upload("visitor", 1 * MB)
     assert page.upload("visitor", 1 * MB, name="picture") == first  # the same picture sent again later
     page.upload("flooder", 2 * MB)
     assert page.upload("newcomer", 2 * MB) is not None
-    assert first.exists(), "shown in a chat: never deleted to make room"
+    assert page.upload("newcomer2", 1 * MB) is not None
+    assert first.exists() and not spare.exists(), "its address's unused file went first"
 
 
 def test_charges_past_the_window_are_forgotten_and_nothing_outside_the_folder_is_deleted(tmp_path):
@@ -144,13 +168,13 @@ def test_charges_past_the_window_are_forgotten_and_nothing_outside_the_folder_is
     outside = tmp_path / "not-an-upload.bin"
     outside.write_bytes(b"keep me")
     refused, charge = page.ledger.charge_with_receipt("odd", 1 * MB)
-    page.unused.claim("odd", str(outside), charge)
+    page.room.claim("odd", str(outside), charge)
     assert page.upload("newcomer", 2 * MB) is not None
     assert outside.exists(), "only files in the upload folder are ever deleted"
     page.clock.now += 101
-    assert page.unused.unused_bytes("newcomer") == 2 * MB
-    assert page.ledger.page_room() == 2 * MB and page.unused.make_room(1 * MB) == 0
-    assert page.unused.unused_bytes("newcomer") == 0, "a charge out of the page's window holds nothing"
+    assert page.room.held_bytes("newcomer") == 2 * MB
+    assert page.ledger.page_room() == 2 * MB and page.room.make_room(1 * MB) == 0
+    assert page.room.held_bytes("newcomer") == 0, "a charge out of the page's window holds nothing"
 
 
 # ---- the page itself ------------------------------------------------------------------------------------------
@@ -175,7 +199,7 @@ def test_a_flood_of_unused_uploads_gives_way_to_a_visitors_picture():
     """Eight addresses fill the page's upload budget with random files no question ever names; a newcomer's
     picture is then accepted (before: 429 for two hours), the flood's oldest files deleted for it, and the
     waiting visitor's and the asker's pictures kept and usable."""
-    with page_without_worker("unused-uploads", max_upload_bytes=2 * MB, address_upload_bytes=2 * MB,
+    with page_without_worker("upload-room", max_upload_bytes=2 * MB, address_upload_bytes=2 * MB,
                              upload_cache_max_bytes=16 * MB) as (url, owlet):
         try:
             waiting = upload(url, VISITOR, private_picture(), "waiting.png")
@@ -199,5 +223,41 @@ def test_a_flood_of_unused_uploads_gives_way_to_a_visitors_picture():
             assert again.status_code == 429 and again.text.startswith("Upload limit reached"), \
                 "what the flooder spent stays spent"
             assert httpx.get(url + "gradio_api/info", timeout=10).status_code == 200
+        finally:
+            cancel_jobs(owlet)
+
+
+def noise_png(side: int) -> bytes:
+    """A valid PNG that does not compress: about 3 bytes a pixel, so stored as uploaded."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_flood_of_pictures_asked_about_once_still_gives_way():
+    """The second audit's pin: each flood picture asked about once (admitted, so "used"). Before, only unused files
+    could go, so the visitor's waiting picture was deleted and then uploads were refused for two hours; now the
+    biggest holders' files go, and the visitor's picture stays."""
+    with page_without_worker("upload-pin", max_upload_bytes=2 * MB, address_upload_bytes=2 * MB,
+                             upload_cache_max_bytes=16 * MB) as (url, owlet):
+        try:
+            waiting = upload(url, VISITOR, private_picture(), "waiting.png")
+            pinned = []
+            for address in FLOODERS:
+                pinned.append(upload(url, address, noise_png(800), "pin.png"))
+                assert ask(url, address, pinned[-1]).startswith("Queued")
+            cancel_jobs(owlet)  # asked and cancelled at once, as the audit did: the files stay "used"
+            with http(forwarded=NEWCOMER) as client:
+                answer = client.post(url + "gradio_api/upload",
+                                     files={"files": ("photo.png", noise_png(700), "image/png")})
+            assert answer.status_code == 200, answer.text
+            assert Path(waiting).exists(), "the visitor holds least: its picture stays"
+            assert sum(not Path(p).exists() for p in pinned) == 1, "one pinned picture gave way"
+            assert ask(url, VISITOR, waiting).startswith("Queued")
+            assert ask(url, NEWCOMER, answer.json()[0]).startswith("Queued")
         finally:
             cancel_jobs(owlet)
