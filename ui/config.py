@@ -68,6 +68,7 @@ class UIConfig:
     ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
+    address_max_waiting_events: int = 16  # events one address may have waiting for a Gradio slot (ui.fair_event_slots)
     # New Gradio sessions (tabs, page loads, API clients) one address may open per window (ui/session_budget.py):
     # a flood of them would push other visitors' tab state out of Gradio's 10,000-session memory.
     address_new_sessions: int = 240
@@ -115,6 +116,7 @@ class UIConfig:
         assert self.address_upload_window_s > 0, "address_upload_window_s must be positive"
         assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
+        assert self.address_max_waiting_events >= 1, "address_max_waiting_events must be at least 1"
         assert self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)"
         assert self.upload_timeout_s > 0, "upload_timeout_s must be positive"
         assert self.address_max_downloads >= 8, "address_max_downloads must allow a page load (at least 8)"

@@ -24,6 +24,7 @@ from ui.app import CSS, build_page
 from ui.body_limits import PageBodyLimits, upload_request_limit
 from ui.chat_files import ChatFiles, check_named_files, example_files
 from ui.config import DEV_BROWSER_SECRET
+from ui.fair_event_slots import share_event_slots_fairly
 from ui.cluster_metrics import ClusterCollector
 from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_replaced_components, share_component_schemas,
                              skip_missing_matplotlib)
@@ -81,11 +82,12 @@ def build(config, client=None):
     page = build_page(ChatHandlers(client, config, metrics, uploads, room), config)
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
+    addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
+    share_event_slots_fairly(page, addresses, config.address_max_waiting_events)
     calm_idle_queue(page)
     keep_sessions_with_answers(page)
     drop_queue_analytics(page)
     forget_replaced_components(page)
-    addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
     check_named_files(page, ChatFiles(uploads, addresses, example_files(page)))
     launch_kwargs = dict(
         server_name=config.host,
