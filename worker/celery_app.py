@@ -64,7 +64,7 @@ def _wire_runtime(app: Celery, settings: Settings) -> None:
                 startup.check_engine_environment()  # before the heavy imports: the common mistakes fail fast
             from worker.runtime import WorkerRuntime
 
-            app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname)
+            app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname, threads=sender.concurrency)
             app.owlet_runtime.start()
         except (startup.CannotServe, SettingError) as exc:
             startup.fail(str(exc))

@@ -39,8 +39,12 @@ def build_engine(settings: Settings):
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings, celery_app, worker: str, engine=None):
+    def __init__(self, settings: Settings, celery_app, worker: str, engine=None, threads: int | None = None):
         self.settings, self.worker = settings, worker
+        # Each job holds one of Celery's threads while it streams, so the worker takes no more jobs at once than it
+        # has threads, whatever the engine could batch: jobs dispatched beyond that sat unclaimed until the reaper
+        # took them for a dead worker's. None: as many as the engine (an in-process runtime).
+        self.threads = threads
         self.keys = Keys(settings.key_prefix)
         self.r = redis.Redis.from_url(settings.redis_url)
         self.readouts = QueueReadouts(self.r, self.keys)
@@ -72,6 +76,11 @@ class WorkerRuntime:
         if self.settings.worker_metrics_port:
             self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
+        engine_slots = int(self.engine.stats().get("max_running", 1))
+        if self.threads is not None and self.threads < engine_slots:
+            log.warning("owlet worker %s: %d Celery threads for an engine that batches %d: it takes %d jobs at once "
+                        "(give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the batch)",
+                        self.worker, self.threads, engine_slots, self.threads)
 
     def stop(self) -> None:
         self._stop.set()
@@ -103,12 +112,13 @@ class WorkerRuntime:
         self._wake_dispatch.set()
 
     # -- background threads --------------------------------------------------------------------------------
-    def _capacity(self) -> int:
-        return int(self.engine.stats().get("max_running", 1))
+    def _capacity(self, stats: dict | None = None) -> int:
+        engine_slots = int((stats or self.engine.stats()).get("max_running", 1))
+        return engine_slots if self.threads is None else min(engine_slots, self.threads)
 
     def _beat(self) -> None:
         stats = self.engine.stats()
-        beat = heartbeat.Heartbeat(worker=self.worker, capacity=int(stats.get("max_running", 1)),
+        beat = heartbeat.Heartbeat(worker=self.worker, capacity=self._capacity(stats),
                                    running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)))
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
         self.metrics.observe_engine(stats)

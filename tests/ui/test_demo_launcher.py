@@ -184,3 +184,17 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
         launcher.supervise(never_serves, sleep=waits.append)
     assert never_serves.restarted == ["worker"] * 3
     assert [w for w in waits if w != 0.5] == [1, 2, 4], "backing off"
+
+
+def test_demo_gives_the_worker_a_thread_for_every_engine_slot(monkeypatch):
+    """The worker takes only as many jobs as it has Celery threads (worker.runtime): the demo's default follows
+    OWLET_MAX_RUNNING (it was a fixed 18, so a bigger batch was never filled)."""
+    from owlet.demo import parse_args
+
+    monkeypatch.delenv("OWLET_WORKER_CONCURRENCY", raising=False)
+    monkeypatch.setenv("OWLET_MAX_RUNNING", "32")
+    assert parse_args([]).worker_concurrency == 34
+    monkeypatch.delenv("OWLET_MAX_RUNNING")
+    assert parse_args([]).worker_concurrency == 18
+    monkeypatch.setenv("OWLET_WORKER_CONCURRENCY", "5")
+    assert parse_args([]).worker_concurrency == 5
