@@ -118,35 +118,42 @@ def test_nothing_is_deleted_when_deleting_cannot_make_the_upload_fit(tmp_path):
     assert page.upload("newcomer", 2 * MB) is not None and not waiting.exists()
 
 
-def test_a_picture_uploaded_again_holds_the_page_budget_once(tmp_path):
+def test_a_picture_uploaded_again_by_its_uploader_holds_the_page_budget_once(tmp_path):
+    page = Page(tmp_path)
+    for _ in range(5):
+        picture = page.upload("visitor", 2 * MB, name="picture")
+    assert page.ledger.page_room() == 8 * MB and page.room.held_bytes("visitor") == 2 * MB
+    assert page.ledger.charge("visitor", 99 * MB)[0] == "address", "each upload was still spent"
+    assert picture.exists()
+
+
+def test_one_picture_uploaded_again_from_many_addresses_pins_nothing(tmp_path):
     """A hostile audit (2026-12-03): one picture, asked about once, uploaded again from nine addresses held the
-    page's budget 25 times over for one file on disk, and a visitor's waiting picture was deleted for it."""
+    page's budget 25 times over, and a visitor's waiting picture was deleted for it. Now each copy is its
+    uploader's claim and gives way as theirs."""
     page = Page(tmp_path)
     pinned = page.upload("asker", 2 * MB, name="pinned")
     page.room.mark_used(str(pinned))
     waiting = page.upload("visitor", 1 * MB)
     for address in (f"203.0.113.{i}" for i in range(1, 9)):
         assert page.upload(address, 2 * MB, name="pinned") == pinned
-    assert page.ledger.page_room() == 7 * MB, "one file on disk: its newest upload holds it, once"
+    assert waiting.exists(), "the visitor holds least: its picture stayed"
+    assert pinned.exists() and page.room.deleted_files == 0, "still claimed by the last uploaders"
     assert page.upload("newcomer", 7 * MB) is not None
-    assert waiting.exists() and page.room.deleted_files == 0
-    assert page.ledger.charge("203.0.113.1", 99 * MB)[0] == "address", "each upload was still spent"
+    assert waiting.exists()
 
 
-def test_a_file_uploaded_by_two_addresses_counts_for_its_first_uploader_and_goes_as_one(tmp_path):
+def test_uploading_someones_picture_again_neither_deletes_theirs_nor_counts_it_twice_for_them(tmp_path):
     page = Page(tmp_path, total_bytes=4 * MB)
     shared = page.upload("victim", 1 * MB, name="same-bytes")
     assert page.upload("stranger", 1 * MB, name="same-bytes") == shared
-    assert page.ledger.page_room() == 3 * MB
-    assert page.room.held_bytes("victim") == 1 * MB and page.room.held_bytes("stranger") == 0, \
-        "uploading someone's picture again does not make it count for you"
-    flood = page.upload("flooder", 3 * MB)
-    asked = page.upload("newcomer", 2 * MB)
-    assert asked is not None
-    assert shared.exists() and not flood.exists(), "the biggest holder's file went, not the shared one"
-    assert page.upload("newcomer2", 4 * MB) is not None  # the whole budget: every file goes, the shared one too
-    assert not asked.exists() and not shared.exists()
-    assert page.owners.owners(str(shared)) is None, "and lost to every address that uploaded it"
+    extra = page.upload("stranger", 2 * MB)
+    assert page.room.held_bytes("victim") == 1 * MB and page.room.held_bytes("stranger") == 3 * MB
+    assert page.upload("newcomer", 2 * MB) is not None  # the stranger gives up its claim on the shared file first
+    assert shared.exists() and not extra.exists()
+    assert page.owners.owners(str(shared)) == {"victim"}, "the stranger lost it, the victim kept it"
+    assert page.upload("newcomer2", 4 * MB) is not None  # the whole budget: every claim goes, the last one deletes
+    assert not shared.exists() and page.owners.owners(str(shared)) is None
 
 
 def test_an_upload_used_once_is_still_used_when_uploaded_again(tmp_path):
@@ -156,8 +163,7 @@ def test_an_upload_used_once_is_still_used_when_uploaded_again(tmp_path):
     spare = page.upload("visitor", 1 * MB)
     assert page.upload("visitor", 1 * MB, name="picture") == first  # the same picture sent again later
     page.upload("flooder", 2 * MB)
-    assert page.upload("newcomer", 2 * MB) is not None
-    assert page.upload("newcomer2", 1 * MB) is not None
+    assert page.upload("newcomer", 1 * MB) is not None
     assert first.exists() and not spare.exists(), "its address's unused file went first"
 
 
