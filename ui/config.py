@@ -74,6 +74,7 @@ class UIConfig:
     address_new_sessions: int = 240
     address_new_sessions_window_s: float = 600.0
     address_max_decodes: int = 1  # image decodes one client address may run at once
+    address_max_uploads: int = 4  # uploads one client address may have arriving at once (ui.upload_budget)
     # Requests that stay open (heartbeat, event and result streams, POSTs) one address may hold at once, and
     # how long a POST's body (an upload above all) may take to arrive (ui/held_connections.py).
     address_max_connections: int = 32
@@ -117,6 +118,7 @@ class UIConfig:
         assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.address_max_waiting_events >= 1, "address_max_waiting_events must be at least 1"
+        assert self.address_max_uploads >= 1, "address_max_uploads must be at least 1"
         assert self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)"
         assert self.upload_timeout_s > 0, "upload_timeout_s must be positive"
         assert self.address_max_downloads >= 8, "address_max_downloads must allow a page load (at least 8)"

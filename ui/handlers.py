@@ -373,7 +373,7 @@ class ChatHandlers:
         if checked is not None:
             session["images"] = {**session["images"], image_sha: image_path}
             if self.upload_room is not None:
-                self.upload_room.mark_used(image_path)
+                self.upload_room.mark_used(image_path, caller.address)
         if image_sha:
             session["has_image"] = True
         session["job"] = job

@@ -118,7 +118,8 @@ def build(config, client=None):
                                       Middleware(LoginRequired)] if config.auth else []),
                                    Middleware(UploadBudget, ledger=ledger,
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              addresses=addresses, make_room=room.make_room),
+                                              addresses=addresses, make_room=room.make_room,
+                                              max_arriving=config.address_max_uploads),
                                    # An uploaded file is served back only to the address that uploaded it.
                                    Middleware(UploadOwners, addresses=addresses, ledger=uploads,
                                               on_stored=room.claim),

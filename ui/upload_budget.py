@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ui.client_gate import AddressSlots, SlotRefused
 from ui.identity import DIRECT, ClientAddresses
 from ui.public_routes import UPLOAD_PATH
 from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
@@ -44,6 +45,7 @@ from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES
 # the page's 2 hours) kept the page's 4 GiB spent and everyone else's pictures refused.
 ADDRESS_SHARE_OF_PAGE = 1 / 8
 CHARGE_SCOPE_KEY = "owlet.upload_charge"
+ARRIVING_REFUSAL = "Other uploads from your network are still arriving. Wait for them to finish, then upload again."
 
 
 class Charge:
@@ -180,8 +182,12 @@ class UploadBudget:
     when the request ends, what was declared but never received."""
 
     def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int,
-                 addresses: ClientAddresses = DIRECT, make_room=None):
+                 addresses: ClientAddresses = DIRECT, make_room=None, max_arriving: int = 4):
         self.app, self.ledger, self.addresses = app, ledger, addresses
+        # Uploads one address may have arriving at once. A charge is made before the body is read, and a body may
+        # take the upload timeout to arrive: twelve addresses declaring 10 MB uploads and sending nothing held a
+        # 256 MiB page budget for two minutes at a time, at no cost (a hostile audit, 2026-12-03).
+        self.arriving = AddressSlots(max_arriving, ARRIVING_REFUSAL)
         self.max_upload_request_bytes = max_upload_request_bytes  # bigger ones are refused by ui.body_limits
         # Past the page's budget, ``make_room(bytes)`` may free some by deleting unused uploads
         # (``ui.upload_room``); returns the bytes it freed.
@@ -200,6 +206,17 @@ class UploadBudget:
             return await self.app(scope, receive, send)
         # however small, an upload leaves a file and a directory: each costs at least a minimum
         address, charged = self.addresses.of(request), max(size, MIN_UPLOAD_CHARGE_BYTES)
+        try:
+            self.arriving.acquire(address)
+        except SlotRefused as exc:
+            return await PlainTextResponse(exc.user_message, status_code=429, headers={"Retry-After": "5"})(
+                scope, receive, send)
+        try:
+            await self._charged(scope, receive, send, address, charged)
+        finally:
+            self.arriving.release(address)
+
+    async def _charged(self, scope: Scope, receive: Receive, send: Send, address: str, charged: int) -> None:
         refused, receipt = self.ledger.charge_with_receipt(address, charged)
         if refused is not None and refused[0] == "page" and self.make_room is not None:
             if await asyncio.to_thread(self.make_room, charged):  # file deletions: off the event loop

@@ -83,7 +83,9 @@ class UploadRoom:
         self._claims: dict[str, dict[str, Charge]] = {}  # path -> address -> its newest charge for the file
         self._holdings = _Holdings()
         self._in_order: deque[tuple[Charge, str, str]] = deque()  # (charge, address, path), oldest first
-        self._used_at: OrderedDict[str, float] = OrderedDict()  # path -> when a turn last used it
+        # (address, path) -> when a turn of that address last used the file: per address, so a claim's place in
+        # line says nothing about what anyone else did with the same bytes
+        self._used_at: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.deleted_files = self.freed_bytes = 0
         self._lock = threading.Lock()
 
@@ -100,18 +102,19 @@ class UploadRoom:
                 self.ledger.release(older)
                 self._holdings.remove(address, key)
             claims[address] = charge
-            self._holdings.add(address, key, charge.held, used=key in self._used_at)
+            self._holdings.add(address, key, charge.held, used=(address, key) in self._used_at)
             self._in_order.append((charge, address, key))
 
-    def mark_used(self, path: str) -> None:
-        """A turn was admitted with the picture at ``path``: its claims go after their addresses' unused ones."""
+    def mark_used(self, path: str, address: str) -> None:
+        """A turn of ``address`` was admitted with the picture at ``path``: the address's claim on it goes after
+        its unused ones."""
         key = path_key(path)
         if key is None:
             return
         with self._lock:
-            self._used_at[key] = self._clock()
-            self._used_at.move_to_end(key)
-            for address in self._claims.get(key, ()):
+            self._used_at[(address, key)] = self._clock()
+            self._used_at.move_to_end((address, key))
+            if address in self._claims.get(key, {}):
                 self._holdings.mark_used(address, key)
 
     def held_bytes(self, address: str) -> int:

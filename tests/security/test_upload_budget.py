@@ -151,3 +151,42 @@ def test_declaring_big_uploads_and_sending_nothing_does_not_spend_the_budget():
             accepted = [random_upload(url, int(1.2 * MB), f"n{i}.png") for i in range(3)]
             assert [r.status_code for r in accepted] == [200, 200, 200], [r.text[:100] for r in accepted]
             assert random_upload(url, int(1.2 * MB)).status_code == 429, "real bytes still count"
+
+
+def test_uploads_held_open_cannot_hold_the_page_budget_from_one_address():
+    """A hostile audit (2026-12-03): twelve addresses each declaring three 10 MB uploads and sending a kilobyte held
+    a 256 MiB page budget for the two minutes a body may take, at no cost, and every other upload then had to
+    evict someone's picture. An address may now have four uploads arriving at once."""
+    import socket
+    from urllib.parse import urlparse
+
+    from tests.security.attack import http
+    from ui.upload_budget import ARRIVING_REFUSAL
+
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("upbudget"),
+                          max_upload_bytes=2 * MB, trusted_proxies=("127.0.0.1",))
+        with launched_page(config) as (url, _client):
+            host = urlparse(url)
+            held = []
+            try:
+                for _ in range(4):
+                    sock = socket.create_connection((host.hostname, host.port), timeout=10)
+                    sock.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.5\r\n"
+                                 b"Content-Type: multipart/form-data; boundary=b\r\n"
+                                 + f"Content-Length: {int(1.9 * MB)}\r\n\r\n".encode() + b"--b\r\n")
+                    held.append(sock)
+                time.sleep(0.5)
+                with http(forwarded="203.0.113.5") as client:
+                    refused = client.post(url + "gradio_api/upload", files={"files": ("a.png", os.urandom(1000))})
+                assert refused.status_code == 429 and refused.text == ARRIVING_REFUSAL
+                with http(forwarded="198.51.100.5") as client:
+                    assert client.post(url + "gradio_api/upload",
+                                       files={"files": ("a.png", os.urandom(1000))}).status_code == 200
+            finally:
+                for sock in held:
+                    sock.close()
+            time.sleep(1.0)  # the page sees the hang-ups
+            with http(forwarded="203.0.113.5") as client:
+                assert client.post(url + "gradio_api/upload",
+                                   files={"files": ("a.png", os.urandom(1000))}).status_code == 200

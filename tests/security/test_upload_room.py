@@ -55,7 +55,7 @@ def test_a_full_budget_deletes_the_biggest_holders_oldest_upload_first(tmp_path)
     page = Page(tmp_path)
     visitor = page.upload("visitor", 1 * MB)  # uploaded, question not sent yet
     asked = page.upload("asker", 2 * MB)
-    page.room.mark_used(str(asked))  # a turn was admitted with it
+    page.room.mark_used(str(asked), "asker")  # a turn was admitted with it
     flood = [page.upload("flooder", 1 * MB) for _ in range(4)]
     other = [page.upload("other", 1 * MB) for _ in range(3)]
     assert page.ledger.page_room() == 0
@@ -80,7 +80,7 @@ def test_files_marked_used_still_give_way_when_their_address_holds_the_most(tmp_
     for address in ("a1", "a2", "a3"):
         for _ in range(3):
             pinned.append(page.upload(address, 1 * MB))
-            page.room.mark_used(str(pinned[-1]))
+            page.room.mark_used(str(pinned[-1]), address)
     assert page.ledger.page_room() == 0
     assert page.upload("newcomer", 2 * MB) is not None
     assert waiting.exists(), "the visitor holds least: its waiting picture stays"
@@ -91,7 +91,7 @@ def test_files_marked_used_still_give_way_when_their_address_holds_the_most(tmp_
 def test_an_address_gives_up_its_unused_files_before_its_used_ones(tmp_path):
     page = Page(tmp_path, total_bytes=4 * MB)
     asked = page.upload("visitor", 1 * MB)
-    page.room.mark_used(str(asked))
+    page.room.mark_used(str(asked), "visitor")
     spare = [page.upload("visitor", 1 * MB) for _ in range(3)]
     assert page.upload("newcomer", 1 * MB) is not None
     assert asked.exists() and not spare[0].exists() and spare[1].exists()
@@ -133,7 +133,7 @@ def test_one_picture_uploaded_again_from_many_addresses_pins_nothing(tmp_path):
     uploader's claim and gives way as theirs."""
     page = Page(tmp_path)
     pinned = page.upload("asker", 2 * MB, name="pinned")
-    page.room.mark_used(str(pinned))
+    page.room.mark_used(str(pinned), "asker")
     waiting = page.upload("visitor", 1 * MB)
     for address in (f"203.0.113.{i}" for i in range(1, 9)):
         assert page.upload(address, 2 * MB, name="pinned") == pinned
@@ -159,12 +159,27 @@ def test_uploading_someones_picture_again_neither_deletes_theirs_nor_counts_it_t
 def test_an_upload_used_once_is_still_used_when_uploaded_again(tmp_path):
     page = Page(tmp_path, total_bytes=4 * MB)
     first = page.upload("visitor", 1 * MB, name="picture")
-    page.room.mark_used(str(first))
+    page.room.mark_used(str(first), "visitor")
     spare = page.upload("visitor", 1 * MB)
     assert page.upload("visitor", 1 * MB, name="picture") == first  # the same picture sent again later
     page.upload("flooder", 2 * MB)
     assert page.upload("newcomer", 1 * MB) is not None
     assert first.exists() and not spare.exists(), "its address's unused file went first"
+
+
+def test_whether_someone_asked_about_a_picture_does_not_change_how_anothers_copy_gives_way(tmp_path):
+    """Audit 7 (from the code): "used" was per file, so a stranger who uploaded a victim's picture again got a used
+    claim if the victim had asked about it, and could tell by which of its own files went first."""
+    page = Page(tmp_path)
+    shared = page.upload("victim", 1 * MB, name="same-bytes")
+    page.room.mark_used(str(shared), "victim")
+    assert page.upload("stranger", 1 * MB, name="same-bytes") == shared
+    own = page.upload("stranger", 1 * MB)
+    page.upload("filler", 7 * MB)
+    assert page.upload("newcomer", 2 * MB) is not None  # the filler (7 MB) gives up its file
+    assert page.upload("newcomer", 6 * MB) is not None  # 1 MB short: the stranger (2 MB) gives up its oldest claim
+    assert own.exists() and shared.exists(), "the stranger's claim on the copy went first, as an unused one"
+    assert page.owners.owners(str(shared)) == {"victim"}
 
 
 def test_charges_past_the_window_are_forgotten_and_nothing_outside_the_folder_is_deleted(tmp_path):
