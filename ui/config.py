@@ -68,7 +68,7 @@ class UIConfig:
     ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
-    address_max_waiting_events: int = 16  # events one address may have waiting for a Gradio slot (ui.fair_event_slots)
+    address_max_waiting_events: int = 8  # events one address may have waiting for a Gradio slot (ui.fair_event_slots)
     # New Gradio sessions (tabs, page loads, API clients) one address may open per window (ui/session_budget.py):
     # a flood of them would push other visitors' tab state out of Gradio's 10,000-session memory.
     address_new_sessions: int = 240
