@@ -18,9 +18,11 @@ before the body is read, never after it is on disk, and what was declared but ne
 request ends. Each upload is charged at least
 ``ui.upload_cache.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make. The ledger is per page process (like ``AddressSlots``).
 
-When an upload would not fit in the page's budget, stored uploads are deleted to make room for it, those no chat
-turn has used first, each time from the address holding the most (``ui.upload_room``), so files uploaded only to
-fill the budget cannot keep everyone else's out.
+When an upload would not fit in the page's budget, stored uploads give way to it, each time the oldest of the
+address holding the most, those no chat turn has used first (``ui.upload_room``), so files uploaded only to fill
+the budget cannot keep everyone else's out. An address may have ``max_arriving`` uploads arriving at once: a charge
+is made before the body arrives, and a body may take the upload timeout, so uploads held open would otherwise hold
+the page's budget at no cost.
 """
 from __future__ import annotations
 
