@@ -119,7 +119,8 @@ def build(config, client=None):
                                    Middleware(UploadBudget, ledger=ledger,
                                               max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
                                               addresses=addresses, make_room=room.make_room,
-                                              max_arriving=config.address_max_uploads),
+                                              max_arriving=config.address_max_uploads,
+                                              arrival_timeout_s=config.upload_timeout_s),
                                    # An uploaded file is served back only to the address that uploaded it.
                                    Middleware(UploadOwners, addresses=addresses, ledger=uploads,
                                               on_stored=room.claim),

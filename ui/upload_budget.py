@@ -184,8 +184,12 @@ class UploadBudget:
     when the request ends, what was declared but never received."""
 
     def __init__(self, app: ASGIApp, ledger: UploadLedger, max_upload_request_bytes: int,
-                 addresses: ClientAddresses = DIRECT, make_room=None, max_arriving: int = 4):
+                 addresses: ClientAddresses = DIRECT, make_room=None, max_arriving: int = 4,
+                 arrival_timeout_s: float | None = None):
         self.app, self.ledger, self.addresses = app, ledger, addresses
+        # Bytes charged for uploads still arriving, which end within ``arrival_timeout_s`` (the page's upload
+        # timeout): a refusal they cause says to come back then, not when the oldest charge leaves the 2-hour window.
+        self.arrival_timeout_s, self._arriving_bytes = arrival_timeout_s, 0
         # Uploads one address may have arriving at once. A charge is made before the body is read, and a body may
         # take the upload timeout to arrive: twelve addresses declaring 10 MB uploads and sending nothing held a
         # 256 MiB page budget for two minutes at a time, at no cost (a hostile audit, 2026-12-03).
@@ -225,11 +229,15 @@ class UploadBudget:
                 refused, receipt = self.ledger.charge_with_receipt(address, charged)
         if refused is not None:
             which, wait_s = refused
+            if which == "page" and self.arrival_timeout_s is not None and \
+                    self._arriving_bytes >= charged - self.ledger.page_room():
+                wait_s = min(wait_s, self.arrival_timeout_s)
             retry = max(1, math.ceil(wait_s))
             return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
                                            headers={"Retry-After": str(retry)})(scope, receive, send)
         scope[CHARGE_SCOPE_KEY] = receipt  # for ui.upload_owners, which learns the stored file's path
         received = 0
+        self._arriving_bytes += charged
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -240,6 +248,7 @@ class UploadBudget:
         try:
             await self.app(scope, counting_receive, send)
         finally:
+            self._arriving_bytes -= charged
             self.ledger.refund(receipt, charged - max(received, MIN_UPLOAD_CHARGE_BYTES))
 
 

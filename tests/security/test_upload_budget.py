@@ -190,3 +190,41 @@ def test_uploads_held_open_cannot_hold_the_page_budget_from_one_address():
             with http(forwarded="203.0.113.5") as client:
                 assert client.post(url + "gradio_api/upload",
                                    files={"files": ("a.png", os.urandom(1000))}).status_code == 200
+
+
+def test_a_page_budget_held_by_uploads_still_arriving_says_to_come_back_when_they_end():
+    """Held-open uploads fill the page's budget for at most the upload timeout: a visitor refused meanwhile was told
+    to come back in two hours (Retry-After 7193, a hostile audit, 2026-12-03), now in the upload timeout at most."""
+    import socket
+    from urllib.parse import urlparse
+
+    from tests.security.attack import http
+
+    with running_redis() as redis_url:
+        config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("upbudget"),
+                          max_upload_bytes=2 * MB, address_upload_bytes=2 * MB, upload_cache_max_bytes=16 * MB,
+                          upload_timeout_s=60, trusted_proxies=("127.0.0.1",))
+        with launched_page(config) as (url, _client):
+            host = urlparse(url)
+            held = []
+            try:
+                for i in range(8):  # each address may take an eighth of the page's budget: 2 MB
+                    sock = socket.create_connection((host.hostname, host.port), timeout=10)
+                    sock.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\n"
+                                 + f"X-Forwarded-For: 203.0.113.{40 + i}\r\n".encode()
+                                 + b"Content-Type: multipart/form-data; boundary=b\r\n"
+                                 + f"Content-Length: {int(1.95 * MB)}\r\n\r\n".encode() + b"--b\r\n")
+                    held.append(sock)
+                time.sleep(0.5)
+                with http(forwarded="198.51.100.40") as client:
+                    refused = client.post(url + "gradio_api/upload",
+                                          files={"files": ("a.png", os.urandom(int(1.5 * MB)))})
+                assert refused.status_code == 429 and refused.text.startswith("The page is receiving too many")
+                assert 1 <= int(refused.headers["retry-after"]) <= 60, refused.headers["retry-after"]
+            finally:
+                for sock in held:
+                    sock.close()
+            time.sleep(1.0)
+            with http(forwarded="198.51.100.40") as client:
+                assert client.post(url + "gradio_api/upload",
+                                   files={"files": ("a.png", os.urandom(int(1.5 * MB)))}).status_code == 200
