@@ -51,7 +51,7 @@ class UploadedPaths:
                 self._owners.popitem(last=False)
 
     def forget(self, address: str, path: str) -> None:
-        """``address`` no longer holds ``path`` (its file was deleted to make room: ``ui.upload_room``)."""
+        """``address`` no longer holds ``path`` (it gave up its claim to make room: ``ui.upload_room``)."""
         key = path_key(path)
         with self._lock:
             owners = self._owners.get(key)

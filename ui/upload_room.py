@@ -86,7 +86,7 @@ class UploadRoom:
         # (address, path) -> when a turn of that address last used the file: per address, so a claim's place in
         # line says nothing about what anyone else did with the same bytes
         self._used_at: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self.deleted_files = self.freed_bytes = 0
+        self.deleted_files = 0
         self._lock = threading.Lock()
 
     def claim(self, address: str, path: str, charge: Charge) -> None:
@@ -142,7 +142,6 @@ class UploadRoom:
                     del self._claims[key]
                     if not self.uploads.owners(key):  # nor owned without a charge (a reopened chat's picture)
                         doomed.append(key)
-            self.freed_bytes += freed
         deleted = sum(self._delete(key) for key in doomed)
         with self._lock:
             self.deleted_files += deleted

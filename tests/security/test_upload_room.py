@@ -36,7 +36,7 @@ class Page:
         self.owners = UploadedPaths()
         self.room = UploadRoom(self.ledger, self.owners, str(folder), clock=self.clock)
 
-    def upload(self, address: str, size: int, name: str | None = None, data: bytes | None = None) -> Path | None:
+    def upload(self, address: str, size: int, name: str | None = None) -> Path | None:
         """Charge, store and record an upload as the middlewares do; None if the budget refused it."""
         refused, charge = self.ledger.charge_with_receipt(address, size)
         if refused is not None and refused[0] == "page" and self.room.make_room(size):
@@ -45,7 +45,7 @@ class Page:
             return None
         path = self.folder / (name or os.urandom(8).hex()) / "upload.bin"
         path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data if data is not None else b"x")
+        path.write_bytes(b"x")
         self.owners.record(address, str(path))
         self.room.claim(address, str(path), charge)
         return path
