@@ -72,11 +72,6 @@ class DecodeBatch:
             kv_cache.trim_left(self.cache, unused)
             self.mask = self.mask[:, unused:]
 
-    def snapshot(self, request) -> kv_cache.CacheSnapshot:
-        """A copy of ``request``'s row: its real tokens' K/V (padding cut) and conv states."""
-        row = self.requests.index(request)
-        return kv_cache.snapshot_row(self.cache, row, int(self.seq_lens[row]))
-
     def step_inputs(self) -> dict:
         """Model kwargs for one decode step over every row."""
         ones = self.mask.new_ones(len(self), 1)
