@@ -1,7 +1,7 @@
 """EngineConfig: every engine knob in one validated dataclass; ``from_env`` is the only place env vars are read."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from owlet.settings import read_fields
 
@@ -19,6 +19,15 @@ class EngineConfig:
     trust_remote_code: bool = False  # only for checkpoints that ship their own modelling code (mPLUG-Owl3 needs none)
     allow_unverified: bool = False  # serve an architecture missing from engine/families.py (with a warning)
     max_running: int = 16  # sequences in the decode batch
+    # Time slicing (engine/time_slicing.py): an answer waiting for a decode row while another owner holds more
+    # rows takes the row of that owner's answer that has decoded the most tokens since it last (re)joined, once
+    # that answer has decoded at least this many; the paused answer's cache is copied out exactly and it resumes
+    # when its turn comes. 0: off (rows are held until answers end).
+    time_slice_tokens: int = 64
+    # Answers the engine holds at once, in decode rows or paused. None: 2 x max_running with time slicing on, else
+    # max_running. The worker announces this as its capacity, and the dispatcher keeps the part beyond
+    # max_running for clients with nothing running (worker/fair_dispatch.py), so a newcomer reaches the engine.
+    max_active: int | None = None
     max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_waiting: int = 256  # requests queued inside the engine before add_request refuses
@@ -74,6 +83,12 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_running < 1 or self.max_prefill_tokens < 16 or self.max_waiting < 1:
             raise ValueError("max_running >= 1, max_prefill_tokens >= 16 and max_waiting >= 1 are required")
+        if self.time_slice_tokens < 0:
+            raise ValueError("time_slice_tokens must be >= 0 (0 turns time slicing off)")
+        self.max_active = resolve_max_active(self.max_running, self.max_active, self.time_slice_tokens)
+        if self.max_waiting < self.max_active - self.max_running:
+            raise ValueError(f"max_waiting ({self.max_waiting}) must hold the answers beyond the decode rows "
+                             f"(max_active - max_running = {self.max_active - self.max_running})")
         if self.park_mode not in PARK_MODES:
             raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -108,3 +123,21 @@ class EngineConfig:
         if "model" not in values:
             raise ValueError("OWLET_MODEL is not set: point it at a local checkpoint folder")
         return cls(**values)
+
+
+def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int) -> int:
+    """How many answers the engine holds at once (``EngineConfig.max_active``), with its default filled in."""
+    if max_active is None:
+        return 2 * max_running if time_slice_tokens else max_running
+    if max_active < max_running:
+        raise ValueError(f"max_active ({max_active}) must be at least max_running ({max_running})")
+    return max_active
+
+
+def max_active_from_env(env=None) -> int:
+    """``max_active`` as an engine built from these variables would resolve it, without a model: the worker's
+    launchers size Celery's threads by it (each answer in the engine holds one thread while it streams)."""
+    values = read_fields(EngineConfig, ENV_PREFIX, env)
+    defaults = {f.name: f.default for f in fields(EngineConfig) if f.name in ("max_running", "time_slice_tokens")}
+    return resolve_max_active(values.get("max_running", defaults["max_running"]), values.get("max_active"),
+                              values.get("time_slice_tokens", defaults["time_slice_tokens"]))

@@ -71,6 +71,16 @@ def snapshot_row(cache, row: int, length: int) -> CacheSnapshot:
     return CacheSnapshot(kv, conv, length, sliding)
 
 
+def moved(snap: CacheSnapshot, device) -> CacheSnapshot:
+    """The snapshot with its tensors on ``device``: itself when they are there already (no copy)."""
+    device = torch.device(device)
+    tensors = [t for pair in snap.kv.values() for t in pair] + list(snap.conv.values())
+    if all(t.device == device for t in tensors):
+        return snap
+    kv = {i: (k.to(device), v.to(device)) for i, (k, v) in snap.kv.items()}
+    return CacheSnapshot(kv, {i: c.to(device) for i, c in snap.conv.items()}, snap.length, snap.sliding)
+
+
 def exact_states(snap: CacheSnapshot) -> dict[int, torch.Tensor]:
     """The per-layer state that is valid only at exactly ``snap.length`` tokens: conv states, and each
     sliding-window layer's K/V window (stacked as [2, 1, H, T, D]). A session keeps these as checkpoints."""

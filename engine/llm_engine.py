@@ -4,8 +4,9 @@ What it knows: chats (text + PIL images), sampling parameters, token ids, KV cac
 What it does not know: Celery, Redis, Gradio, users. It takes requests and gives back text deltas and a
 final result; everything distributed lives in worker/, everything the user sees in ui/.
 
-One step is: take in new requests and aborts → prefill what the scheduler picked (each request alone, in
-chunks) → one batched decode step → emit deltas and drop finished rows. Any thread may call
+One step is: take in new requests and aborts → pause rows that other owners' waiting answers are owed
+(``engine.time_slicing``) → prefill or resume what the scheduler picked (each new request alone, in chunks) →
+one batched decode step → emit deltas and drop finished rows. Any thread may call
 ``add_request`` and ``abort``; only the loop thread (or a caller of ``step``) touches the model.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import deque
 
 import torch
 
+from . import kv_cache
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .families import make_runner
@@ -31,6 +33,7 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .slot_batch import make_decode_batch
 from .session_store import SessionStore
+from .time_slicing import rows_to_pause
 
 log = logging.getLogger("owlet.engine")
 
@@ -57,7 +60,7 @@ class LLMEngine:
         self._stopping = False
         self._counters = dict(steps=0, decode_steps=0, decode_rows=0, prefill_tokens=0, generated_tokens=0,
                               requests_finished=0, requests_failed=0, requests_cancelled=0, step_errors=0,
-                              oom_events=0)
+                              oom_events=0, pauses=0)
 
     # -- public API (any thread) ----------------------------------------------
     def add_request(self, messages, sampling: SamplingParams | None = None, *, session_id: str | None = None,
@@ -134,9 +137,11 @@ class LLMEngine:
 
     def stats(self) -> dict:
         c = self._counters
+        paused = sum(r.status is Status.PAUSED for r in list(self.scheduler.waiting))
         return dict(
-            running=len(self.batch), prefilling=len(self.scheduler.prefilling),
-            waiting=len(self.scheduler.waiting) + len(self._inbox), max_running=self.config.max_running,
+            running=len(self.batch), prefilling=len(self.scheduler.prefilling), paused=paused,
+            waiting=len(self.scheduler.waiting) - paused + len(self._inbox), max_running=self.config.max_running,
+            max_active=self.config.max_active, time_slice_tokens=self.config.time_slice_tokens,
             mean_batch_occupancy=(c["decode_rows"] / c["decode_steps"]) if c["decode_steps"] else 0.0,
             device=str(self.runner.device), dtype=str(self.runner.dtype).replace("torch.", ""),
             weight_copy_bytes=getattr(self.runner, "weight_copy_bytes", 0),
@@ -169,10 +174,55 @@ class LLMEngine:
         """schedule → prefill → decode → postprocess. Failures fail only the requests involved."""
         self._counters["steps"] += 1
         self._admit_and_expire()
-        for req, n_tokens in self.scheduler.schedule(len(self.batch)):
-            self._prefill(req, n_tokens)
+        self._time_slice()
+        for req, n_tokens in self.scheduler.schedule(self.batch.requests):
+            if req.status is Status.PAUSED:
+                self._resume(req)
+            else:
+                self._prefill(req, n_tokens)
         if len(self.batch):
             self._decode()
+
+    def _time_slice(self) -> None:
+        """Pause the rows that waiting answers of owners holding fewer rows are owed (engine.time_slicing)."""
+        if not self.config.time_slice_tokens or not self.scheduler.waiting:
+            return
+        victims = rows_to_pause(self.batch.requests, self.scheduler.prefilling, self.scheduler.waiting,
+                                self.config.max_running, self.config.time_slice_tokens)
+        if not victims:
+            return
+        host = torch.device("cpu")  # a paused row's cache waits in host memory, not in the accelerator's
+        for req in victims:
+            snap = self.batch.snapshot(req)
+            assert snap.length == req.num_tokens - 1, "a row's cache must hold all but its pending token"
+            req.parked = kv_cache.moved(snap, host)
+            req.status = Status.PAUSED
+            req.pauses += 1
+            self._counters["pauses"] += 1
+        self.batch.filter([i for i, r in enumerate(self.batch.requests) if r.status is Status.RUNNING])
+        for req in victims:
+            self.scheduler.add(req)
+
+    def _resume(self, req: Request) -> None:
+        """A paused answer's turn: its cache goes back into a row exactly as it left, and decoding goes on."""
+        parked = req.parked
+        try:
+            cache = kv_cache.cache_from_snapshot(kv_cache.moved(parked, self.runner.device), self.runner.text_config)
+            self.batch.add(req, cache, parked.length, req.output_ids[-1])
+        except torch.OutOfMemoryError:
+            self._counters["oom_events"] += 1
+            log.warning("out of memory resuming %s; freed %d session bytes, retrying", req.request_id,
+                        self.sessions.evict_all())
+            self.scheduler.retry(req)
+            return
+        except Exception as exc:  # noqa: BLE001 — one bad request must not stop the engine
+            log.exception("resuming %s failed", req.request_id)
+            self._counters["step_errors"] += 1
+            self._finish(req, FinishReason.ERROR, error=f"the model failed mid-answer ({type(exc).__name__})")
+            return
+        req.parked = None
+        req.status = Status.RUNNING
+        req.slice_start = len(req.output_ids)
 
     def _admit_and_expire(self) -> None:
         with self._lock:
@@ -205,6 +255,7 @@ class LLMEngine:
             req.status = Status.RUNNING
             if not self._accept_token(req, token):
                 self.batch.add(req, req.cache, req.num_tokens - 1, token)
+                req.slice_start = len(req.output_ids)
             req.cache = None
         except torch.OutOfMemoryError:
             self._prefill_out_of_memory(req)
@@ -284,10 +335,10 @@ class LLMEngine:
             return
         if req.status is Status.RUNNING and reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
             self.sessions.save_turn(req, self.batch)
-        if req.status in (Status.WAITING, Status.PREFILLING):
+        if req.status in (Status.WAITING, Status.PREFILLING, Status.PAUSED):
             self.scheduler.remove(req)
         req.status = Status.FINISHED
-        req.cache = req.embeds = None
+        req.cache = req.embeds = req.parked = None
         if reason is not FinishReason.ERROR:
             req.handle.push_delta(req.detokenizer.flush())
         with self._lock:

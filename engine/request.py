@@ -20,6 +20,7 @@ class Status(enum.Enum):
     WAITING = "waiting"  # queued, nothing computed yet
     PREFILLING = "prefilling"  # part of the prompt is in its private cache (chunked prefill)
     RUNNING = "running"  # in the decode batch
+    PAUSED = "paused"  # left the decode batch for another owner's answer (time slicing); its cache is in `parked`
     FINISHED = "finished"
 
 
@@ -48,6 +49,9 @@ class Request:
     positions: object = None  # model-defined position ids of the whole prompt (M-RoPE: [3, T]); None = linear
     position_delta: int = 0  # decode position minus cache length (M-RoPE rows after images), kept per row
     output_ids: list[int] = field(default_factory=list)
+    parked: object = None  # the row's exact cache (kv_cache.CacheSnapshot) while PAUSED
+    slice_start: int = 0  # len(output_ids) when the request last joined the decode batch
+    pauses: int = 0  # times time slicing paused it
     generator: object = None  # torch.Generator for sampled requests
     oom_retries: int = 0
     prefill_start: float | None = None
@@ -64,6 +68,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return self.prompt_len + len(self.output_ids)
+
+    @property
+    def slice_tokens(self) -> int:
+        """Tokens decoded since the request last joined the batch: its use of the current time slice."""
+        return len(self.output_ids) - self.slice_start
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -84,4 +93,5 @@ class Request:
             decode_tokens_per_s=tps,
             image_cache_hits=self.image_cache_hits,
             cache_source=self.cache_source,
+            pauses=self.pauses,
         )

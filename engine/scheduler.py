@@ -1,7 +1,10 @@
 """Scheduler: which requests get prompt work this step, and how much.
 
 Policy, in one place:
-- FIFO admission from the waiting queue while running + prefilling < max_running;
+- admission from the waiting queue while running + prefilling < max_running, fair by owner: a free row goes to
+  the waiting request whose owner holds the fewest rows, the earliest on a tie (``engine.time_slicing``; with one
+  owner, as in benchmarks, that is FIFO). A request that time slicing paused waits in the same queue and, when
+  admitted, rejoins the decode batch with its own cache: it needs no prefill;
 - at admission a request's cached prefix is restored first (the conversation's session entry, or the shared
   template head), so the budget below is charged only for the tokens that really remain to prefill: a session
   hit with 30 new tokens costs 30, not a whole chunk;
@@ -20,6 +23,7 @@ import time
 from collections import deque
 
 from .request import Request, Status
+from .time_slicing import next_in_line, rows_by_owner
 
 
 class Scheduler:
@@ -41,16 +45,19 @@ class Scheduler:
         return False
 
     def retry(self, request: Request) -> None:
-        """Put a request whose prefill was abandoned (out of memory) back at the head of the waiting queue."""
+        """Put a request whose prefill or resume was abandoned (out of memory) back at the head of the waiting
+        queue; a paused one stays PAUSED (its cache is still parked)."""
         self.remove(request)
-        request.status = Status.WAITING
+        if request.status is not Status.PAUSED:
+            request.status = Status.WAITING
         self.waiting.appendleft(request)
 
     def pending(self) -> list[Request]:
         return list(self.prefilling) + list(self.waiting)
 
-    def schedule(self, num_running: int) -> list[tuple[Request, int]]:
-        """Return (request, prompt tokens to run now) pairs. Requests are admitted (moved to PREFILLING) here."""
+    def schedule(self, running: list[Request]) -> list[tuple[Request, int]]:
+        """Return (request, prompt tokens to run now) pairs. Requests are admitted here: a new one moves to
+        PREFILLING; a PAUSED one is returned with 0 tokens, still PAUSED, for the engine to resume."""
         budget = self.max_prefill_tokens
         plan: list[tuple[Request, int]] = []
         for req in list(self.prefilling):
@@ -59,8 +66,18 @@ class Scheduler:
             n = self._chunk(req, budget)
             plan.append((req, n))
             budget -= n
-        while self.waiting and budget > 0 and num_running + len(self.prefilling) < self.max_running:
-            req = self.waiting.popleft()
+        rows = rows_by_owner(list(running) + self.prefilling)
+        in_use = len(running) + len(self.prefilling)
+        while self.waiting and in_use < self.max_running:
+            req = next_in_line(self.waiting, rows)
+            if req.status is not Status.PAUSED and budget <= 0:
+                break  # the next in line needs prefill budget; later ones wait their turn behind it
+            self.waiting.remove(req)
+            rows[req.owner] += 1
+            in_use += 1
+            if req.status is Status.PAUSED:
+                plan.append((req, 0))
+                continue
             self._admit(req)
             n = self._chunk(req, budget)
             plan.append((req, n))

@@ -128,7 +128,7 @@ def test_stop_cancels_in_flight_requests_so_nobody_waits_forever(make_engine):
 
 
 def test_waiting_queue_cap(make_engine):
-    eng = make_engine("lfm2vl", max_waiting=2)
+    eng = make_engine("lfm2vl", max_waiting=2, max_running=1)  # max_waiting must hold max_active - max_running
     eng.add_request(chat("a"), greedy(2))
     eng.add_request(chat("b"), greedy(2))
     with pytest.raises(ValueError, match="capacity"):

@@ -2,7 +2,8 @@
 
 Every family in engine/families.py gets the same checks on a tiny fp32 checkpoint with its real processor class:
 prompt ids equal ``processor.apply_chat_template(..., tokenize=True)``; 6+ staggered requests with different
-images and prompt lengths; a session follow-up adding a new image batched with a fresh request; chunked prefill.
+images and prompt lengths; the same requests time-sliced over two rows; a session follow-up adding a new image
+batched with a fresh request; chunked prefill.
 """
 import pytest
 import torch
@@ -85,6 +86,18 @@ def test_staggered_batch_matches_generate(fam, make_engine, runners):
     assert engine.stats()["mean_batch_occupancy"] > 1.5, "requests were not batched together"
     for (messages, n), h in zip(reqs, handles):
         assert h.result(timeout=0).token_ids == reference(runners(fam), messages, n)
+
+
+def test_time_sliced_answers_match_generate(fam, make_engine, runners):
+    """Six owners share two rows, a slice of two tokens each: every answer is paused and resumed, and unchanged."""
+    engine = make_engine(fam, max_running=2, time_slice_tokens=2)
+    reqs = workload()
+    handles = [engine.add_request(m, greedy(n), owner=f"addr:{i}") for i, (m, n) in enumerate(reqs)]
+    run_until_done(engine)
+    results = [h.result(timeout=0) for h in handles]
+    assert sum(r.stats.pauses for r in results) >= len(reqs), "the rows were not shared"
+    for (messages, n), result in zip(reqs, results):
+        assert result.token_ids == reference(runners(fam), messages, n)
 
 
 def test_session_follow_up_with_new_image_batched_with_fresh_request(fam, make_engine, runners):

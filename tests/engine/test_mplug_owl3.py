@@ -128,6 +128,22 @@ def test_staggered_batch_with_different_images_matches_reference(make_engine):
     assert len(eng.runner._rows) == 0, "finished requests' image K/V must be freed"
 
 
+def test_time_sliced_answers_match_reference(make_engine):
+    """Five owners share two rows, two tokens a slice: each paused answer's image K/V leave and rejoin with it."""
+    eng = make_engine(max_running=2, time_slice_tokens=2)
+    requests = [([user(image(21), "What colour is the circle?")], 9), ([user("hello there, no picture")], 7),
+                ([user(image(22), image(23), "Compare the two pictures, please.")], 8),
+                ([user("Describe the image.", image(24))], 6), ([user(image(25), "How many?")], 10)]
+    handles = [eng.add_request(m, greedy(n), owner=f"addr:{i}") for i, (m, n) in enumerate(requests)]
+    run_until_done(eng)
+    results = [h.result(0) for h in handles]
+    assert sum(r.stats.pauses for r in results) >= len(requests)
+    for (messages, n), r in zip(requests, results):
+        assert r.token_ids == reference(eng, messages, n)
+    gc.collect()
+    assert len(eng.runner._rows) == 0, "finished requests' image K/V must be freed"
+
+
 TURNS = [(image(11, (96, 80)), "What colour is the circle?"), (None, "And where is it?"),
          (image(12), "Compare it with this one.")]
 

@@ -1,0 +1,150 @@
+"""Time slicing: rows are shared by owner, and a paused answer says exactly what it would have said unpaused."""
+from dataclasses import dataclass
+
+import pytest
+
+from engine import FinishReason, greedy
+from engine.time_slicing import next_in_line, rows_by_owner, rows_to_pause
+
+from .helpers import chat, image, reference_tokens, run_until_done
+
+
+@dataclass(eq=False)
+class Row:
+    owner: str | None
+    slice_tokens: int = 0
+
+
+# -- the policy -------------------------------------------------------------------------------------------------
+def test_a_newcomer_takes_the_row_of_the_owner_holding_most_once_its_slice_is_used():
+    running = [Row("a", 70), Row("a", 90), Row("b", 200)]
+    newcomer = [Row("c")]
+    assert rows_to_pause(running, [], newcomer, max_rows=3, quantum=64) == [running[1]]
+    # not before a slice is used, however rich the owner
+    fresh = [Row("a", 10), Row("a", 20), Row("b", 200)]
+    assert rows_to_pause(fresh, [], newcomer, max_rows=3, quantum=64) == [fresh[2]]
+    assert rows_to_pause([Row("a", 10), Row("a", 20)], [], newcomer, max_rows=2, quantum=64) == []
+
+
+def test_free_rows_are_used_before_anyone_is_paused():
+    running = [Row("a", 500), Row("a", 500)]
+    assert rows_to_pause(running, [], [Row("b")], max_rows=3, quantum=1) == []
+    assert len(rows_to_pause(running, [], [Row("b"), Row("c")], max_rows=3, quantum=1)) == 1
+
+
+def test_an_owner_never_pauses_itself_and_none_is_one_owner():
+    assert rows_to_pause([Row("a", 500)], [], [Row("a")], max_rows=1, quantum=1) == []
+    assert rows_to_pause([Row(None, 500)] * 2, [], [Row(None)], max_rows=2, quantum=1) == []
+
+
+def test_equal_owners_take_turns_and_prefilling_rows_count():
+    running = [Row("a", 64), Row("b", 64)]
+    # c and d wait with nothing; one row each is owed, and each owner gives up one
+    assert set(rows_to_pause(running, [], [Row("c"), Row("d")], max_rows=2, quantum=64)) == set(running)
+    # a prefilling row of c's already gives c a row: only d is owed one
+    assert len(rows_to_pause(running, [Row("c")], [Row("c"), Row("d")], max_rows=3, quantum=64)) == 1
+
+
+def test_next_in_line_prefers_the_owner_with_fewest_rows_then_the_earliest():
+    waiting = [Row("a"), Row("b"), Row("a"), Row("c")]
+    rows = rows_by_owner([Row("a"), Row("b")])
+    assert next_in_line(waiting, rows) is waiting[3]
+    rows["c"] += 1
+    assert next_in_line(waiting, rows) is waiting[0]
+
+
+# -- the engine -------------------------------------------------------------------------------------------------
+QUESTIONS = ["What colour is it?", "Describe the image in detail, please.", "Is there a circle?", "hi",
+             "How many shapes are there, and where is the largest one?"]
+
+
+def owners_workload():
+    """Five answers of five owners, different images, prompt lengths and lengths, for two decode rows."""
+    return [(chat(q, None if i == 2 else image(40 + i, (40 + 8 * i, 56))), 14 + 3 * i)
+            for i, q in enumerate(QUESTIONS)]
+
+
+@pytest.mark.parametrize("decode_cache", ["slots", "dynamic"])
+def test_paused_answers_equal_generate(family, make_engine, runners, decode_cache):
+    engine = make_engine(family, max_running=2, time_slice_tokens=3, decode_cache=decode_cache)
+    reqs = owners_workload()
+    handles = [engine.add_request(m, greedy(n), owner=f"addr:{i}") for i, (m, n) in enumerate(reqs)]
+    run_until_done(engine)
+    results = [h.result(timeout=0) for h in handles]
+    assert engine.stats()["pauses"] >= 5 and all(r.stats.pauses >= 1 for r in results[:2])
+    for (messages, n), result in zip(reqs, results):
+        assert result.token_ids == reference_tokens(runners(family), messages, n)
+
+
+def test_a_newcomer_gets_a_row_within_a_slice(family, make_engine):
+    """One owner fills every row with long answers; another owner's question starts within one slice, not when
+    the first long answer ends. With time slicing off it waits for that (what the check below tells apart)."""
+    for slice_tokens in (4, 0):
+        engine = make_engine(family, max_running=3, time_slice_tokens=slice_tokens)
+        longs = [engine.add_request(chat(f"Tell me about owls, part {i}."), greedy(60, ignore_eos=True), owner="a")
+                 for i in range(3)]
+        for _ in range(6):
+            engine.step()
+        newcomer = engine.add_request(chat("hi"), greedy(3, ignore_eos=True), owner="b")
+        steps = 0
+        while not newcomer.finished:
+            engine.step()
+            steps += 1
+        if slice_tokens:
+            assert steps <= slice_tokens + 3, f"the newcomer took {steps} steps"
+            assert all(not h.finished for h in longs), "the long answers should still be running"
+            assert engine.stats()["paused"] == 1
+        else:
+            assert any(h.finished for h in longs), "without time slicing the newcomer waits for a long answer"
+        run_until_done(engine)
+        assert all(len(h.result(0).token_ids) == 60 for h in longs)
+
+
+def test_a_paused_answer_can_be_cancelled_and_the_rest_stay_exact(family, make_engine, runners):
+    engine = make_engine(family, max_running=1, time_slice_tokens=2)
+    a = (chat("Describe the image in detail, please.", image(7)), 20)
+    b = (chat("Is there a circle?"), 12)
+    ha = engine.add_request(a[0], greedy(a[1]), owner="a")
+    for _ in range(4):
+        engine.step()
+    hb = engine.add_request(b[0], greedy(b[1]), owner="b")
+    while engine.stats()["paused"] == 0:
+        engine.step()
+    assert engine.abort(ha.request_id)
+    run_until_done(engine)
+    cancelled = ha.result(timeout=0)
+    assert cancelled.finish_reason is FinishReason.CANCELLED and 0 < len(cancelled.token_ids) < a[1]
+    assert hb.result(timeout=0).token_ids == reference_tokens(runners(family), *b)
+    assert engine.stats()["paused"] == 0 and not engine.has_work()
+
+
+def test_a_paused_answer_saves_its_session_for_the_next_turn(family, make_engine, runners):
+    engine = make_engine(family, max_running=1, time_slice_tokens=2)
+    first = chat("What colour is it?", image(9))
+    ha = engine.add_request(first, greedy(10), session_id="conv-a", owner="a")
+    engine.step()
+    engine.step()
+    hb = engine.add_request(chat("hi"), greedy(6), owner="b")
+    run_until_done(engine)
+    assert ha.result(0).stats.pauses >= 1
+    answer = runners(family).processor.tokenizer.decode(ha.result(0).token_ids, skip_special_tokens=True)
+    follow = first + [{"role": "assistant", "content": [{"type": "text", "text": answer}]},
+                      {"role": "user", "content": [{"type": "text", "text": "And the shape?"}]}]
+    hc = engine.add_request(follow, greedy(8), session_id="conv-a", owner="a")
+    run_until_done(engine)
+    assert hc.result(0).stats.cached_tokens > 0, "the paused-then-finished turn's cache was not kept"
+    assert hc.result(0).token_ids == reference_tokens(runners(family), follow, 8)
+    assert hb.result(0).token_ids == reference_tokens(runners(family), chat("hi"), 6)
+
+
+def test_settings_are_checked_and_defaulted():
+    from engine import EngineConfig
+
+    assert EngineConfig(model="m", max_running=4).max_active == 8
+    assert EngineConfig(model="m", max_running=4, time_slice_tokens=0).max_active == 4
+    with pytest.raises(ValueError, match="max_active"):
+        EngineConfig(model="m", max_running=4, max_active=3)
+    with pytest.raises(ValueError, match="max_waiting"):
+        EngineConfig(model="m", max_running=4, max_active=40, max_waiting=8)
+    with pytest.raises(ValueError, match="time_slice_tokens"):
+        EngineConfig(model="m", time_slice_tokens=-1)
