@@ -32,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from engine.config import max_active_from_env
 from owlet.settings import parse_int
 from worker.redis_probe import redis_answers
 
@@ -232,10 +233,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where an embedded Redis keeps its data (default: .cache/demo-redis in the checkout)")
     p.add_argument("--model", default=os.environ.get("OWLET_MODEL") or str(DEFAULT_MODEL),
                    help="checkpoint folder the worker serves (default: the bundled demo model)")
-    max_running = parse_int("OWLET_MAX_RUNNING", os.environ.get("OWLET_MAX_RUNNING") or "16")
     p.add_argument("--worker-concurrency", type=int, default=parse_int(
-        "OWLET_WORKER_CONCURRENCY", os.environ.get("OWLET_WORKER_CONCURRENCY") or str(max_running + 2)),
-                   help="Celery threads in the worker (default: engine max_running + 2, which keeps the batch full)")
+        "OWLET_WORKER_CONCURRENCY", os.environ.get("OWLET_WORKER_CONCURRENCY") or str(max_active_from_env() + 2)),
+                   help="Celery threads in the worker (default: the answers the engine holds at once, max_active, "
+                        "+ 2, which keeps it full)")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--log-dir", type=Path, default=None, help="write each child's output to DIR/<name>.log")
     return p.parse_args(argv)

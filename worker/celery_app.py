@@ -9,11 +9,9 @@
 """
 from __future__ import annotations
 
-import os
-
 from celery import Celery, signals
 
-from owlet.settings import SettingError, parse_int
+from owlet.settings import SettingError
 from worker.config import Settings
 
 
@@ -39,9 +37,11 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
     if with_runtime:
         from worker.tasks import register_tasks
 
-        # enough threads for a full engine batch plus a little slack; the dispatcher, not Celery, limits load
-        max_running = parse_int("OWLET_MAX_RUNNING", os.environ.get("OWLET_MAX_RUNNING") or "16")
-        app.conf.worker_concurrency = settings.worker_concurrency or max_running + 2
+        # a thread for every answer the engine holds (decode rows and paused answers) plus a little slack; the
+        # dispatcher, not Celery, limits load
+        from engine.config import max_active_from_env
+
+        app.conf.worker_concurrency = settings.worker_concurrency or max_active_from_env() + 2
 
         register_tasks(app)
         _wire_runtime(app, settings)

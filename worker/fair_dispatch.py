@@ -32,13 +32,18 @@ class FairDispatch:
     celery: Celery
 
     def dispatch(self, max_jobs: int = 1000) -> int:
-        """Move waiting jobs to Celery, round robin across users, while alive workers have free slots."""
+        """Move waiting jobs to Celery, round robin across users, while alive workers have free slots.
+
+        The slots beyond the workers' decode rows are kept for groups with nothing in flight (see POP): there a
+        newcomer's question waits inside an engine, which pauses a long answer of a group holding rows for it,
+        instead of in Redis behind answers that may run for minutes."""
         workers = heartbeat.alive(self.r, self.keys)
         capacity = sum(w.capacity for w in workers.values())
+        rows = sum(w.decode_rows for w in workers.values())
         assigned: dict[str, int] = {}
         sent = 0
         while sent < max_jobs:
-            popped = self.jobs.pop(capacity)
+            popped = self.jobs.pop(capacity, rows)
             if popped is None:
                 break
             job_id, dispatch_n, conv = popped

@@ -16,10 +16,15 @@ from worker.keys import Keys
 @dataclass
 class Heartbeat:
     worker: str  # Celery node name, e.g. "gpu0@host"; its direct queue is "<worker>.dq2"
-    capacity: int  # engine max_running
-    running: int = 0
-    waiting: int = 0
+    capacity: int  # answers it takes at once: the engine's max_active, at most its Celery threads
+    running: int = 0  # answers in decode rows (or prefilling)
+    waiting: int = 0  # answers waiting in the engine for a row, paused ones included
     t: float = 0.0
+    rows: int = 0  # of the capacity, answers decoded at once (engine max_running); 0: all of it (e.g. the stub)
+
+    @property
+    def decode_rows(self) -> int:
+        return min(self.rows, self.capacity) if self.rows else self.capacity
 
     @property
     def load(self) -> int:

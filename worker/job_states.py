@@ -92,11 +92,13 @@ class JobStates:
             raise REFUSALS[code]()
         return int(code)
 
-    def pop(self, capacity: int) -> tuple[str, int, str] | None:
+    def pop(self, capacity: int, shared: int | None = None) -> tuple[str, int, str] | None:
         """queued -> dispatched (POP): the next job round robin across groups and identities, while fewer than
-        ``capacity`` jobs are in flight. Returns ``(job_id, dispatch_n, conv)``, or None when nothing waits or no
-        slot is free."""
-        popped = self._scripts.call(self._scripts.pop, capacity, repr(time.time()))
+        ``capacity`` jobs are in flight; beyond ``shared`` in flight (default: all of the capacity), only a group
+        with nothing in flight. Returns ``(job_id, dispatch_n, conv)``, or None when nothing waits or no slot is
+        free."""
+        shared = capacity if shared is None else min(shared, capacity)
+        popped = self._scripts.call(self._scripts.pop, capacity, repr(time.time()), shared)
         if not popped:
             return None
         return popped[0].decode(), int(popped[1]), popped[2].decode()

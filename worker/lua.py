@@ -341,12 +341,25 @@ redis.call('EXPIRE', SK, ttl)
 return {pos}
 """
 
-# ARGV: names, capacity, now. Returns {job, dispatch_n, conv} or nil when nothing waits or no slot is free.
+# ARGV: names, capacity, now, shared. Returns {job, dispatch_n, conv} or nil when nothing waits or no slot is free.
+# The first `shared` slots (the workers' decode rows) go round robin; the slots beyond them only to groups with
+# nothing in flight, so a newcomer's question reaches an engine, whose time slicing then gives it a row, however
+# many long answers the groups already served keep in flight.
 POP = _ALWAYS + _COMMON + r"""
-local capacity, now = tonumber(ARGV[2]), ARGV[3]
-if redis.call('ZCARD', INFLIGHT) >= capacity then return nil end
+local capacity, now, shared = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local inflight = redis.call('ZCARD', INFLIGHT)
+if inflight >= capacity then return nil end
+local newcomers_only = inflight >= shared
 while true do
-  local qg = redis.call('LPOP', RING)
+  local qg
+  if newcomers_only then
+    for _, g in ipairs(redis.call('LRANGE', RING, 0, -1)) do
+      if redis.call('HEXISTS', INFLIGHT_BY_GROUP, g) == 0 then qg = g; break end
+    end
+    if qg then redis.call('LREM', RING, 1, qg) end
+  else
+    qg = redis.call('LPOP', RING)
+  end
   if not qg then return nil end
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))

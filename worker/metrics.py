@@ -34,6 +34,10 @@ class WorkerMetrics:
         self.running = const(Gauge("owlet_worker_running", "Requests in the engine batch", ["worker"], registry=reg))
         self.batch_occupancy = const(Gauge("owlet_worker_batch_occupancy", "running / max_running", ["worker"],
                                            registry=reg))
+        self.paused = const(Gauge("owlet_worker_paused", "Answers paused for another client's (time slicing)",
+                                  ["worker"], registry=reg))
+        self.pauses = const(Gauge("owlet_worker_pauses", "Times the engine paused an answer since it started",
+                                  ["worker"], registry=reg))
         self.cache = Gauge("owlet_worker_cache", "Engine session and image cache counters",
                            ["worker", "stat"], registry=reg)
         self.worker = worker
@@ -48,6 +52,8 @@ class WorkerMetrics:
         running, max_running = stats.get("running", 0), max(1, stats.get("max_running", 1))
         self.running.set(running)
         self.batch_occupancy.set(running / max_running)
+        self.paused.set(stats.get("paused", 0))
+        self.pauses.set(stats.get("pauses", 0))
         for key in ("session_hits", "session_partial_hits", "session_misses", "session_evictions", "session_bytes",
                     "prefix_hits"):
             if isinstance(stats.get(key), (int, float)):

@@ -30,8 +30,8 @@ class QueueReadouts:
         service = self.r.get(self.keys.service_time)
         if service is None:
             return None
-        capacity = sum(w.capacity for w in heartbeat.alive(self.r, self.keys).values())
-        return float(service) / capacity if capacity else None
+        rows = sum(w.decode_rows for w in heartbeat.alive(self.r, self.keys).values())  # answers served at once
+        return float(service) / rows if rows else None
 
     def eta_s(self, position: int | None) -> float | None:
         """The one queue ETA: seconds until a job at ``position`` should start (None while unknown)."""

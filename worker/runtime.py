@@ -76,10 +76,11 @@ class WorkerRuntime:
         if self.settings.worker_metrics_port:
             self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
-        engine_slots = int(self.engine.stats().get("max_running", 1))
+        stats = self.engine.stats()
+        engine_slots = int(stats.get("max_active", stats.get("max_running", 1)))
         if self.threads is not None and self.threads < engine_slots:
-            log.warning("owlet worker %s: %d Celery threads for an engine that batches %d: it takes %d jobs at once "
-                        "(give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the batch)",
+            log.warning("owlet worker %s: %d Celery threads for an engine that holds %d answers at once: it takes %d "
+                        "jobs at once (give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the engine)",
                         self.worker, self.threads, engine_slots, self.threads)
 
     def stop(self) -> None:
@@ -113,13 +114,17 @@ class WorkerRuntime:
 
     # -- background threads --------------------------------------------------------------------------------
     def _capacity(self, stats: dict | None = None) -> int:
-        engine_slots = int((stats or self.engine.stats()).get("max_running", 1))
+        """Answers this worker takes at once: the engine's (rows and paused answers), at most its threads."""
+        stats = stats or self.engine.stats()
+        engine_slots = int(stats.get("max_active", stats.get("max_running", 1)))
         return engine_slots if self.threads is None else min(engine_slots, self.threads)
 
     def _beat(self) -> None:
         stats = self.engine.stats()
         beat = heartbeat.Heartbeat(worker=self.worker, capacity=self._capacity(stats),
-                                   running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)))
+                                   rows=int(stats.get("max_running", 0)),
+                                   running=int(stats.get("running", 0)) + int(stats.get("prefilling", 0)),
+                                   waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)))
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
         self.metrics.observe_engine(stats)
 

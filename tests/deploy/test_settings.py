@@ -54,12 +54,19 @@ def test_parse_value_follows_the_annotation():
     assert parse_value("X", "text", "str") == "text" and parse_bool("X", " Off ") is False
 
 
-def test_the_worker_and_the_engine_agree_on_max_running_for_celery_threads(monkeypatch):
+def test_the_worker_and_the_engine_agree_on_max_active_for_celery_threads(monkeypatch):
+    """A thread per answer the engine holds (rows, and as many again for time slicing), plus two."""
     from worker.celery_app import create_app
 
+    for name in ("OWLET_WORKER_CONCURRENCY", "OWLET_MAX_ACTIVE", "OWLET_TIME_SLICE_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OWLET_MAX_RUNNING", "6")
-    monkeypatch.delenv("OWLET_WORKER_CONCURRENCY", raising=False)
+    assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 14
+    monkeypatch.setenv("OWLET_TIME_SLICE_TOKENS", "0")
     assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 8
+    monkeypatch.setenv("OWLET_MAX_ACTIVE", "3")
+    with pytest.raises(ValueError, match="max_active"):
+        create_app(Settings.from_env({}), with_runtime=True)
     monkeypatch.setenv("OWLET_MAX_RUNNING", "six")
     with pytest.raises(SettingError, match="OWLET_MAX_RUNNING"):
         create_app(Settings.from_env({}), with_runtime=True)

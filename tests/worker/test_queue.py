@@ -222,3 +222,22 @@ def test_raw_enqueue_dispatches_with_dispatch_number(client, fake_capacity):
     fake_capacity(1)
     assert client.dispatch() == 1
     assert client.r.hget(client.keys.job("j1"), "dispatch_n") == b"1"
+
+
+def test_slots_beyond_the_decode_rows_are_kept_for_groups_with_nothing_in_flight(client):
+    """Two decode rows and two more slots: the heavy group fills the rows, and then only groups with nothing in
+    flight are dispatched (their answers wait in an engine that time-slices, not behind the heavy answers)."""
+    heavy = [submit(client, "heavy", f"q{i}")[0] for i in range(6)]
+    order = []
+    while (popped := client.jobs.pop(4, 2)):
+        order.append(popped[0])
+    assert order == heavy[:2], "a served group gets the shared rows only"
+    newcomer = submit(client, "visitor")[0]
+    second = submit(client, "visitor", "again")[0]
+    third = submit(client, "late")[0]
+    order = []
+    while (popped := client.jobs.pop(4, 2)):
+        order.append(popped[0])
+    assert order == [newcomer, third], "each newcomer group gets one slot beyond the rows, then no one"
+    assert client.jobs.pop(5, 2) is None and client.job_state(second) == "queued"
+    assert client.jobs.pop(6, 6)[0] in (heavy[2], second)  # below the rows: round robin as before

@@ -31,7 +31,7 @@ def test_a_worker_with_fewer_threads_than_engine_slots_runs_every_job(redis_url,
         proc.wait_ready(client)
         (worker,) = client.health()["workers"]
         assert worker["capacity"] == 3, "announces what its threads can run, not the engine's 8"
-        warning = "3 Celery threads for an engine that batches 8"
+        warning = "3 Celery threads for an engine that holds 8 answers at once"
         deadline = time.monotonic() + 10  # written just after the heartbeat that wait_ready saw
         while warning not in proc.log() and time.monotonic() < deadline:
             time.sleep(0.1)
