@@ -9,6 +9,10 @@ from . import limits
 
 PARK_MODES = ("none", "int8", "int4")
 ENV_PREFIX = "OWLET_"  # field max_running is read from OWLET_MAX_RUNNING
+# Default answers held per decode row with time slicing. Clients beyond the held answers wait in Redis for one to
+# end, and with slicing every held answer ends later, so this is how many distinct clients with long answers it
+# takes before a newcomer waits for an answer to end rather than for a slice (paused caches wait in host memory).
+ACTIVE_PER_ROW = 4
 
 
 @dataclass
@@ -24,7 +28,7 @@ class EngineConfig:
     # that answer has decoded at least this many; the paused answer's cache is copied out exactly and it resumes
     # when its turn comes. 0: off (rows are held until answers end).
     time_slice_tokens: int = 64
-    # Answers the engine holds at once, in decode rows or paused. None: 2 x max_running with time slicing on, else
+    # Answers the engine holds at once, in decode rows or paused. None: 4 x max_running with time slicing on, else
     # max_running. The worker announces this as its capacity, and the dispatcher keeps the part beyond
     # max_running for clients with nothing running (worker/fair_dispatch.py), so a newcomer reaches the engine.
     max_active: int | None = None
@@ -85,7 +89,8 @@ class EngineConfig:
             raise ValueError("max_running >= 1, max_prefill_tokens >= 16 and max_waiting >= 1 are required")
         if self.time_slice_tokens < 0:
             raise ValueError("time_slice_tokens must be >= 0 (0 turns time slicing off)")
-        self.max_active = resolve_max_active(self.max_running, self.max_active, self.time_slice_tokens)
+        self.max_active = resolve_max_active(self.max_running, self.max_active, self.time_slice_tokens,
+                                             self.max_waiting)
         if self.max_waiting < self.max_active - self.max_running:
             raise ValueError(f"max_waiting ({self.max_waiting}) must hold the answers beyond the decode rows "
                              f"(max_active - max_running = {self.max_active - self.max_running})")
@@ -125,10 +130,11 @@ class EngineConfig:
         return cls(**values)
 
 
-def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int) -> int:
-    """How many answers the engine holds at once (``EngineConfig.max_active``), with its default filled in."""
+def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int, max_waiting: int) -> int:
+    """How many answers the engine holds at once (``EngineConfig.max_active``), with its default filled in: the
+    answers beyond the rows wait in the engine's queue, so the default never asks for more than it holds."""
     if max_active is None:
-        return 2 * max_running if time_slice_tokens else max_running
+        return min(ACTIVE_PER_ROW * max_running, max_running + max_waiting) if time_slice_tokens else max_running
     if max_active < max_running:
         raise ValueError(f"max_active ({max_active}) must be at least max_running ({max_running})")
     return max_active
@@ -138,6 +144,7 @@ def max_active_from_env(env=None) -> int:
     """``max_active`` as an engine built from these variables would resolve it, without a model: the worker's
     launchers size Celery's threads by it (each answer in the engine holds one thread while it streams)."""
     values = read_fields(EngineConfig, ENV_PREFIX, env)
-    defaults = {f.name: f.default for f in fields(EngineConfig) if f.name in ("max_running", "time_slice_tokens")}
-    return resolve_max_active(values.get("max_running", defaults["max_running"]), values.get("max_active"),
-                              values.get("time_slice_tokens", defaults["time_slice_tokens"]))
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    get = lambda name: values.get(name, defaults[name])  # noqa: E731
+    return resolve_max_active(get("max_running"), values.get("max_active"), get("time_slice_tokens"),
+                              get("max_waiting"))

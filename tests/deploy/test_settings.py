@@ -55,13 +55,13 @@ def test_parse_value_follows_the_annotation():
 
 
 def test_the_worker_and_the_engine_agree_on_max_active_for_celery_threads(monkeypatch):
-    """A thread per answer the engine holds (rows, and as many again for time slicing), plus two."""
+    """A thread per answer the engine holds (rows, and three times as many more for time slicing), plus two."""
     from worker.celery_app import create_app
 
     for name in ("OWLET_WORKER_CONCURRENCY", "OWLET_MAX_ACTIVE", "OWLET_TIME_SLICE_TOKENS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OWLET_MAX_RUNNING", "6")
-    assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 14
+    assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 26
     monkeypatch.setenv("OWLET_TIME_SLICE_TOKENS", "0")
     assert create_app(Settings.from_env({}), with_runtime=True).conf.worker_concurrency == 8
     monkeypatch.setenv("OWLET_MAX_ACTIVE", "3")

@@ -140,8 +140,9 @@ def test_a_paused_answer_saves_its_session_for_the_next_turn(family, make_engine
 def test_settings_are_checked_and_defaulted():
     from engine import EngineConfig
 
-    assert EngineConfig(model="m", max_running=4).max_active == 8
+    assert EngineConfig(model="m", max_running=4).max_active == 16
     assert EngineConfig(model="m", max_running=4, time_slice_tokens=0).max_active == 4
+    assert EngineConfig(model="m", max_running=128).max_active == 128 + 256, "no more than max_waiting beyond rows"
     with pytest.raises(ValueError, match="max_active"):
         EngineConfig(model="m", max_running=4, max_active=3)
     with pytest.raises(ValueError, match="max_waiting"):

@@ -189,15 +189,15 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
 def test_demo_gives_the_worker_a_thread_for_every_engine_slot(monkeypatch):
     """The worker takes only as many jobs as it has Celery threads (worker.runtime): the demo's default follows
     the answers the engine holds at once (it was a fixed 18, so a bigger batch was never filled): max_running,
-    twice that with time slicing (the default), or OWLET_MAX_ACTIVE."""
+    four times that with time slicing (the default), or OWLET_MAX_ACTIVE."""
     from owlet.demo import parse_args
 
     for name in ("OWLET_WORKER_CONCURRENCY", "OWLET_MAX_RUNNING", "OWLET_MAX_ACTIVE", "OWLET_TIME_SLICE_TOKENS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OWLET_MAX_RUNNING", "32")
-    assert parse_args([]).worker_concurrency == 66
+    assert parse_args([]).worker_concurrency == 130
     monkeypatch.delenv("OWLET_MAX_RUNNING")
-    assert parse_args([]).worker_concurrency == 34
+    assert parse_args([]).worker_concurrency == 66
     monkeypatch.setenv("OWLET_TIME_SLICE_TOKENS", "0")
     assert parse_args([]).worker_concurrency == 18
     monkeypatch.setenv("OWLET_MAX_ACTIVE", "20")

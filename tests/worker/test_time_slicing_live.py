@@ -43,11 +43,11 @@ def test_a_visitor_is_answered_while_long_answers_hold_every_row(redis_url, tmp_
     metrics_port = free_port()
     env = worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=2, OWLET_TIME_SLICE_TOKENS=slice_tokens,
                      OWLET_WORKER_METRICS_PORT=str(metrics_port))
-    proc = WorkerProcess(env, tmp_path, concurrency=6)
+    proc = WorkerProcess(env, tmp_path, concurrency=10)
     try:
         proc.wait_ready(client)
         (worker,) = client.health()["workers"]
-        assert worker["capacity"] == (4 if slice_tokens != "0" else 2), "two rows, and two more for newcomers"
+        assert worker["capacity"] == (8 if slice_tokens != "0" else 2), "two rows, and six more for newcomers"
         longs = [client.submit_turn("heavy", client.new_conversation("heavy"), f"Tell me a story, part {i}.",
                                     sampling=LONG) for i in range(3)]
         wait_for(lambda: all(streamed(client, j) for j in longs[:2]), what="the long answers to stream")
