@@ -79,6 +79,11 @@ class Keys:
         return f"{self.prefix}inflight_by_group"
 
     @property
+    def group_usage(self) -> str:
+        """Hash group -> "seconds:t": its jobs' time in flight, decaying by half every GROUP_USAGE_HALF_LIFE_S."""
+        return f"{self.prefix}group_usage"
+
+    @property
     def queued_since(self) -> str:
         """Zset job -> enqueue time, for queue timeouts."""
         return f"{self.prefix}queued_since"
@@ -176,4 +181,5 @@ class Keys:
         return json.dumps({"uq": self.user_queue(""), "gq": self.group_queue(""), "job": self.job(""),
                            "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
                            "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel(""),
-                           "picture_jobs": self.picture_jobs(""), "images_of": self.images_of("")})
+                           "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
+                           "usage": self.group_usage})

@@ -241,3 +241,20 @@ def test_slots_beyond_the_decode_rows_are_kept_for_groups_with_nothing_in_flight
     assert order == [newcomer, third], "each newcomer group gets one slot beyond the rows, then no one"
     assert client.jobs.pop(5, 2) is None and client.job_state(second) == "queued"
     assert client.jobs.pop(6, 6)[0] in (heavy[2], second)  # below the rows: round robin as before
+
+
+def test_a_group_whose_answer_just_ended_queues_behind_a_newcomer_and_lighter_users(client):
+    """Sixty addresses re-asking the moment their answers ended each looked like a newcomer (nothing in flight,
+    nothing queued), and a visitor waited behind all of them. Now a group that starts waiting goes behind every
+    waiting group that has used the workers less lately (seconds in flight, decaying)."""
+    heavy, light = submit(client, "heavy")[0], submit(client, "light")[0]
+    assert pop_all(client) == [heavy, light]
+    time.sleep(0.1)
+    assert client.jobs.finish(light, "done")  # light held its slot for 0.1 s
+    time.sleep(0.5)
+    assert client.jobs.finish(heavy, "done")  # heavy for 0.6 s
+    heavy_again = submit(client, "heavy", "again")[0]
+    light_again = submit(client, "light", "again")[0]
+    visitor = submit(client, "visitor")[0]
+    assert [client.queue_position(j) for j in (visitor, light_again, heavy_again)] == [1, 2, 3]
+    assert pop_all(client) == [visitor, light_again, heavy_again]
