@@ -223,6 +223,7 @@ class LLMEngine:
         req.parked = None
         req.status = Status.RUNNING
         req.slice_start = len(req.output_ids)
+        req.overtaken = 0  # the bound on newcomers going first holds per wait
 
     def _admit_and_expire(self) -> None:
         with self._lock:

@@ -52,6 +52,7 @@ class Request:
     parked: object = None  # the row's exact cache (kv_cache.CacheSnapshot) while PAUSED
     slice_start: int = 0  # len(output_ids) when the request last joined the decode batch
     pauses: int = 0  # times time slicing paused it
+    overtaken: int = 0  # not-yet-started answers admitted ahead of it while it was paused (time_slicing)
     generator: object = None  # torch.Generator for sampled requests
     oom_retries: int = 0
     prefill_start: float | None = None

@@ -2,8 +2,8 @@
 
 Policy, in one place:
 - admission from the waiting queue while running + prefilling < max_running, fair by owner: a free row goes to
-  the waiting request whose owner holds the fewest rows, the earliest on a tie (``engine.time_slicing``; with one
-  owner, as in benchmarks, that is FIFO). A request that time slicing paused waits in the same queue and, when
+  the waiting request whose owner holds the fewest rows, then one not started yet before a paused one (within a
+  bound), then the earliest (``engine.time_slicing``; with one owner and nothing paused, as in benchmarks, FIFO). A request that time slicing paused waits in the same queue and, when
   admitted, rejoins the decode batch with its own cache: it needs no prefill;
 - at admission a request's cached prefix is restored first (the conversation's session entry, or the shared
   template head), so the budget below is charged only for the tokens that really remain to prefill: a session
@@ -23,7 +23,7 @@ import time
 from collections import deque
 
 from .request import Request, Status
-from .time_slicing import next_in_line, rows_by_owner
+from .time_slicing import behind_newcomers, next_in_line, rows_by_owner
 
 
 class Scheduler:
@@ -72,6 +72,12 @@ class Scheduler:
             req = next_in_line(self.waiting, rows)
             if req.status is not Status.PAUSED and budget <= 0:
                 break  # the next in line needs prefill budget; later ones wait their turn behind it
+            if not req.output_ids:  # count it against the paused answers it went ahead of (OVERTAKE_LIMIT)
+                for other in self.waiting:
+                    if other is req:
+                        break
+                    if rows[other.owner] == rows[req.owner] and behind_newcomers(other):
+                        other.overtaken += 1
             self.waiting.remove(req)
             rows[req.owner] += 1
             in_use += 1

@@ -1,10 +1,11 @@
 """Time slicing: rows are shared by owner, and a paused answer says exactly what it would have said unpaused."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from engine import FinishReason, greedy
-from engine.time_slicing import next_in_line, rows_by_owner, rows_to_pause
+from engine.request import Status
+from engine.time_slicing import OVERTAKE_LIMIT, next_in_line, rows_by_owner, rows_to_pause
 
 from .helpers import chat, image, reference_tokens, run_until_done
 
@@ -13,6 +14,8 @@ from .helpers import chat, image, reference_tokens, run_until_done
 class Row:
     owner: str | None
     slice_tokens: int = 0
+    output_ids: list = field(default_factory=list)  # non-empty: a paused answer
+    overtaken: int = 0
 
 
 # -- the policy -------------------------------------------------------------------------------------------------
@@ -51,6 +54,36 @@ def test_next_in_line_prefers_the_owner_with_fewest_rows_then_the_earliest():
     assert next_in_line(waiting, rows) is waiting[3]
     rows["c"] += 1
     assert next_in_line(waiting, rows) is waiting[0]
+
+
+def test_a_question_not_started_goes_before_paused_answers_until_they_have_let_enough_go_first():
+    paused, newcomer = Row("a", output_ids=[1, 2]), Row("b")
+    assert next_in_line([paused, newcomer], rows_by_owner([])) is newcomer
+    paused.overtaken = OVERTAKE_LIMIT
+    assert next_in_line([paused, newcomer], rows_by_owner([])) is paused
+    # fewer rows still comes first: a newcomer of an owner already running waits behind a paused answer
+    assert next_in_line([Row("a", output_ids=[1]), Row("c")], rows_by_owner([Row("c")])).owner == "a"
+
+
+def test_a_paused_answer_resumes_after_at_most_the_limit_of_newcomers(make_engine):
+    """One row; answers of owners a and b take turns; a stream of short questions from other owners each goes
+    ahead of the paused answer, but only OVERTAKE_LIMIT of them per wait."""
+    engine = make_engine("lfm2vl", max_running=1, time_slice_tokens=2)
+    a = engine.add_request(chat("Tell me about owls."), greedy(40, ignore_eos=True), owner="a")
+    engine.step()
+    b = engine.add_request(chat("Tell me about cats."), greedy(40, ignore_eos=True), owner="b")
+    for _ in range(4):
+        engine.step()
+    paused = [r for r in engine.scheduler.waiting if r.status is Status.PAUSED]
+    assert len(paused) == 1
+    quick = [engine.add_request(chat(f"hi {i}"), greedy(2, ignore_eos=True), owner=f"c{i}")
+             for i in range(OVERTAKE_LIMIT + 4)]
+    while paused[0].status is Status.PAUSED:
+        engine.step()
+    done_before = sum(h.finished for h in quick)
+    assert 1 <= done_before <= OVERTAKE_LIMIT + 1, f"{done_before} newcomers went first"
+    run_until_done(engine)
+    assert all(len(h.result(0).token_ids) == n for h, n in [(a, 40), (b, 40)] + [(q, 2) for q in quick])
 
 
 # -- the engine -------------------------------------------------------------------------------------------------
