@@ -84,6 +84,11 @@ class Keys:
         return f"{self.prefix}group_usage"
 
     @property
+    def ring_keys(self) -> str:
+        """Hash group -> the key it waits in the ring with: when it started waiting plus its capped usage."""
+        return f"{self.prefix}ring_keys"
+
+    @property
     def queued_since(self) -> str:
         """Zset job -> enqueue time, for queue timeouts."""
         return f"{self.prefix}queued_since"
@@ -182,4 +187,4 @@ class Keys:
                            "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
                            "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel(""),
                            "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
-                           "usage": self.group_usage})
+                           "usage": self.group_usage, "ring_key": self.ring_keys})

@@ -26,6 +26,10 @@ from worker.keys import Keys
 # How long a group's past use of the workers counts against it when it waits again: its jobs' seconds in flight,
 # halved every this many seconds. A client whose answer just ended is not a newcomer (see join_ring).
 GROUP_USAGE_HALF_LIFE_S = 120
+# The most seconds a group's usage may set it back: a group that waits is overtaken by lighter newcomers only for
+# its (decayed) usage, at most this long, and then keeps its place (a second audit, 2026-12-03: uncapped, a user
+# who had chatted a lot waited 195 s behind a stream of lighter attackers re-asking).
+GROUP_USAGE_CAP_S = 30
 
 _ADMIT = "#!lua\n"  # refused as a whole when Redis is over maxmemory
 _ALWAYS = "#!lua flags=allow-oom\n"  # finishing and moving admitted jobs must work even then
@@ -33,7 +37,7 @@ _ALWAYS = "#!lua flags=allow-oom\n"  # finishing and moving admitted jobs must w
 # Shared helpers, appended after the shebang of each script.
 _COMMON = r"""
 local N = cjson.decode(ARGV[1])
-local HALF_LIFE = """ + str(GROUP_USAGE_HALF_LIFE_S) + r"""
+local HALF_LIFE, USAGE_CAP = """ + f"{GROUP_USAGE_HALF_LIFE_S}, {GROUP_USAGE_CAP_S}" + r"""
 local RING, SERVED, QUEUED, QUEUED_BY_USER, QUEUED_BY_GROUP = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local INFLIGHT_BY_GROUP, QUEUED_SINCE, INFLIGHT = KEYS[6], KEYS[7], KEYS[8]
 local function uq(q) return N.uq .. q end
@@ -94,10 +98,12 @@ local function charge_usage(group, job)
   redis.call('EXPIRE', N.usage, math.floor(HALF_LIFE * 20))  -- after 20 half-lives nobody's use matters
 end
 -- 'served' holds groups with jobs in flight (or served this round): a group that starts waiting goes ahead
--- of all of them, and of every waiting group that has used the workers more lately (decayed seconds in flight),
--- in arrival order among equals: a light client never waits behind a round of heavy clients' jobs, even when
--- each of those clients has one answer and is idle for a moment between answers (a hostile audit, 2026-12-03:
--- sixty addresses re-asking at once kept a visitor 12-17 s behind them in the ring).
+-- of all of them, in arrival order, so a light client never waits behind a round of a heavy client's jobs.
+-- Among waiting groups, each waits with a key: the time it started waiting plus its decayed seconds in flight
+-- (at most USAGE_CAP), and a group that starts waiting goes ahead of those with a later key. So a client re-asking
+-- the moment its answer ended is not a newcomer (a hostile audit, 2026-12-03: sixty addresses doing that kept a
+-- visitor 12-17 s behind them), and no group is set back by more than USAGE_CAP seconds. A group with jobs in
+-- flight is served already: it goes behind every waiting group.
 local function unmark_if_idle(qg)
   if redis.call('HEXISTS', INFLIGHT_BY_GROUP, qg) == 0 and redis.call('LLEN', gq(qg)) == 0 then
     redis.call('SREM', SERVED, qg)
@@ -106,14 +112,26 @@ end
 local function join_ring(qg)
   local ring = redis.call('LRANGE', RING, 0, -1)
   local now = now_s()
-  local mine = usage(qg, now)
+  -- compared as stored (rounded alike), so two groups arriving in the same millisecond keep arrival order
+  local key = string.format('%.6f', now + math.min(usage(qg, now), USAGE_CAP))
+  local mine = tonumber(key)
+  local served = redis.call('SISMEMBER', SERVED, qg) == 1
+  redis.call('HSET', N.ring_key, qg, key)
   for _, g in ipairs(ring) do
-    if redis.call('SISMEMBER', SERVED, g) == 1 or usage(g, now) > mine then
+    local ahead = redis.call('SISMEMBER', SERVED, g) == 1
+    if not ahead and not served then  -- a group without a key (requeued to the front) keeps its place
+      ahead = tonumber(redis.call('HGET', N.ring_key, g) or '0') > mine
+    end
+    if ahead then
       redis.call('LINSERT', RING, 'BEFORE', g, qg)
       return
     end
   end
   redis.call('RPUSH', RING, qg)
+end
+local function leave_ring(qg)
+  redis.call('LREM', RING, 0, qg)
+  redis.call('HDEL', N.ring_key, qg)
 end
 local function left_flight(group, qg)
   hdecr(INFLIGHT_BY_GROUP, group)
@@ -126,7 +144,7 @@ local function unqueue(job, q, qg, user, group)
     hdecr(QUEUED_BY_GROUP, group)
     if redis.call('LLEN', uq(q)) == 0 then
       redis.call('LREM', gq(qg), 0, q)
-      if redis.call('LLEN', gq(qg)) == 0 then redis.call('LREM', RING, 0, qg) end
+      if redis.call('LLEN', gq(qg)) == 0 then leave_ring(qg) end
       unmark_if_idle(qg)
     end
   end
@@ -395,6 +413,7 @@ while true do
     qg = redis.call('LPOP', RING)
   end
   if not qg then return nil end
+  redis.call('HDEL', N.ring_key, qg)  -- served now: behind every waiting group from here on
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))
   if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
@@ -467,7 +486,10 @@ redis.call('ZREM', INFLIGHT, job)
 redis.call('HSET', jk, 'state', 'queued', 'worker', '', 'target', '')
 left_flight(group, qg)
 if redis.call('LPUSH', uq(q), job) == 1 then
-  if redis.call('LPUSH', gq(qg), q) == 1 then redis.call('LPUSH', RING, qg) end
+  if redis.call('LPUSH', gq(qg), q) == 1 then
+    redis.call('LPUSH', RING, qg)
+    redis.call('HDEL', N.ring_key, qg)  -- at the front, with no key: nobody overtakes a requeued job
+  end
 end
 redis.call('INCR', QUEUED)
 redis.call('HINCRBY', QUEUED_BY_USER, user, 1)

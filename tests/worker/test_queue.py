@@ -258,3 +258,27 @@ def test_a_group_whose_answer_just_ended_queues_behind_a_newcomer_and_lighter_us
     visitor = submit(client, "visitor")[0]
     assert [client.queue_position(j) for j in (visitor, light_again, heavy_again)] == [1, 2, 3]
     assert pop_all(client) == [visitor, light_again, heavy_again]
+
+
+def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_goes_behind(client):
+    """A group waits with the key 'started waiting + usage (capped)': lighter groups that start waiting later go
+    ahead of it only while their key is smaller, so once it has waited out its usage it keeps its place."""
+    from worker.lua import GROUP_USAGE_CAP_S
+
+    now = client.r.time()
+    now = now[0] + now[1] / 1e6
+    client.r.hset(client.keys.group_usage, "heavy", f"{10 * GROUP_USAGE_CAP_S}:{now}")
+    heavy = submit(client, "heavy")[0]
+    key = float(client.r.hget(client.keys.ring_keys, "heavy"))
+    assert GROUP_USAGE_CAP_S - 1 < key - now <= GROUP_USAGE_CAP_S + 1, "usage counts at most the cap"
+    visitor = submit(client, "visitor")[0]
+    assert client.queue_position(visitor) == 1, "a newcomer goes ahead while heavy's usage still counts"
+    client.r.hset(client.keys.ring_keys, "heavy", f"{now - 1}")  # as if heavy had waited out its usage
+    late = submit(client, "late")[0]
+    assert [client.queue_position(j) for j in (visitor, heavy, late)] == [1, 2, 3]
+    # a group with a job in flight is served: its next job waits behind every waiting group, whatever its usage
+    assert pop_all(client, capacity=1) == [visitor]
+    again = submit(client, "visitor", "again")[0]
+    assert client.queue_position(again) == 3
+    assert pop_all(client) == [heavy, late, again]
+    assert client.r.hlen(client.keys.ring_keys) == 0, "keys are dropped when groups are served"
