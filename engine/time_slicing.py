@@ -18,7 +18,8 @@ Answers of one owner never pause each other, and ``owner=None`` is one shared ow
 burst runs exactly as without time slicing. Pausing copies the row's cache out exactly and resuming copies it
 back (the engine does both), so an answer's tokens do not depend on how often it was paused.
 
-This module is policy only: plain functions over requests' ``owner``, ``slice_tokens`` and queue order.
+This module is policy only: plain functions over requests' ``owner``, ``slice_tokens``, ``output_ids``,
+``overtaken`` and queue order.
 """
 from __future__ import annotations
 
