@@ -26,9 +26,11 @@ from worker.keys import Keys
 # How long a group's past use of the workers counts against it when it waits again: its jobs' seconds in flight,
 # halved every this many seconds. A client whose answer just ended is not a newcomer (see join_ring).
 GROUP_USAGE_HALF_LIFE_S = 120
-# The most seconds a group's usage may set it back: a group that waits is overtaken by lighter newcomers only for
-# its (decayed) usage, at most this long, and then keeps its place (a second audit, 2026-12-03: uncapped, a user
-# who had chatted a lot waited 195 s behind a stream of lighter attackers re-asking).
+# How far a group's usage sets it back when it starts waiting: GROUP_USAGE_WEIGHT seconds per (decayed) second in
+# flight, at most GROUP_USAGE_CAP_S. Uncapped, a user who had chatted a lot waited 195 s behind a stream of lighter
+# attackers re-asking (a hostile audit, 2026-12-03); unweighted (1 s per second), attackers who had waited longer
+# than their few seconds of usage stayed ahead of a visitor's second question for 5-7 s (the next audit).
+GROUP_USAGE_WEIGHT = 4
 GROUP_USAGE_CAP_S = 30
 
 _ADMIT = "#!lua\n"  # refused as a whole when Redis is over maxmemory
@@ -37,7 +39,7 @@ _ALWAYS = "#!lua flags=allow-oom\n"  # finishing and moving admitted jobs must w
 # Shared helpers, appended after the shebang of each script.
 _COMMON = r"""
 local N = cjson.decode(ARGV[1])
-local HALF_LIFE, USAGE_CAP = """ + f"{GROUP_USAGE_HALF_LIFE_S}, {GROUP_USAGE_CAP_S}" + r"""
+local HALF_LIFE, USAGE_WEIGHT, USAGE_CAP = """ + f"{GROUP_USAGE_HALF_LIFE_S}, {GROUP_USAGE_WEIGHT}, {GROUP_USAGE_CAP_S}" + r"""
 local RING, SERVED, QUEUED, QUEUED_BY_USER, QUEUED_BY_GROUP = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local INFLIGHT_BY_GROUP, QUEUED_SINCE, INFLIGHT = KEYS[6], KEYS[7], KEYS[8]
 local function uq(q) return N.uq .. q end
@@ -99,11 +101,11 @@ local function charge_usage(group, job)
 end
 -- 'served' holds groups with jobs in flight (or served this round): a group that starts waiting goes ahead
 -- of all of them, in arrival order, so a light client never waits behind a round of a heavy client's jobs.
--- Among waiting groups, each waits with a key: the time it started waiting plus its decayed seconds in flight
--- (at most USAGE_CAP), and a group that starts waiting goes ahead of those with a later key. So a client re-asking
--- the moment its answer ended is not a newcomer (a hostile audit, 2026-12-03: sixty addresses doing that kept a
--- visitor 12-17 s behind them), and no group is set back by more than USAGE_CAP seconds. A group with jobs in
--- flight is served already: it goes behind every waiting group.
+-- Among waiting groups, each waits with a key: the time it started waiting plus USAGE_WEIGHT times its decayed
+-- seconds in flight (at most USAGE_CAP), and a group that starts waiting goes ahead of those with a later key.
+-- So a client re-asking the moment its answer ended is not a newcomer (a hostile audit, 2026-12-03: sixty
+-- addresses doing that kept a visitor 12-17 s behind them), and no group is set back by more than USAGE_CAP
+-- seconds. A group with jobs in flight is served already: it goes behind every waiting group.
 local function unmark_if_idle(qg)
   if redis.call('HEXISTS', INFLIGHT_BY_GROUP, qg) == 0 and redis.call('LLEN', gq(qg)) == 0 then
     redis.call('SREM', SERVED, qg)
@@ -113,7 +115,7 @@ local function join_ring(qg)
   local ring = redis.call('LRANGE', RING, 0, -1)
   local now = now_s()
   -- compared as stored (rounded alike), so two groups arriving in the same millisecond keep arrival order
-  local key = string.format('%.6f', now + math.min(usage(qg, now), USAGE_CAP))
+  local key = string.format('%.6f', now + math.min(USAGE_WEIGHT * usage(qg, now), USAGE_CAP))
   local mine = tonumber(key)
   local served = redis.call('SISMEMBER', SERVED, qg) == 1
   redis.call('HSET', N.ring_key, qg, key)

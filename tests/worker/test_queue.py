@@ -263,7 +263,7 @@ def test_a_group_whose_answer_just_ended_queues_behind_a_newcomer_and_lighter_us
 def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_goes_behind(client):
     """A group waits with the key 'started waiting + usage (capped)': lighter groups that start waiting later go
     ahead of it only while their key is smaller, so once it has waited out its usage it keeps its place."""
-    from worker.lua import GROUP_USAGE_CAP_S
+    from worker.lua import GROUP_USAGE_CAP_S, GROUP_USAGE_WEIGHT
 
     now = client.r.time()
     now = now[0] + now[1] / 1e6
@@ -271,6 +271,12 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
     heavy = submit(client, "heavy")[0]
     key = float(client.r.hget(client.keys.ring_keys, "heavy"))
     assert GROUP_USAGE_CAP_S - 1 < key - now <= GROUP_USAGE_CAP_S + 1, "usage counts at most the cap"
+    client.r.hset(client.keys.group_usage, "mid", f"2:{now}")
+    mid = submit(client, "mid")[0]
+    mid_key = float(client.r.hget(client.keys.ring_keys, "mid"))
+    assert 2 * GROUP_USAGE_WEIGHT - 1 < mid_key - now < 2 * GROUP_USAGE_WEIGHT + 1, "weighted below the cap"
+    assert client.queue_position(mid) == 1
+    client.cancel("mid", mid)
     visitor = submit(client, "visitor")[0]
     assert client.queue_position(visitor) == 1, "a newcomer goes ahead while heavy's usage still counts"
     client.r.hset(client.keys.ring_keys, "heavy", f"{now - 1}")  # as if heavy had waited out its usage
