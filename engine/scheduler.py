@@ -3,8 +3,9 @@
 Policy, in one place:
 - admission from the waiting queue while running + prefilling < max_running, fair by owner: a free row goes to
   the waiting request whose owner holds the fewest rows, then one not started yet before a paused one (within a
-  bound), then the earliest (``engine.time_slicing``; with one owner and nothing paused, as in benchmarks, FIFO). A request that time slicing paused waits in the same queue and, when
-  admitted, rejoins the decode batch with its own cache: it needs no prefill;
+  bound), then the earliest (``engine.time_slicing``; with one owner and nothing paused, as in benchmarks,
+  FIFO). A request that time slicing paused waits in the same queue and, when admitted, rejoins the decode batch
+  with its own cache: it needs no prefill;
 - at admission a request's cached prefix is restored first (the conversation's session entry, or the shared
   template head), so the budget below is charged only for the tokens that really remain to prefill: a session
   hit with 30 new tokens costs 30, not a whole chunk;

@@ -38,6 +38,12 @@ def build_engine(settings: Settings):
     return LLMEngine(EngineConfig.from_env())
 
 
+def _engine_slots(stats: dict) -> int:
+    """Answers the engine holds at once: rows and paused answers (an engine without time slicing reports only
+    ``max_running``, e.g. the page benchmark's stub)."""
+    return int(stats.get("max_active", stats.get("max_running", 1)))
+
+
 class WorkerRuntime:
     def __init__(self, settings: Settings, celery_app, worker: str, engine=None, threads: int | None = None):
         self.settings, self.worker = settings, worker
@@ -76,8 +82,7 @@ class WorkerRuntime:
         if self.settings.worker_metrics_port:
             self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
-        stats = self.engine.stats()
-        engine_slots = int(stats.get("max_active", stats.get("max_running", 1)))
+        engine_slots = _engine_slots(self.engine.stats())
         if self.threads is not None and self.threads < engine_slots:
             log.warning("owlet worker %s: %d Celery threads for an engine that holds %d answers at once: it takes %d "
                         "jobs at once (give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the engine)",
@@ -115,8 +120,7 @@ class WorkerRuntime:
     # -- background threads --------------------------------------------------------------------------------
     def _capacity(self, stats: dict | None = None) -> int:
         """Answers this worker takes at once: the engine's (rows and paused answers), at most its threads."""
-        stats = stats or self.engine.stats()
-        engine_slots = int(stats.get("max_active", stats.get("max_running", 1)))
+        engine_slots = _engine_slots(stats or self.engine.stats())
         return engine_slots if self.threads is None else min(engine_slots, self.threads)
 
     def _beat(self) -> None:
