@@ -10,8 +10,9 @@ Poisson stream. Ways:
    (at least one request) when the previous batch ends;
 3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``;
 4. ``engine-unpacked`` (only when named in ``--ways``): the same engine with ``cpu_packed_weights``,
-   ``cpu_onednn_linear`` and ``cpu_openblas_linear`` off (every matmul through the model's own ``nn.Linear``), so
-   the share of the lead that the CPU kernel choice (engine/cpu_linear.py) brings is measured in the same run.
+   ``cpu_onednn_linear``, ``cpu_openblas_linear`` and ``cpu_panel_linear`` off (every matmul through the
+   model's own ``nn.Linear``), so the share of the lead that the CPU kernel choice (engine/cpu_linear.py) brings
+   is measured in the same run.
 
 Fairness: every way loads the same checkpoint in the same dtype, decodes greedily, and produces
 exactly ``max_new_tokens`` tokens per request (checked and printed). Random weights would emit EOS
@@ -499,7 +500,7 @@ def main(argv=None) -> dict:
           f"{sum(r.max_new_tokens for r in requests)} tokens to generate, max_running {args.max_running}")
 
     unpacked = {"engine-unpacked": {"cpu_packed_weights": "off", "cpu_onednn_linear": "off",
-                                    "cpu_openblas_linear": "off"}}
+                                    "cpu_openblas_linear": "off", "cpu_panel_linear": "off"}}
     engines = {way: start_engine(ckpt, dtype, args, **unpacked.get(way, {})) for way in ways if way.startswith("engine")}
     try:
         warm = requests[:2]  # first calls pay one-off costs (allocator, oneDNN, vision tower)

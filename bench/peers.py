@@ -152,7 +152,8 @@ def parse_args(argv=None):
     p.add_argument("--page-size", type=int, default=64, help="the peer's KV page size in tokens")
     p.add_argument("--with-nn-linear", action="store_true",
                    help="also time Owlet with every matmul through the model's own nn.Linear (cpu_packed_weights, "
-                        "cpu_onednn_linear and cpu_openblas_linear off), alternated with the others: the CPU "
+                        "cpu_onednn_linear, cpu_openblas_linear and cpu_panel_linear off), alternated with the "
+                        "others: the CPU "
                         "kernels' share of the lead")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (see bench.engine --threads)")
     p.add_argument("--cache-dir", default=None)
@@ -177,7 +178,8 @@ def main(argv=None) -> dict:
         return LLMEngine(EngineConfig(model=str(ckpt), dtype="float32", device="cpu", max_running=args.max_running,
                                       session_cache=False, default_deadline_s=None, **kernels)).start()
     engine = owlet_engine()
-    plain = (owlet_engine(cpu_packed_weights="off", cpu_onednn_linear="off", cpu_openblas_linear="off")
+    plain = (owlet_engine(cpu_packed_weights="off", cpu_onednn_linear="off", cpu_openblas_linear="off",
+                          cpu_panel_linear="off")
              if args.with_nn_linear else None)
     lm = LlamaForCausalLM.from_pretrained(ckpt / "lm", dtype=torch.float32, attn_implementation="paged|sdpa").eval()
     prompts = make_prompts(args.requests, min_new, max_new)

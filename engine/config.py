@@ -78,6 +78,11 @@ class EngineConfig:
     # load, only where torch runs one thread and the copy fits beside the packed one in a quarter of the available
     # memory | on (every product of 3 rows or more that the packed product does not take) | off.
     cpu_openblas_linear: str = "auto"
+    # fp32 on CPU: Owlet's own GEMM for few rows (engine/panel_gemm.c, AVX2, built with the system's C compiler at
+    # first use) on a copy of each matrix packed once into its layout, where it is faster than the kernels above
+    # on this CPU (engine/panel_gemm.py). auto: as measured at load, where the copy fits beside the others | on
+    # (every product of 3 rows or more that the packed product does not take) | off.
+    cpu_panel_linear: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -108,7 +113,7 @@ class EngineConfig:
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
         if self.cpu_packed_weights not in ("auto", "on", "off"):
             raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
-        for name in ("cpu_onednn_linear", "cpu_openblas_linear"):
+        for name in ("cpu_onednn_linear", "cpu_openblas_linear", "cpu_panel_linear"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ValueError(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
         if not 0.0 < self.session_owner_share <= 1.0:

@@ -1,7 +1,7 @@
-"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of four kernels, measured at
+"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of five kernels, measured at
 load on this machine.
 
-Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Three other kernels compute the same
+Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Four other kernels compute the same
 product (to rounding) faster on some CPUs and row counts:
 
 - **MKL's packed GEMM** (``cblas_sgemm_compute`` on a copy packed once, at load). For few rows (a decode step's
@@ -21,6 +21,9 @@ product (to rounding) faster on some CPUs and row counts:
   over the same matrices against ``sgemm``'s 82 (293 against 314 at 128 rows). It costs a second copy of each
   matrix it is used for, and runs on as many threads as torch. Under ``auto`` it is a candidate only where torch
   runs one thread: with two, OpenBLAS's thread pool beside torch's made a whole engine slower (see ``route``).
+- **Owlet's panel GEMM** (engine/panel_gemm.c, AVX2, one thread) on a copy packed once, at load, into the layout
+  its inner loop reads. On the AVX2-only EPYC it took 3.4-4.3 ms for a 16-row product over the bench model's
+  matrices against OpenBLAS's 4.5-5.2 and ``sgemm``'s 5.9-7.1. It costs a second copy of each matrix it is used for.
 
 Which wins depends on the CPU: on an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row count
 and only on a matrix kept in cache (0.96-1.07x streamed from memory, as a decode step reads it; 0.6-0.9x padded
@@ -46,9 +49,10 @@ from typing import Callable
 
 import torch
 
-from engine import openblas
+from engine import openblas, panel_gemm
 
-SGEMM, PACKED, ONEDNN, OPENBLAS = "sgemm", "packed", "onednn", "openblas"
+SGEMM, PACKED, ONEDNN, OPENBLAS, PANEL = "sgemm", "packed", "onednn", "openblas", "panel"
+COPYING = (PACKED, PANEL, OPENBLAS)  # kernels that read a copy of each matrix, in the order they are given memory
 MIN_FAST_ROWS = 3  # fewer rows: a matrix-vector product, memory bound whatever the kernel
 # The most rows a pack is made for. A padded product costs what a full one does, and past 16 rows the re-packing
 # that packing saves matters less: packed for 64 rows, a 16-row product took 127 ms against sgemm's 81, and
@@ -98,6 +102,11 @@ def openblas_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and openblas.available()
 
 
+def panel_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """fp32 on CPU, with Owlet's panel GEMM built for this CPU (AVX2 and FMA, a C compiler)."""
+    return device.type == "cpu" and dtype == torch.float32 and panel_gemm.available()
+
+
 def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in module.modules()
             if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
@@ -139,12 +148,15 @@ class KernelPlan:
         parts = [f"{lo}+ {k}" if hi is None else f"{lo}-{hi} {k}" for lo, hi, k in ranges if k != SGEMM]
         return ", ".join(parts) or "sgemm"
 
-    def forced(self, rows: int, packed: bool, onednn: bool, openblas: bool = False) -> "KernelPlan":
+    def forced(self, rows: int, packed: bool, onednn: bool, openblas: bool = False,
+               panel: bool = False) -> "KernelPlan":
         """This plan with kernels asked for outright (``on``): ``packed`` takes every product of 3..rows rows,
-        ``openblas`` every other product of 3 rows or more, ``onednn`` what neither takes."""
+        ``panel`` every other product of 3 rows or more, then ``openblas``, and ``onednn`` what none takes."""
         def pick(count: int, kernel: str) -> str:
             if packed and count <= rows:
                 return PACKED
+            if panel:
+                return PANEL
             if openblas:
                 return OPENBLAS
             return ONEDNN if onednn else kernel
@@ -156,26 +168,31 @@ def sgemm_plan(rows: int) -> KernelPlan:
     return KernelPlan(((rows, SGEMM), (rows + 1, SGEMM)))
 
 
+def _copy_for(kernel: str, weight: torch.Tensor, rows: int):
+    """The copy of ``weight`` a copying kernel reads (a packed one for ``rows``-row products, for MKL)."""
+    if kernel == PACKED:
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+    if kernel == PANEL:
+        return panel_gemm.pack(weight)
+    return openblas.transposed(weight)
+
+
 def use_kernels(module: torch.nn.Module, rows: int,
                 plan_for: Callable[[torch.nn.Linear], KernelPlan]) -> list[tuple[torch.nn.Linear, KernelPlan]]:
     """Route the fp32 CPU ``nn.Linear``s under ``module`` through ``plan_for(linear)``; returns the modules whose
-    plan uses a kernel other than sgemm, with their plans. A packed copy for ``rows``-row products, and a transposed
-    one for OpenBLAS, is made only for modules whose plan uses it. The modules keep their weights (tied embeddings
-    and the sgemm path read them)."""
+    plan uses a kernel other than sgemm, with their plans. A copying kernel's copy of a matrix is made only for
+    modules whose plan uses it. The modules keep their weights (tied embeddings and the sgemm path read them)."""
     routed = []
     for linear in _linears(module):
         plan = plan_for(linear)
-        if not any(plan.uses(k) for k in (PACKED, ONEDNN, OPENBLAS)):
+        if not any(plan.uses(k) for k in (ONEDNN, *COPYING)):
             continue
         with torch.no_grad():
-            packed = (torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
-                      if plan.uses(PACKED) else None)
-            weight_t = openblas.transposed(linear.weight) if plan.uses(OPENBLAS) else None
-        linear.forward = functools.partial(_routed_forward, linear, plan, packed, weight_t, rows)
+            copies = {kernel: _copy_for(kernel, linear.weight, rows) for kernel in COPYING if plan.uses(kernel)}
+        linear.forward = functools.partial(_routed_forward, linear, plan, copies, rows)
         linear._owlet_kernels = plan
-        linear._owlet_packed_rows = rows if packed is not None else None
-        linear._owlet_copy_bytes = (linear.weight.numel() * linear.weight.element_size()
-                                    * sum(copy is not None for copy in (packed, weight_t)))
+        linear._owlet_packed_rows = rows if PACKED in copies else None
+        linear._owlet_copy_bytes = linear.weight.numel() * linear.weight.element_size() * len(copies)
         routed.append((linear, plan))
     if any(plan.uses(OPENBLAS) for _, plan in routed):
         openblas.set_threads(torch.get_num_threads())
@@ -196,13 +213,15 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
                   n: int) -> float:
     """Seconds an ``n``-row product takes per matrix through ``kernel``, over ``weights`` (copies of one matrix)
     in turn (``copies``: the kernel's own copies of them, for a copying kernel: packed ones padded to ``rows``,
-    transposed ones for OpenBLAS). One pass."""
+    transposed ones for OpenBLAS, panels for the panel GEMM). One pass."""
     x = torch.randn(n, weights[0].shape[1])
     if kernel == PACKED:
         padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])]) if n < rows else x
         calls = [functools.partial(_packed_product, padded, p, w, bias, rows) for p, w in zip(copies, weights)]
     elif kernel == OPENBLAS:
         calls = [functools.partial(_openblas_product, x, t, bias) for t in copies]
+    elif kernel == PANEL:
+        calls = [functools.partial(panel_gemm.product, x, p, bias) for p in copies]
     elif kernel == ONEDNN:
         calls = [functools.partial(_onednn_product, x, w, bias) for w in weights]
     else:
@@ -221,14 +240,15 @@ _ROUNDS = 4
 class Calibration:
     """``plan_for`` for ``use_kernels``: per distinct (out, in, bias) shape, the kernel that is fastest on this
     machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
-    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``), measured once with
+    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``; ``panel``), measured once with
     the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)`` is the
     clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
 
     def __init__(self, rows: int, packed: bool = True, onednn: bool = True, openblas: bool = False,
-                 time_product: Callable[..., float] | None = None, decode_only: tuple = ()):
+                 time_product: Callable[..., float] | None = None, decode_only: tuple = (), panel: bool = False):
         self.rows = rows
-        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (OPENBLAS, openblas)) if allowed]
+        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (OPENBLAS, openblas),
+                                             (PANEL, panel)) if allowed]
         self._time = time_product or _time_product
         # Modules that never see more rows than a decode step (the LM head: prefill asks it for one row), so
         # their long products are not measured (the LM head is the largest matrix: seconds at load).
@@ -249,9 +269,7 @@ class Calibration:
         with torch.inference_mode():
             copies = min(64, -(-_STREAM_BYTES // (weight.numel() * weight.element_size())))
             weights = [weight] + [weight.clone() for _ in range(copies - 1)]
-            own = {PACKED: lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, self.rows),
-                   OPENBLAS: openblas.transposed}
-            made = {k: [own[k](w) for w in weights] for k in self.kernels if k in own}
+            made = {k: [_copy_for(k, w, self.rows) for w in weights] for k in self.kernels if k in COPYING}
             choices = []
             for n in counts:
                 kernels = [SGEMM] + [k for k in self.kernels if not (k == PACKED and n > self.rows)]
@@ -278,8 +296,12 @@ def _openblas_product(x, weight_t, bias):
     return openblas.product(x, weight_t, bias)
 
 
-def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Tensor | None,
-                    weight_t: torch.Tensor | None, rows: int, x: torch.Tensor) -> torch.Tensor:
+def _panel_product(x, panels, bias):
+    return panel_gemm.product(x, panels, bias)
+
+
+def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, copies: dict, rows: int,
+                    x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or torch.is_grad_enabled() or reference_mode():
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     flat = x.reshape(-1, x.shape[-1])
@@ -288,30 +310,41 @@ def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, packed: torch.Ten
     if kernel == PACKED and n <= rows:
         if n < rows:
             flat = torch.cat([flat, flat.new_zeros(rows - n, flat.shape[1])])
-        out = _packed_product(flat.contiguous(), packed, linear.weight, linear.bias, rows)[:n]
+        out = _packed_product(flat.contiguous(), copies[PACKED], linear.weight, linear.bias, rows)[:n]
     elif kernel == ONEDNN:
         out = _onednn_product(flat.contiguous(), linear.weight, linear.bias)
     elif kernel == OPENBLAS:
-        out = _openblas_product(flat.contiguous(), weight_t, linear.bias)
+        out = _openblas_product(flat.contiguous(), copies[OPENBLAS], linear.bias)
+    elif kernel == PANEL:
+        out = _panel_product(flat.contiguous(), copies[PANEL], linear.bias)
     else:
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, openblas_mode: str,
-          device: torch.device, dtype: torch.dtype, room_bytes: int, decode_only: tuple = ()) -> int:
-    """The engine's settings applied to ``modules`` (``cpu_packed_weights``, ``cpu_onednn_linear`` and
-    ``cpu_openblas_linear``: auto, on or off); returns the bytes the kernels' weight copies take. ``on`` where a
-    kernel cannot run is refused; under ``auto`` a copying kernel (packed, then OpenBLAS) is a candidate only if a
-    copy of every matrix fits in what is left of ``room_bytes``, and the candidates are measured (``Calibration``;
-    ``decode_only``: linears that never see more than a decode step's rows)."""
+          device: torch.device, dtype: torch.dtype, room_bytes: int, decode_only: tuple = (),
+          panel_mode: str = "auto") -> int:
+    """The engine's settings applied to ``modules`` (``cpu_packed_weights``, ``cpu_onednn_linear``,
+    ``cpu_openblas_linear`` and ``cpu_panel_linear``: auto, on or off); returns the bytes the kernels' weight copies
+    take. ``on`` where a kernel cannot run is refused; under ``auto`` a copying kernel (packed, then the panel GEMM,
+    then OpenBLAS) is a candidate only if a copy of every matrix fits in what is left of ``room_bytes``, and the
+    candidates are measured (``Calibration``; ``decode_only``: linears that never see more than a decode step's
+    rows)."""
     settings = {PACKED: ("cpu_packed_weights", packed_mode, packed_available(device, dtype), "MKL"),
                 ONEDNN: ("cpu_onednn_linear", onednn_mode, onednn_available(device, dtype), "oneDNN"),
                 OPENBLAS: ("cpu_openblas_linear", openblas_mode, openblas_available(device, dtype),
-                           "numpy on OpenBLAS")}
+                           "numpy on OpenBLAS"),
+                PANEL: ("cpu_panel_linear", panel_mode, panel_mode != "off" and panel_available(device, dtype),
+                        "AVX2, FMA and a C compiler")}
     for name, mode, can, lib in settings.values():
         if mode == "on" and not can:
-            raise ValueError(f"{name}=on needs float32 on a CPU with {lib}; this engine runs {dtype} on {device}")
+            why = f" ({panel_gemm.unavailable_reason()})" if name == "cpu_panel_linear" and dtype == torch.float32 \
+                and device.type == "cpu" else ""
+            raise ValueError(f"{name}=on needs float32 on a CPU with {lib}; this engine runs {dtype} on "
+                             f"{device}{why}")
+    if panel_mode == "auto" and not settings[PANEL][2] and device.type == "cpu" and dtype == torch.float32:
+        log.info("panel GEMM not considered: %s", panel_gemm.unavailable_reason())
     use = {kernel: can and mode != "off" for kernel, (_, mode, can, _) in settings.items()}
     auto = {kernel: use[kernel] and settings[kernel][1] == "auto" for kernel in use}
     if auto[OPENBLAS] and torch.get_num_threads() > 1:
@@ -321,7 +354,7 @@ def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mo
                  "measured only with one", torch.get_num_threads())
         use[OPENBLAS] = auto[OPENBLAS] = False
     room, size = room_bytes, sum(packable_bytes(m) for m in modules)
-    for kernel, what in ((PACKED, "packing"), (OPENBLAS, "copying for OpenBLAS")):
+    for kernel, what in ((PACKED, "packing"), (PANEL, "packing panels of"), (OPENBLAS, "copying for OpenBLAS")):
         if auto[kernel] and size > room:
             log.info("not %s %.0f MB of text weights: with the other copies, more than a quarter of the available "
                      "memory", what, size / 2**20)
@@ -333,19 +366,20 @@ def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mo
     if use[OPENBLAS]:  # before the calibration times it: OpenBLAS starts on as many threads as there are cores
         openblas.set_threads(torch.get_num_threads())
     calibration = (Calibration(rows, packed=use[PACKED], onednn=use[ONEDNN], openblas=use[OPENBLAS],
-                               decode_only=decode_only) if any(auto.values()) else None)
+                               panel=use[PANEL], decode_only=decode_only) if any(auto.values()) else None)
     forced = {kernel: use[kernel] and not auto[kernel] for kernel in use}
 
     def plan_for(linear):
         plan = calibration(linear) if calibration else sgemm_plan(rows)
-        return plan.forced(rows, forced[PACKED], forced[ONEDNN], forced[OPENBLAS])
+        return plan.forced(rows, forced[PACKED], forced[ONEDNN], forced[OPENBLAS], forced[PANEL])
     routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
     if calibration is not None:
         log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
                  "; ".join(f"{o}x{i}{' (decode only)' if rest[1:] else ''}: {plan.describe()}"
                            for (o, i, *rest), plan in calibration.by_shape.items()))
     copies = sum(linear._owlet_copy_bytes for linear, _ in routed)
-    log.info("text-stack matrices: %d through oneDNN, %d through OpenBLAS, %d packed for %d-row decode products "
-             "(for some or all of their products); %.1f MB of weight copies",
-             *(sum(plan.uses(k) for _, plan in routed) for k in (ONEDNN, OPENBLAS, PACKED)), rows, copies / 2**20)
+    log.info("text-stack matrices: %d through oneDNN, %d through OpenBLAS, %d through the panel GEMM, %d packed for "
+             "%d-row decode products (for some or all of their products); %.1f MB of weight copies",
+             *(sum(plan.uses(k) for _, plan in routed) for k in (ONEDNN, OPENBLAS, PANEL, PACKED)), rows,
+             copies / 2**20)
     return copies

@@ -100,7 +100,8 @@ class ModelRunner:
         return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear,
                                 config.cpu_openblas_linear, self.device, self.dtype,
                                 room_bytes=_available_memory_bytes() // 4,
-                                decode_only=(head,) if isinstance(head, torch.nn.Linear) else ())
+                                decode_only=(head,) if isinstance(head, torch.nn.Linear) else (),
+                                panel_mode=config.cpu_panel_linear)
 
     def _text_stack(self) -> torch.nn.Module:
         try:

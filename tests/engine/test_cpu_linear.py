@@ -1,9 +1,10 @@
-"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM, oneDNN
-and OpenBLAS, each only where the plan puts it, only the text stack routed, and engines on each kernel exact."""
+"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM, oneDNN,
+OpenBLAS and Owlet's panel GEMM, each only where the plan puts it, only the text stack routed, and engines on each
+kernel exact (the panel kernel's own tests: test_panel_gemm.py)."""
 import pytest
 import torch
 
-from engine import EngineConfig, cpu_linear, openblas
+from engine import EngineConfig, cpu_linear, openblas, panel_gemm
 from engine.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -37,7 +38,13 @@ def openblas_calls(monkeypatch):
     return _row_counts_of(monkeypatch, "_openblas_product")
 
 
+@pytest.fixture
+def panel_calls(monkeypatch):
+    return _row_counts_of(monkeypatch, "_panel_product")
+
+
 needs_openblas = pytest.mark.skipif(not openblas.available(), reason="numpy's BLAS is not an OpenBLAS")
+needs_panel = pytest.mark.skipif(not panel_gemm.available(), reason="no panel GEMM here (no AVX2 or no C compiler)")
 
 
 def _packed_plan(rows):
@@ -132,6 +139,34 @@ def test_openblas_products_match_nn_linear_on_a_transposed_copy(bias, openblas_c
     assert layer.weight.grad is not None and openblas_calls == [40, 5]
 
 
+@needs_panel
+@pytest.mark.parametrize("bias", [True, False])
+def test_panel_products_match_nn_linear_on_a_packed_copy(bias, panel_calls, packed_calls):
+    layer = _linear(bias=bias)
+    plain = torch.nn.Linear(96, 160, bias=bias)
+    plain.load_state_dict(layer.state_dict())
+    plan = cpu_linear.sgemm_plan(8).forced(8, packed=True, onednn=True, openblas=True, panel=True)
+    assert plan.describe() == "3-8 packed, 9+ panel", "the panel GEMM takes what the packed product does not"
+    plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=False, panel=True)
+    assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
+    assert layer._owlet_packed_rows is None and layer._owlet_copy_bytes == 96 * 160 * 4, "one packed copy"
+    x = torch.randn(2, 20, 96)
+    with torch.inference_mode():
+        got = layer(x)
+        assert got.shape == (2, 20, 160)
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
+        few = x[0, :5]
+        assert torch.equal(layer(few), got[0, :5]), "a row's values do not depend on the rows beside it"
+        assert panel_calls == [40, 5] and packed_calls == []
+        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
+            assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
+        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
+            assert torch.equal(layer(x), plain(x))
+    assert panel_calls == [40, 5]
+    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
+    assert layer.weight.grad is not None and panel_calls == [40, 5]
+
+
 def test_plan_takes_the_choice_of_the_smallest_probed_count_at_or_above():
     plan = cpu_linear.KernelPlan(((3, "sgemm"), (8, "packed"), (16, "onednn"), (128, "sgemm")))
     assert [plan.kernel_for(n) for n in (1, 2, 3, 4, 8, 9, 16, 17, 128, 4000)] == \
@@ -165,19 +200,21 @@ def test_runner_routes_the_text_stack_only(runners):
     assert not any(hasattr(m, "_owlet_kernels") for m in off.model.modules())
 
 
-@pytest.mark.parametrize("kernel", ["onednn", pytest.param("openblas", marks=needs_openblas)])
+@pytest.mark.parametrize("kernel", ["onednn", pytest.param("openblas", marks=needs_openblas),
+                                    pytest.param("panel", marks=needs_panel)])
 @pytest.mark.parametrize("fam", ["lfm2vl", "llava"])
 def test_an_engine_on_one_kernel_alone_matches_generate(fam, kernel, runners):
-    """Every product of 3 rows or more through oneDNN, or through OpenBLAS (prefill chunks and decode steps alike),
-    staggered arrivals batched together: the same greedy tokens as per-request generate() on the model's own
-    nn.Linear."""
+    """Every product of 3 rows or more through oneDNN, through OpenBLAS or through the panel GEMM (prefill chunks
+    and decode steps alike), staggered arrivals batched together: the same greedy tokens as per-request generate()
+    on the model's own nn.Linear."""
     from engine import LLMEngine
 
     from .helpers import reference_tokens, serve_staggered
     from .test_exactness import workload
 
     runner = runners(fam, cpu_packed_weights="off", cpu_onednn_linear="on" if kernel == "onednn" else "off",
-                     cpu_openblas_linear="on" if kernel == "openblas" else "off")
+                     cpu_openblas_linear="on" if kernel == "openblas" else "off",
+                     cpu_panel_linear="on" if kernel == "panel" else "off")
     text = [m for m in runner.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16, 200)} == {kernel}
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", max_running=4),
@@ -207,6 +244,11 @@ def test_kernels_asked_for_where_they_cannot_apply_are_refused_clearly():
                                  cpu_openblas_linear="on"))
     with pytest.raises(ValueError, match="cpu_openblas_linear must be auto, on or off"):
         EngineConfig(model="x", cpu_openblas_linear="yes")
+    with pytest.raises(ValueError, match="cpu_panel_linear=on needs float32 on a CPU with AVX2, FMA and a C comp"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="off",
+                                 cpu_panel_linear="on"))
+    with pytest.raises(ValueError, match="cpu_panel_linear must be auto, on or off"):
+        EngineConfig(model="x", cpu_panel_linear="fast")
 
 
 def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
@@ -220,6 +262,7 @@ def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
     assert not any(getattr(m, "_owlet_packed_rows", None) for m in runner.model.modules())
     assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
     assert not openblas.available() or "not copying for OpenBLAS" in caplog.text
+    assert not panel_gemm.available() or "not packing panels of" in caplog.text
     forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
     assert forced.weight_copy_bytes > 0  # "on" is the operator's call
 
@@ -270,6 +313,14 @@ def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_s
             return (0.4 if n >= 8 else 2.0) * n
         assert cpu_linear.Calibration(16, openblas=True, time_product=with_openblas)(model[0]).describe() == \
             "7+ openblas"
+    if panel_gemm.available():  # the panel GEMM at 0.3 a row from 4 rows up, timed on its packed copies
+
+        def with_panel(kernel, weights, copies, bias, rows, n):
+            if kernel != "panel":
+                return fake(kernel, weights, copies, bias, rows, n)
+            assert [(c.out_features, c.in_features) for c in copies] == [tuple(w.shape) for w in weights]
+            return (0.3 if n >= 4 else 2.0) * n
+        assert cpu_linear.Calibration(16, panel=True, time_product=with_panel)(model[0]).describe() == "4+ panel"
     head = torch.nn.Linear(96, 160).eval()  # same shape as model[0], but an LM head: never more than 16 rows
     clock.clear()
     with_head = cpu_linear.Calibration(16, time_product=fake, decode_only=(head,))
@@ -287,6 +338,9 @@ def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
     if openblas.available():
         plan = cpu_linear.Calibration(16, openblas=True)(layer)
         assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "openblas"}
+    if panel_gemm.available():
+        plan = cpu_linear.Calibration(16, openblas=openblas.available(), panel=True)(layer)
+        assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "openblas", "panel"}
 
 
 def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
