@@ -86,13 +86,16 @@ void owlet_panel_pack(const float *w, int64_t n, int64_t k, float *packed) {
  * extra loads cost (128-256 rows: 5-15 % slower with it). */
 #define PREFETCH_MAX_ROWS 32
 
+int64_t owlet_panel_count(int64_t n) { return (n + NR - 1) / NR; }
+
+/* Panels [p0, p1) of the product (their columns of y); threads split a product by panels. */
 void owlet_panel_gemm(const float *x, int64_t m, int64_t k, const float *packed, int64_t n, const float *bias,
-                      float *y) {
+                      float *y, int64_t p0, int64_t p1) {
     int prefetch = m <= PREFETCH_MAX_ROWS;
-    for (int64_t p = 0; p * NR < n; p++) {
+    for (int64_t p = p0; p < p1 && p * NR < n; p++) {
         const float *panel = packed + p * k * NR;
         int64_t col = p * NR, ncols = n - col < NR ? n - col : NR;
-        int pf = prefetch && (p + 1) * NR < n;
+        int pf = prefetch && p + 1 < p1 && (p + 1) * NR < n;
         for (int64_t k0 = 0; k0 < k; k0 += KC) {
             int64_t k1 = k0 + KC < k ? k0 + KC : k;
             int first = k0 == 0;

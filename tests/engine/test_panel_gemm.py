@@ -99,3 +99,31 @@ def test_without_a_compiler_it_is_unavailable_and_on_is_refused_with_the_reason(
                        for m in auto.model.modules())
     finally:
         panel_gemm._load.cache_clear()  # the next caller builds (or loads from the cache) again
+
+
+@needs_panel
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_product_split_over_threads_by_panels_equals_the_one_thread_product(threads, monkeypatch):
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(768, 2048)  # 86 panels of 24 columns
+    packed = panel_gemm.pack(layer.weight)
+    narrow = torch.nn.Linear(768, 150)  # 7 panels
+    narrow_packed = panel_gemm.pack(narrow.weight)
+    x = torch.randn(16, 768)
+    handed_off = []
+    real_helpers = panel_gemm._helpers
+    monkeypatch.setattr(panel_gemm, "_helpers", lambda count: handed_off.append(count) or real_helpers(count))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = panel_gemm.product(x, packed, layer.bias)
+        narrow_alone = panel_gemm.product(x, narrow_packed, narrow.bias)
+        assert handed_off == []
+        torch.set_num_threads(threads)
+        split = panel_gemm.product(x, packed, layer.bias)
+        assert handed_off == [threads - 1]
+        narrow_split = panel_gemm.product(x, narrow_packed, narrow.bias)
+        assert handed_off == [threads - 1], "7 panels: fewer than 4 for each of two threads, done in one piece"
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(split, alone) and torch.equal(narrow_split, narrow_alone)
