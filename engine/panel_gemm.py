@@ -174,6 +174,15 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 
 
+def _forget_helpers_after_fork() -> None:
+    """A forked child has none of the parent's threads: a pool inherited from it would never run a part."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helpers_after_fork)
+
+
 def _helpers(count: int) -> concurrent.futures.ThreadPoolExecutor:
     """At least ``count`` helper threads, shared by every product in the process. A pool too small for a larger
     thread count is replaced, not shut down: a product on another thread may still be handing work to it."""

@@ -127,3 +127,33 @@ def test_a_product_split_over_threads_by_panels_equals_the_one_thread_product(th
     finally:
         torch.set_num_threads(before)
     assert torch.equal(split, alone) and torch.equal(narrow_split, narrow_alone)
+
+
+@needs_panel
+def test_a_forked_child_splits_products_on_threads_of_its_own():
+    """A pool inherited through fork has no threads behind it; the child must make its own, not wait forever.
+    (The operands reach the child through fork and the result comes back as a list: torch's own OpenMP ops can
+    hang in a forked child, which is not what is tested here.)"""
+    import multiprocessing
+
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(768, 2048)
+    _forked["operands"] = (torch.randn(16, 768), panel_gemm.pack(layer.weight), layer.bias.detach())
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        expected = panel_gemm.product(*_forked["operands"])  # the parent's pool now exists
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            got = pool.apply_async(_product_in_child).get(timeout=60)
+    finally:
+        torch.set_num_threads(before)
+        _forked.clear()
+    assert got == expected.tolist()
+
+
+_forked = {}
+
+
+def _product_in_child():
+    torch.set_num_threads(2)
+    return panel_gemm.product(*_forked["operands"]).tolist()
