@@ -72,27 +72,35 @@ def _cache_folder() -> Path:
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = base.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise OSError(f"{base} is writable by other users")
+        raise OSError(f"{base} is owned by another user or writable by others")
     return base
 
 
+_PRIVATE_FOLDER = "owlet-kernels-"  # the prefix of a build folder of one process, removed once the library is loaded
+
+
 def _build(compiler: str) -> Path:
+    """The compiled library: from the cache, else built into it (or, with no usable cache, into a private
+    temporary folder, which ``_load`` removes once the library is mapped)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, version)).encode()).hexdigest()[:16]
     try:
         folder = _cache_folder()
-    except OSError as e:  # no usable cache: build into a private folder of this process
+    except OSError as e:
         log.info("building the panel GEMM without a cache (%s)", e)
-        folder = Path(tempfile.mkdtemp(prefix="owlet-kernels-"))
+        folder = Path(tempfile.mkdtemp(prefix=_PRIVATE_FOLDER))
     library = folder / f"panel_gemm-{key}.so"
-    if library.exists() and library.stat().st_uid == os.getuid():
-        return library
+    if library.exists():
+        info = library.stat()
+        if info.st_uid == os.getuid() and not info.st_mode & 0o022:
+            return library
     partial = folder / f".{library.name}.{os.getpid()}"
     result = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
                             timeout=120)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         raise OSError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+    partial.chmod(0o755)  # whatever the umask: a library others could rewrite is never loaded (above)
     partial.replace(library)  # atomic: a process loading the cache never sees half a file
     return library
 
@@ -109,9 +117,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if compiler is None:
         return None, "no C compiler (cc or gcc) on PATH"
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        path = _build(compiler)
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"building it failed: {e}"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"loading it failed: {e}"
+    finally:
+        if path.parent.name.startswith(_PRIVATE_FOLDER):
+            shutil.rmtree(path.parent, ignore_errors=True)  # the mapping outlives the file
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.owlet_panel_floats.argtypes, lib.owlet_panel_floats.restype = [i64, i64], i64
     lib.owlet_panel_pack.argtypes, lib.owlet_panel_pack.restype = [ptr, i64, i64, ptr], None

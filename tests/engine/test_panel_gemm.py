@@ -70,15 +70,18 @@ def test_the_build_is_cached_per_user_and_refused_from_a_folder_others_can_write
     assert (first.parent.stat().st_mode & 0o777) == 0o700
     built_at = first.stat().st_mtime_ns
     assert panel_gemm._build(compiler) == first and first.stat().st_mtime_ns == built_at, "loaded, not rebuilt"
+    os.chmod(first, 0o777)  # someone else could have rewritten it: built again, not loaded
+    assert panel_gemm._build(compiler) == first and (first.stat().st_mode & 0o777) == 0o755
     shared = tmp_path / "shared"
     (shared / "owlet" / "kernels").mkdir(parents=True)
     os.chmod(shared / "owlet" / "kernels", 0o777)
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
     with caplog.at_level("INFO", logger="owlet.engine"):
         private = panel_gemm._build(compiler)
-    assert "writable by other users" in caplog.text
+    assert "owned by another user or writable by others" in caplog.text
     assert private.parent != shared / "owlet" / "kernels" and (private.parent.stat().st_mode & 0o077) == 0
     assert not list((shared / "owlet" / "kernels").iterdir()), "nothing written where others can write"
+    shutil.rmtree(private.parent)
 
 
 def test_without_a_compiler_it_is_unavailable_and_on_is_refused_with_the_reason(monkeypatch, caplog):
