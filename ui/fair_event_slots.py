@@ -9,8 +9,15 @@ whole waiting queue (``queue_max_size``), after which every join was refused "Qu
 
 So:
 
-- a free slot goes to the oldest waiting event of the address running the fewest events (arrival order among
-  equals): a visitor running nothing waits for the next slot to come free, not behind everyone else's backlog;
+- a free slot goes to the waiting event of the address running the fewest events: a visitor running nothing waits
+  for the next slot to come free, not behind everyone else's backlog;
+- among addresses running equally many, an address's recent use of the slots counts against it, as the worker's
+  queue counts a client group's time in flight (worker/lua.py, the same half-life, weight and cap): an event lines
+  up as if it had arrived ``min(GROUP_USAGE_WEIGHT x usage, GROUP_USAGE_CAP_S)`` later, ``usage`` being the seconds
+  its address's events held slots, halved every ``GROUP_USAGE_HALF_LIFE_S``. Without it a crowd address whose
+  answer had just ended (so running nothing) and which re-asked at once went before a visitor who arrived a moment
+  later (a hostile audit with 100 addresses, 2026-12-03: most of a visitor's wait was here). The cap keeps a heavy
+  user's wait bounded;
 - an address may have at most ``max_waiting`` events waiting; one more is refused at once with a sentence
   (HTTP 503, as Gradio refuses a full queue), so filling the waiting queue takes many addresses.
 
@@ -18,17 +25,52 @@ The order is Gradio's only while nobody waits; the Redis fair queue (``worker/``
 """
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
 
 from ui.identity import ClientAddresses
+from worker.lua import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 TOO_MANY_WAITING = ("Too many requests from your network are waiting for the page. Wait for one to finish, then "
                     "try again.")
 
 
-def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int) -> None:
-    """Patch ``page``'s Gradio queue (after ``page.queue()``): fair pick of the next event, per-address waiting cap."""
+class SlotUsage:
+    """Per address, the seconds its events held event slots, halving every ``GROUP_USAGE_HALF_LIFE_S``."""
+
+    # Past this many addresses, those whose usage has decayed below a second are forgotten (memory stays bounded).
+    MAX_ADDRESSES = 4096
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._held: dict[str, tuple[float, float]] = {}  # address -> (seconds, when)
+
+    def charge(self, address: str, seconds: float) -> None:
+        now = self._clock()
+        self._held[address] = (self.of(address) + seconds, now)
+        if len(self._held) > self.MAX_ADDRESSES:
+            self._held = {a: held for a, held in self._held.items() if self._decayed(held, now) >= 1.0}
+
+    def of(self, address: str) -> float:
+        held = self._held.get(address)
+        return self._decayed(held, self._clock()) if held else 0.0
+
+    def delay(self, address: str) -> float:
+        """How much later than its arrival a waiting event of ``address`` lines up."""
+        return min(GROUP_USAGE_WEIGHT * self.of(address), GROUP_USAGE_CAP_S)
+
+    @staticmethod
+    def _decayed(held: tuple[float, float], now: float) -> float:
+        seconds, when = held
+        return seconds * math.pow(0.5, max(0.0, now - when) / GROUP_USAGE_HALF_LIFE_S)
+
+
+def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int) -> SlotUsage:
+    """Patch ``page``'s Gradio queue (after ``page.queue()``): fair pick of the next event, per-address waiting cap.
+    Returns the slot usage it keeps."""
     queue = page._queue
+    usage = SlotUsage()
 
     def address_of(event) -> str:
         address = getattr(event, "owlet_address", None)
@@ -39,16 +81,34 @@ def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int)
     pick = queue.get_events
 
     def get_events():
-        """Gradio's pick, after moving to the front of each waiting line the oldest event of the address that
-        runs the fewest events. Gradio calls this under its queue lock."""
+        """Gradio's pick, after moving to the front of each waiting line the event whose address runs the fewest
+        events, the earliest by arrival plus its address's usage delay among those. Gradio calls this under its
+        queue lock."""
         running = Counter(address_of(event) for job in queue.active_jobs if job for event in job)
         for line in queue.event_queue_per_concurrency_id.values():
             waiting = line.queue
             if len(waiting) > 1:
-                first = min(range(len(waiting)), key=lambda i: (running[address_of(waiting[i])], i))
+                delays = {address: usage.delay(address) for address in {address_of(e) for e in waiting}}
+
+                def place(i):
+                    address = address_of(waiting[i])
+                    return running[address], getattr(waiting[i], "enqueue_time", 0.0) + delays[address], i
+                first = min(range(len(waiting)), key=place)
                 if first:
                     waiting.insert(0, waiting.pop(first))
         return pick()
+
+    process = queue.process_events
+
+    async def process_and_charge(events, *args, **kwargs):
+        """Gradio's run of an event batch, its time charged to the events' addresses once it ends."""
+        started = time.monotonic()
+        try:
+            return await process(events, *args, **kwargs)
+        finally:
+            held = time.monotonic() - started
+            for event in events:
+                usage.charge(address_of(event), held)
 
     push = queue.push
 
@@ -62,3 +122,5 @@ def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int)
 
     queue.get_events = get_events
     queue.push = push_unless_too_many_waiting
+    queue.process_events = process_and_charge
+    return usage

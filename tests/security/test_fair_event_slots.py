@@ -6,15 +6,19 @@ new visitor waited 51 s for a first token the worker produced in 0.05 s. Here th
 address may run two events."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.security.attack import Event, cancel_jobs, http, identity
 from tests.security.pages import page_without_worker
-from ui.fair_event_slots import TOO_MANY_WAITING
+from ui.fair_event_slots import TOO_MANY_WAITING, SlotUsage
+from worker.lua import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 pytestmark = pytest.mark.timeout(180)
 
 A1, A2, VISITOR = "203.0.113.31", "203.0.113.32", "198.51.100.33"
+A3 = "203.0.113.34"
 
 
 def question(url: str, address: str, token: str) -> Event:
@@ -59,3 +63,56 @@ def test_a_freed_slot_goes_to_the_visitor_not_to_the_crowds_backlog():
             cancel_jobs(owlet)
             for event in crowd:
                 event.done.wait(30)
+
+
+def test_an_address_that_just_held_a_slot_waits_behind_a_visitor_among_equals():
+    """A crowd address whose answer just ended runs nothing, like a visitor; it re-asks first, but the seconds its
+    answer held a slot set its new question back (x4, at most 30 s), so the next free slot goes to the visitor."""
+    with page_without_worker("fair-slots-usage", max_threads=4, address_max_events=2, address_max_waiting_events=3,
+                             queue_poll_s=0.25) as (url, owlet):
+        tokens = {}
+        for address in (A1, A2, A3, VISITOR):
+            with http(forwarded=address) as client:
+                tokens[address] = identity(client, url)
+        crowd = []
+        try:
+            earlier = question(url, A3, tokens[A3])
+            assert earlier.first.wait(15), "A3's first answer holds a slot"
+            assert not earlier.done.wait(2.5), "and keeps it a while"
+            cancel_one_job_of(owlet, A3)
+            assert earlier.done.wait(15), "then it ends: A3 runs nothing"
+            for address in (A1, A2):
+                for _ in range(2):
+                    crowd.append(question(url, address, tokens[address]))
+                    assert crowd[-1].status().startswith("Queued"), "the crowd holds the page's four slots"
+            again = question(url, A3, tokens[A3])  # A3 re-asks before the visitor arrives
+            time.sleep(1.0)  # (each event posts from its own thread: let A3's reach the queue first)
+            visitor = question(url, VISITOR, tokens[VISITOR])
+            assert not visitor.first.wait(1) and not again.first.is_set(), "every slot is taken"
+            cancel_one_job_of(owlet, A1)
+            assert visitor.first.wait(15), "the freed slot went to the visitor, though A3 asked first"
+            assert not again.first.wait(1), "A3's question still waits"
+            cancel_one_job_of(owlet, A2)
+            assert again.first.wait(15), "and takes the next slot"
+        finally:
+            cancel_jobs(owlet)
+            for event in crowd:
+                event.done.wait(30)
+
+
+def test_slot_usage_decays_caps_and_forgets_idle_addresses():
+    now = [1000.0]
+    usage = SlotUsage(clock=lambda: now[0])
+    assert usage.of("a") == 0.0 and usage.delay("a") == 0.0
+    usage.charge("a", 2.0)
+    assert usage.of("a") == 2.0 and usage.delay("a") == GROUP_USAGE_WEIGHT * 2.0
+    now[0] += GROUP_USAGE_HALF_LIFE_S
+    assert usage.of("a") == pytest.approx(1.0)
+    usage.charge("a", 1.0)
+    assert usage.of("a") == pytest.approx(2.0), "new time adds to the decayed old"
+    usage.charge("b", 1000.0)
+    assert usage.delay("b") == GROUP_USAGE_CAP_S, "a heavy user's wait stays bounded"
+    for i in range(SlotUsage.MAX_ADDRESSES):
+        usage.charge(f"idle-{i}", 0.1)
+    assert usage.of("b") > 0 and usage.of("idle-0") == 0.0, "past the bound, addresses under a second are dropped"
+    assert len(usage._held) < SlotUsage.MAX_ADDRESSES
