@@ -56,11 +56,17 @@ def _linear(seed=0, bias=True):
     return torch.nn.Linear(96, 160, bias=bias).eval()
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_products_match_nn_linear(bias, packed_calls):
+def _linear_and_its_twin(bias: bool):
+    """A layer to route and an untouched copy of it (the reference)."""
     layer = _linear(bias=bias)
     plain = torch.nn.Linear(96, 160, bias=bias)
     plain.load_state_dict(layer.state_dict())
+    return layer, plain
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_products_match_nn_linear(bias, packed_calls):
+    layer, plain = _linear_and_its_twin(bias)
     assert [m for m, _ in cpu_linear.use_kernels(layer, 8, lambda _: _packed_plan(8))] == [layer]
     x = torch.randn(2, 4, 96)  # 8 rows, the packed count: bit for bit what nn.Linear gives
     with torch.inference_mode():
@@ -109,12 +115,33 @@ def test_onednn_products_match_nn_linear_and_do_not_depend_on_the_row_count(oned
         assert onednn_calls == [40, 5]
 
 
+def _assert_routed_like_nn_linear(layer, plain, calls: list, untouched: list, rows_alone_equal: bool = False):
+    """``layer``, routed to a copying kernel, against ``plain`` (its weights through nn.Linear): the same values to
+    fp32 rounding for a 40-row and a 5-row product, which reach the kernel (``calls``; ``untouched``, another
+    kernel's calls, stays empty), and nn.Linear's own op for 1-2 rows, in a reference run and under autograd.
+    ``rows_alone_equal``: the 5 rows alone equal, bit for bit, the same rows within the 40."""
+    x = torch.randn(2, 20, 96)
+    with torch.inference_mode():
+        got = layer(x)
+        assert got.shape == (2, 20, 160)
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
+        few = layer(x[0, :5])
+        torch.testing.assert_close(few, plain(x[0, :5]), rtol=1e-5, atol=1e-5)
+        assert not rows_alone_equal or torch.equal(few, got[0, :5]), "a row's values depend on the rows beside it"
+        assert calls == [40, 5] and untouched == []
+        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
+            assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
+        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
+            assert torch.equal(layer(x), plain(x))
+    assert calls == [40, 5]
+    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
+    assert layer.weight.grad is not None and calls == [40, 5]
+
+
 @needs_openblas
 @pytest.mark.parametrize("bias", [True, False])
 def test_openblas_products_match_nn_linear_on_a_transposed_copy(bias, openblas_calls, onednn_calls):
-    layer = _linear(bias=bias)
-    plain = torch.nn.Linear(96, 160, bias=bias)
-    plain.load_state_dict(layer.state_dict())
+    layer, plain = _linear_and_its_twin(bias)
     plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=True, openblas=True)
     assert plan.describe() == "3+ openblas", "asked for both, OpenBLAS takes what the packed product does not"
     torch.set_num_threads(1)
@@ -122,49 +149,19 @@ def test_openblas_products_match_nn_linear_on_a_transposed_copy(bias, openblas_c
     assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
     assert openblas.threads() == 1, "OpenBLAS runs on torch's thread count"
     assert layer._owlet_packed_rows is None and layer._owlet_copy_bytes == 96 * 160 * 4, "one transposed copy"
-    x = torch.randn(2, 20, 96)
-    with torch.inference_mode():
-        got = layer(x)
-        assert got.shape == (2, 20, 160)
-        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
-        few = x[0, :5]
-        torch.testing.assert_close(layer(few), plain(few), rtol=1e-5, atol=1e-5)
-        assert openblas_calls == [40, 5] and onednn_calls == []
-        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
-            assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
-        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
-            assert torch.equal(layer(x), plain(x))
-    assert openblas_calls == [40, 5]
-    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
-    assert layer.weight.grad is not None and openblas_calls == [40, 5]
+    _assert_routed_like_nn_linear(layer, plain, openblas_calls, onednn_calls)
 
 
 @needs_panel
 @pytest.mark.parametrize("bias", [True, False])
 def test_panel_products_match_nn_linear_on_a_packed_copy(bias, panel_calls, packed_calls):
-    layer = _linear(bias=bias)
-    plain = torch.nn.Linear(96, 160, bias=bias)
-    plain.load_state_dict(layer.state_dict())
+    layer, plain = _linear_and_its_twin(bias)
     plan = cpu_linear.sgemm_plan(8).forced(8, packed=True, onednn=True, openblas=True, panel=True)
     assert plan.describe() == "3-8 packed, 9+ panel", "the panel GEMM takes what the packed product does not"
     plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=False, panel=True)
     assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
     assert layer._owlet_packed_rows is None and layer._owlet_copy_bytes == 96 * 160 * 4, "one packed copy"
-    x = torch.randn(2, 20, 96)
-    with torch.inference_mode():
-        got = layer(x)
-        assert got.shape == (2, 20, 160)
-        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
-        few = x[0, :5]
-        assert torch.equal(layer(few), got[0, :5]), "a row's values do not depend on the rows beside it"
-        assert panel_calls == [40, 5] and packed_calls == []
-        for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
-            assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
-        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
-            assert torch.equal(layer(x), plain(x))
-    assert panel_calls == [40, 5]
-    layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
-    assert layer.weight.grad is not None and panel_calls == [40, 5]
+    _assert_routed_like_nn_linear(layer, plain, panel_calls, packed_calls, rows_alone_equal=True)
 
 
 def test_plan_takes_the_choice_of_the_smallest_probed_count_at_or_above():
