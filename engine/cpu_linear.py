@@ -21,9 +21,10 @@ product (to rounding) faster on some CPUs and row counts:
   over the same matrices against ``sgemm``'s 82 (293 against 314 at 128 rows). It costs a second copy of each
   matrix it is used for, and runs on as many threads as torch. Under ``auto`` it is a candidate only where torch
   runs one thread: with two, OpenBLAS's thread pool beside torch's made a whole engine slower (see ``route``).
-- **Owlet's panel GEMM** (engine/panel_gemm.c, AVX2, one thread) on a copy packed once, at load, into the layout
-  its inner loop reads. On the AVX2-only EPYC it took 3.4-4.3 ms for a 16-row product over the bench model's
-  matrices against OpenBLAS's 4.5-5.2 and ``sgemm``'s 5.9-7.1. It costs a second copy of each matrix it is used for.
+- **Owlet's panel GEMM** (engine/panel_gemm.c, AVX2; a product split by panels over torch's threads) on a copy
+  packed once, at load, into the layout its inner loop reads. On the AVX2-only EPYC it took 3.4-4.3 ms for a
+  16-row product over the bench model's matrices against OpenBLAS's 4.5-5.2 and ``sgemm``'s 5.9-7.1. It costs a
+  second copy of each matrix it is used for.
 
 Which wins depends on the CPU: on an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row count
 and only on a matrix kept in cache (0.96-1.07x streamed from memory, as a decode step reads it; 0.6-0.9x padded
@@ -221,7 +222,7 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
     elif kernel == OPENBLAS:
         calls = [functools.partial(_openblas_product, x, t, bias) for t in copies]
     elif kernel == PANEL:
-        calls = [functools.partial(panel_gemm.product, x, p, bias) for p in copies]
+        calls = [functools.partial(_panel_product, x, p, bias) for p in copies]
     elif kernel == ONEDNN:
         calls = [functools.partial(_onednn_product, x, w, bias) for w in weights]
     else:
@@ -240,9 +241,9 @@ _ROUNDS = 4
 class Calibration:
     """``plan_for`` for ``use_kernels``: per distinct (out, in, bias) shape, the kernel that is fastest on this
     machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
-    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``; ``panel``), measured once with
-    the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)`` is the
-    clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
+    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``; ``panel``), measured
+    once with the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)``
+    is the clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
 
     def __init__(self, rows: int, packed: bool = True, onednn: bool = True, openblas: bool = False,
                  time_product: Callable[..., float] | None = None, decode_only: tuple = (), panel: bool = False):
