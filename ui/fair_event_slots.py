@@ -14,7 +14,10 @@ So:
 - among addresses running equally many, an address's recent use of the slots counts against it, as the worker's
   queue counts a client group's time in flight (worker/lua.py, the same half-life, weight and cap): an event lines
   up as if it had arrived ``min(GROUP_USAGE_WEIGHT x usage, GROUP_USAGE_CAP_S)`` later, ``usage`` being the seconds
-  its address's events held slots, halved every ``GROUP_USAGE_HALF_LIFE_S``. Without it a crowd address whose
+  its address's answers streamed (first token to end, charged by ui/handlers.py), halved every
+  ``GROUP_USAGE_HALF_LIFE_S``. Not the seconds its events held slots: a visitor whose first answer waited a minute
+  in the workers' queue while holding its slot was then set back for its follow-up (a hostile audit at 100
+  addresses: follow-ups' median time to a slot 88 s against 64 without the usage). Without it a crowd address whose
   answer had just ended (so running nothing) and which re-asked at once went before a visitor who arrived a moment
   later (a hostile audit with 100 addresses, 2026-12-03: most of a visitor's wait was here). The cap keeps a heavy
   user's wait bounded;
@@ -37,7 +40,7 @@ TOO_MANY_WAITING = ("Too many requests from your network are waiting for the pag
 
 
 class SlotUsage:
-    """Per address, the seconds its events held event slots, halving every ``GROUP_USAGE_HALF_LIFE_S``."""
+    """Per address, the seconds its answers streamed, halving every ``GROUP_USAGE_HALF_LIFE_S``."""
 
     # Past this many addresses, those whose usage has decayed below a second are forgotten (memory stays bounded).
     MAX_ADDRESSES = 4096
@@ -66,11 +69,11 @@ class SlotUsage:
         return seconds * math.pow(0.5, max(0.0, now - when) / GROUP_USAGE_HALF_LIFE_S)
 
 
-def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int) -> SlotUsage:
-    """Patch ``page``'s Gradio queue (after ``page.queue()``): fair pick of the next event, per-address waiting cap.
-    Returns the slot usage it keeps."""
+def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int, usage: SlotUsage) -> None:
+    """Patch ``page``'s Gradio queue (after ``page.queue()``): fair pick of the next event (``usage``: what the
+    page's answers charge), per-address waiting cap."""
     queue = page._queue
-    usage = SlotUsage()
+    queue.owlet_usage = usage
 
     def address_of(event) -> str:
         address = getattr(event, "owlet_address", None)
@@ -98,18 +101,6 @@ def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int)
                     waiting.insert(0, waiting.pop(first))
         return pick()
 
-    process = queue.process_events
-
-    async def process_and_charge(events, *args, **kwargs):
-        """Gradio's run of an event batch, its time charged to the events' addresses once it ends."""
-        started = time.monotonic()
-        try:
-            return await process(events, *args, **kwargs)
-        finally:
-            held = time.monotonic() - started
-            for event in events:
-                usage.charge(address_of(event), held)
-
     push = queue.push
 
     async def push_unless_too_many_waiting(body, request, username):
@@ -122,5 +113,3 @@ def share_event_slots_fairly(page, addresses: ClientAddresses, max_waiting: int)
 
     queue.get_events = get_events
     queue.push = push_unless_too_many_waiting
-    queue.process_events = process_and_charge
-    return usage

@@ -16,6 +16,7 @@ from ui import wording
 from ui.chat_view import (assistant_message, message_text, message_turns, parse_input, render_history, then_asked,
                           user_message)
 from ui.client_gate import AddressSlots, SlotRefused
+from ui.fair_event_slots import SlotUsage
 from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
 from ui.job_follower import follow_job
 from ui.live_streams import LiveStreams
@@ -94,6 +95,7 @@ class ChatHandlers:
         self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS,
                                         max_waiting=config.address_max_events)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
+        self.answer_time = SlotUsage()  # per address, its answers' recent streaming time (ui/fair_event_slots.py)
         # One reader for all answer streams, and one update budget they share (see ui.stream_hub, ui.pacing).
         self.hub = StreamHub(client, tick_s=config.stream_read_tick_s,
                              outage_grace_s=client.settings.redis_reconnect_s)
@@ -220,7 +222,7 @@ class ChatHandlers:
         session = dict(session)
         started = time.monotonic()
         base = await asyncio.to_thread(self._shown_history, caller.user, session)
-        async for update in self._stream(caller.user, session, job, base, started):
+        async for update in self._stream(caller, session, job, base, started):
             yield update
 
     def identity(self, stored_token, request: gr.Request):
@@ -379,21 +381,27 @@ class ChatHandlers:
         session["job"] = job
         # The stored history is what was shown plus this turn (appended atomically by the submit): no need to
         # read it back. Earlier messages are built once per turn and shared by every update of the stream.
-        async for update in self._stream(user, session, job, then_asked(shown, pending_user), started):
+        async for update in self._stream(caller, session, job, then_asked(shown, pending_user), started):
             yield update
 
-    async def _stream(self, user, session, job, base, started):
+    async def _stream(self, caller, session, job, base, started):
         """Follow ``job`` to its end: queue position, then the growing answer under the chat ``base`` (which ends
-        with the question), then the final stats. Stop, a closed tab or "New conversation" cancel the job."""
+        with the question), then the final stats. Stop, a closed tab or "New conversation" cancel the job. The
+        time the answer streamed (first token to end; not its wait in the queue) is charged to the caller's
+        address, which the event-slot picker weighs (ui/fair_event_slots.py)."""
+        user = caller.user
         follow_up = len(base) > 1  # earlier turns exist, so a session cache hit is possible
         self.metrics.active_streams.inc()
         finished = locked = lost = False
+        answering_since = None
         try:
             async for p in follow_job(self.client, job, hub=self.hub, pacer=self.pacer,
                                       poll_s=self.config.queue_poll_s, stall_timeout_s=self.config.stall_timeout_s,
                                       started_at=started, eta=self.client.eta_s,
                                       workers_alive=self.client.workers_alive, first_update_s=FIRST_UPDATE_S):
                 finished, lost = p.finished, p.state == "lost"
+                if p.answer and answering_since is None:
+                    answering_since = time.monotonic()
                 if not p.finished:
                     bubble = p.answer or "⏳ " + (p.status or wording.THINKING)
                     shown_now = base + [assistant_message(bubble)]
@@ -421,6 +429,8 @@ class ChatHandlers:
                 yield box, base + [assistant_message(self._final_bubble(p))], status, session
                 self._record(p, follow_up)
         finally:
+            if answering_since is not None:
+                self.answer_time.charge(caller.address, time.monotonic() - answering_since)
             self._stopped_jobs.discard(job)
             self.metrics.active_streams.dec()
             if not finished:  # tab closed (or reloaded), Stop, or the server shutting down: free the engine slot

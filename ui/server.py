@@ -79,11 +79,12 @@ def build(config, client=None):
     uploads = UploadedPaths()  # who uploaded each path: served files, the files a call names, reopened pictures
     ledger = upload_ledger(config)
     room = UploadRoom(ledger, uploads, get_upload_folder())  # which uploads give way when the budget is full
-    page = build_page(ChatHandlers(client, config, metrics, uploads, room), config)
+    handlers = ChatHandlers(client, config, metrics, uploads, room)
+    page = build_page(handlers, config)
     explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
-    share_event_slots_fairly(page, addresses, config.address_max_waiting_events)
+    share_event_slots_fairly(page, addresses, config.address_max_waiting_events, handlers.answer_time)
     calm_idle_queue(page)
     keep_sessions_with_answers(page)
     drop_queue_analytics(page)
