@@ -53,6 +53,7 @@ class PanelWeight:
     packed: torch.Tensor
     out_features: int
     in_features: int
+    panels: int  # of 24 output columns: what a product is split by
 
 
 def _cpu_flags() -> set[str]:
@@ -151,7 +152,7 @@ def pack(weight: torch.Tensor) -> PanelWeight:
     n, k = w.shape
     packed = torch.empty(lib.owlet_panel_floats(n, k), dtype=torch.float32)
     lib.owlet_panel_pack(w.data_ptr(), n, k, packed.data_ptr())
-    return PanelWeight(packed, n, k)
+    return PanelWeight(packed, n, k, lib.owlet_panel_count(n))
 
 
 def product(x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -172,9 +173,8 @@ def product(x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None) -> 
     run = functools.partial(lib.owlet_panel_gemm, x.data_ptr(), x.shape[0], weight.in_features,
                             weight.packed.data_ptr(), weight.out_features,
                             bias.data_ptr() if bias is not None else None, out.data_ptr())
-    panels = lib.owlet_panel_count(weight.out_features)
-    parts = max(1, min(torch.get_num_threads(), panels // MIN_PANELS_PER_THREAD))
-    bounds = [panels * i // parts for i in range(parts + 1)]
+    parts = max(1, min(torch.get_num_threads(), weight.panels // MIN_PANELS_PER_THREAD))
+    bounds = [weight.panels * i // parts for i in range(parts + 1)]
     helped = []
     if parts > 1:
         helpers = _helpers(parts - 1)
