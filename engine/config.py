@@ -8,6 +8,7 @@ from owlet.settings import read_fields
 from . import limits
 
 PARK_MODES = ("none", "int8", "int4")
+CPU_KERNELS = ("packed", "onednn", "panel")  # the kernels of engine/cpu/linear.py, by the names cpu_kernels takes
 ENV_PREFIX = "OWLET_"  # field max_running is read from OWLET_MAX_RUNNING
 # Default answers held per decode row with time slicing. Clients beyond the held answers wait in Redis for one to
 # end, and with slicing every held answer ends later, so this is how many distinct clients with long answers it
@@ -23,14 +24,14 @@ class EngineConfig:
     trust_remote_code: bool = False  # only for checkpoints that ship their own modelling code (mPLUG-Owl3 needs none)
     allow_unverified: bool = False  # serve an architecture missing from engine/families.py (with a warning)
     max_running: int = 16  # sequences in the decode batch
-    # Time slicing (engine/time_slicing.py): an answer waiting for a decode row while another owner holds more
-    # rows takes the row of that owner's answer that has decoded the most tokens since it last (re)joined, once
+    # Time slicing (engine/time_slicing.py): an answer waiting for a decode row while another group holds more
+    # rows takes the row of that group's answer that has decoded the most tokens since it last (re)joined, once
     # that answer has decoded at least this many; the paused answer's cache is copied out exactly and it resumes
     # when its turn comes. 0: off (rows are held until answers end).
     time_slice_tokens: int = 64
     # Answers the engine holds at once, in decode rows or paused. None: 4 x max_running with time slicing on, else
     # max_running. The worker announces this as its capacity, and the dispatcher keeps the part beyond
-    # max_running for clients with nothing running (worker/fair_dispatch.py), so a newcomer reaches the engine.
+    # max_running for clients with nothing running (worker/queue/dispatch.py), so a newcomer reaches the engine.
     max_active: int | None = None
     max_prefill_tokens: int = 512  # prompt tokens prefilled between two decode steps (chunked beyond this)
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -42,47 +43,46 @@ class EngineConfig:
     session_cache: bool = True
     session_budget_mb: float | None = None  # None: 256 MB on CPU; a fraction of free memory on CUDA
     session_budget_fraction: float = 0.5  # CUDA only: share of free memory after load and batch reserve
-    # Most of each session pool one owner may hold (the worker names the client group, i.e. the address or
-    # login the page derived): a client's many conversations then evict its own oldest caches, never everyone
+    # Most of each session pool one client group may hold (the worker names it: the address or login the page
+    # derived): a client's many conversations then evict its own oldest caches, never everyone
     # else's. An entry larger than the share is not kept (that conversation's next turn recomputes). 1.0: no cap.
-    session_owner_share: float = 0.25
+    session_group_share: float = 0.25
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
-    # Decode batch storage: slots (K/V and conv states preallocated per running row, written in place) |
-    # dynamic (DynamicCache, concatenated each step) | auto (slots where the model supports them).
+    # Decode batch storage (engine/decode_batch.py): auto (the path the family row names, engine/families.py) |
+    # slots (K/V and conv states preallocated per running row, written in place; only for a family whose row
+    # names it) | dynamic (a DynamicCache concatenated as rows join and leave; any family).
     decode_cache: str = "auto"
     # Requests that reach the engine together (in one step's intake) are queued longest max_new_tokens first, so
     # a burst's long answers start early instead of running alone at its end; across steps order stays FIFO.
     admit_longest_first: bool = True
     # Static-shape decode over slots: off | static (bucketed shapes, eager: the CPU-testable path) | cuda (the
-    # same, captured as CUDA graphs) | auto (cuda on a CUDA device when the slot cache is used, else off). An H200
-    # run showed the captured step token-identical to the same step run eagerly and 3.7-10x faster (README).
+    # same, captured as CUDA graphs) | auto (cuda on a CUDA device when the slot cache is used, else off). On an
+    # H200 the captured step is token-identical to the same step run eagerly and 3.2-7.1x faster (docs/benchmarks.md).
     decode_graphs: str = "auto"
+    # Prompts admitted in the same step are prefilled together, left-padded, in as few forwards as keep padding
+    # under a quarter of the positions (engine/prefill_batch.py), on the families verified token-exact that way
+    # (``prefill_together`` in engine/families.py); a follow-up turn and a later chunk prefill alone. on | off (every
+    # prompt alone) | auto: on for a CUDA device, off on CPU, where a batched forward of a burst measured slower
+    # than the same prompts one by one (bench.prefill_burst, docs/benchmarks.md).
+    batched_prefill: str = "auto"
+    # Fused decode step: the static-shape step's forward through torch.compile (inductor), so its many small kernels
+    # are fused; with decode_graphs=cuda the compiled kernels are captured in the graph. Needs decode_graphs static
+    # or cuda. Off until measured on a device (bench/gpu_decode.py --graphs off,cuda,cuda-compiled).
+    decode_compile: bool = False
     # Decode attention over slots: varlen (each run of rows attends only up to its own longest row; see
     # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
     decode_attention: str = "varlen"
-    # fp32 on CPU: pack the text stack's weight matrices once for MKL's packed GEMM, so a decode step's few-row
-    # products skip re-packing them every call (engine/cpu_linear.py). auto: where it applies and the copy
-    # (at most as large as the text stack) fits in a quarter of the available memory, each matrix shape packed
-    # from the row count where a measurement at load shows the packed product faster on this CPU (never, on some)
-    # | on (every matrix, from 3 rows; refused where it cannot apply) | off.
-    cpu_packed_weights: str = "auto"
-    # fp32 on CPU: oneDNN's GEMM for the text stack's matmuls where it is faster than MKL's sgemm (and than the
-    # packed product) on this CPU (engine/cpu_linear.py). auto: per matrix shape and row count, as measured at
-    # load | on (every product of 3 rows or more that the packed product does not take) | off.
-    cpu_onednn_linear: str = "auto"
-    # fp32 on CPU: OpenBLAS's GEMM (numpy's BLAS) on a transposed copy of each matrix it is used for, where it is
-    # faster than the kernels above on this CPU (engine/cpu_linear.py, engine/openblas.py). auto: as measured at
-    # load, only where torch runs one thread and the copy fits beside the packed one in a quarter of the available
-    # memory | on (every product of 3 rows or more that the packed product does not take) | off.
-    cpu_openblas_linear: str = "auto"
-    # fp32 on CPU: Owlet's own GEMM for few rows (engine/panel_gemm.c, AVX2, built with the system's C compiler at
-    # first use) on a copy of each matrix packed once into its layout, where it is faster than the kernels above
-    # on this CPU (engine/panel_gemm.py). auto: as measured at load, where the copy fits beside the others | on
-    # (every product of 3 rows or more that the packed product does not take) | off.
-    cpu_panel_linear: str = "auto"
+    # fp32 on CPU: the text stack's matmuls through faster kernels than torch's own (engine/cpu/): MKL's packed
+    # GEMM, oneDNN's GEMM, Owlet's panel GEMM (AVX2 C, built with the system's C compiler at first use).
+    # auto: each matrix shape and row count takes the fastest of them and torch's own, as measured at load on
+    # this CPU; a kernel that reads a copy of the weights (packed, panel) only where the copy fits in a quarter of
+    # the available memory | off: torch's own products, and engine/cpu/ is not even imported | a comma list of
+    # kernel names (e.g. "onednn", "packed,panel"): those, on every product of 3 rows or more they can take
+    # (packed on decode rows, up to 16), unmeasured; refused where one cannot run.
+    cpu_kernels: str = "auto"
     kv_pool_mb: float | None = None  # slot pool budget; None: 512 MB on CPU, half the free memory on CUDA
     seed: int = 0
 
@@ -109,15 +109,16 @@ class EngineConfig:
             raise ValueError(f"decode_graphs must be auto, off, static or cuda, got {self.decode_graphs!r}")
         if self.decode_attention not in ("varlen", "padded"):
             raise ValueError(f"decode_attention must be varlen or padded, got {self.decode_attention!r}")
+        if self.batched_prefill not in ("auto", "on", "off"):
+            raise ValueError(f"batched_prefill must be auto, on or off, got {self.batched_prefill!r}")
         if self.decode_cache not in ("auto", "slots", "dynamic"):
             raise ValueError(f"decode_cache must be auto, slots or dynamic, got {self.decode_cache!r}")
-        if self.cpu_packed_weights not in ("auto", "on", "off"):
-            raise ValueError(f"cpu_packed_weights must be auto, on or off, got {self.cpu_packed_weights!r}")
-        for name in ("cpu_onednn_linear", "cpu_openblas_linear", "cpu_panel_linear"):
-            if getattr(self, name) not in ("auto", "on", "off"):
-                raise ValueError(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
-        if not 0.0 < self.session_owner_share <= 1.0:
-            raise ValueError("session_owner_share must be in (0, 1]")
+        if self.cpu_kernels not in ("auto", "off") and not {
+                name.strip() for name in self.cpu_kernels.split(",")} <= set(CPU_KERNELS):
+            raise ValueError(f"cpu_kernels must be auto, off or a comma list of {', '.join(CPU_KERNELS)}, got "
+                             f"{self.cpu_kernels!r}")
+        if not 0.0 < self.session_group_share <= 1.0:
+            raise ValueError("session_group_share must be in (0, 1]")
         if not 0.0 < self.session_budget_fraction <= 0.95:
             raise ValueError("session_budget_fraction must be in (0, 0.95]")
 

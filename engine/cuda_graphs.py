@@ -12,6 +12,12 @@ the same token at the same position). ``capture=False`` runs the same static-sha
 path the CPU tests cover. Both are behind ``EngineConfig.decode_graphs`` (auto | off | static | cuda; auto
 captures on CUDA).
 
+``compile=True`` (``EngineConfig.decode_compile``) runs the step's forward through ``torch.compile`` (inductor,
+static shapes: one compilation per shape, at its first use), so the many small kernels of a decode step are fused
+(norms, rotary, the gated MLP's elementwise work); with ``capture`` the compiled kernels are what the graph records.
+It is off by default until a device measurement says it pays; on CPU it runs and is tested like the rest. A new
+shape compiles at its first use, inside that step (seconds to minutes: warm the shapes up before serving).
+
 Graphs share one memory pool: replays never overlap, and each graph's output (its logits) stays referenced, so
 one graph's scratch memory can be another's. Long contexts meet many position buckets, so at most
 ``max_graphs`` graphs are kept, least recently replayed dropped first (a dropped shape is captured again on its
@@ -38,7 +44,7 @@ def size_buckets(max_rows: int) -> list[int]:
 
 
 class StaticDecode:
-    def __init__(self, model, pool, capture: bool, kv_block: int = 256):
+    def __init__(self, model, pool, capture: bool, kv_block: int = 256, compile: bool = False):
         if capture and pool.device.type != "cuda":
             raise ValueError("decode_graphs='cuda' needs a CUDA device; use 'static' to test the path on CPU")
         self.model, self.pool, self.capture = model, pool, capture
@@ -48,6 +54,8 @@ class StaticDecode:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
         self.max_graphs = 64  # shapes (and graphs) held at once
+        self.compiled = compile
+        self._run = _compiled(model, self.max_graphs) if compile else model  # the forward a step runs
         self.replays = self.captures = self.evictions = 0
         self.attention_backends = BUCKETED_SDPA  # bench/gpu_decode.py compares it with the eager steps' choice
 
@@ -78,8 +86,8 @@ class StaticDecode:
 
     def _forward(self, cache, s: dict) -> torch.Tensor:
         torch.le(s["arange"][None, :], s["pos"], out=s["mask"][:, 0, 0, :])  # valid: position <= own length
-        out = self.model(input_ids=s["ids"], attention_mask=s["mask"], position_ids=s["pos"], cache=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self._run(input_ids=s["ids"], attention_mask=s["mask"], position_ids=s["pos"], cache=cache,
+                        use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
     @torch.inference_mode()
@@ -123,3 +131,15 @@ class StaticDecode:
         self.pool.rollback(saved)  # warm-up forwards advanced the conv states
         self.captures += 1
         return graph, logits
+
+
+def _compiled(model, shapes: int):
+    """``model`` under ``torch.compile`` with static shapes. Every shape the step holds is compiled once, so the
+    recompile limit is raised to the number of shapes it keeps (past torch's default it would silently run
+    eagerly)."""
+    import torch._dynamo
+
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)
+    if limit is not None and limit < shapes:
+        torch._dynamo.config.recompile_limit = shapes
+    return torch.compile(model, dynamic=False)

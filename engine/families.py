@@ -10,9 +10,15 @@ do for that family beyond "embed, run, decode":
 - ``cache_layers``: the cache layer kinds it uses (``full``, ``sliding``, ``conv``);
 - ``image_placeholder``: the processor attribute naming the text its chat template emits per image, when it is
   not the image-feature token itself (Gemma 3 emits ``<start_of_image>``);
-- ``runner``: ``"module:Class"`` of a custom ModelRunner for families Hugging Face does not serve natively
-  (e.g. a native mPLUG-Owl3). It is built as ``Class(config, family=row)`` and must offer ModelRunner's
-  interface (processor, image_token_id, image_placeholder, prefill, decode, ...).
+- ``decode_batch``: the decode batch it runs on and was verified with (engine/decode_batch.py): ``slots``
+  (preallocated per-row K/V, written in place: full-attention and conv layers, linear positions) or ``dynamic``
+  (a concatenated ``DynamicCache``: any layer kind, M-RoPE). This row is the only place the choice is made;
+- ``prefill_together``: prompts admitted in the same step may be prefilled in one left-padded forward
+  (engine/prefill_batch.py); False where that was not verified token-exact (the family then prefills one
+  prompt at a time, as before);
+- ``runner``: ``"module:Class"`` of a custom runner for families Hugging Face does not serve natively
+  (e.g. a native mPLUG-Owl3). It is built as ``Class(config, family=row)`` and must be a ``Runner``
+  (engine/runner_interface.py), as the generic ``ModelRunner`` is.
 
 A checkpoint whose architecture is not listed is refused at load with the list of supported ones, unless the
 operator sets ``allow_unverified`` (``OWLET_ALLOW_UNVERIFIED=true``); then it runs the generic path with a
@@ -26,6 +32,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import transformers_version
+
 log = logging.getLogger("owlet.engine")
 
 
@@ -37,32 +45,47 @@ class Family:
     extra_inputs: tuple[str, ...] = ()  # deepstack | token_type_ids
     cache_layers: tuple[str, ...] = ("full",)  # full | sliding | conv
     image_placeholder: str | None = None  # processor attribute holding the template's per-image placeholder
+    decode_batch: str = "slots"  # slots | dynamic
     runner: str | None = None  # "module:Class" of a custom ModelRunner
+    prefill_together: bool = True  # batched prefill verified token-exact (engine/prefill_batch.py)
     example: str = ""  # a public checkpoint of the family (README)
+
+    def __post_init__(self):
+        if self.decode_batch not in ("slots", "dynamic"):
+            raise ValueError(f"{self.name}: decode_batch must be slots or dynamic, got {self.decode_batch!r}")
+        slot_layers = set(self.cache_layers) <= {"full", "conv"}
+        if self.decode_batch == "slots" and (self.positions != "linear" or not slot_layers):
+            raise ValueError(f"{self.name}: the slot pool holds full and conv layers at linear positions only "
+                             f"(engine/slot_cache.py); this row needs decode_batch='dynamic'")
 
 
 FAMILIES: tuple[Family, ...] = (
     Family("LFM2-VL", "Lfm2VlForConditionalGeneration", cache_layers=("full", "conv"),
            example="LiquidAI/LFM2-VL-450M"),
     Family("LLaVA", "LlavaForConditionalGeneration", example="llava-hf/llava-interleave-qwen-0.5b-hf"),
-    Family("Qwen2-VL", "Qwen2VLForConditionalGeneration", positions="mrope", example="Qwen/Qwen2-VL-2B-Instruct"),
-    Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", positions="mrope",
+    Family("Qwen2-VL", "Qwen2VLForConditionalGeneration", positions="mrope", decode_batch="dynamic",
+           example="Qwen/Qwen2-VL-2B-Instruct"),
+    Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", positions="mrope", decode_batch="dynamic",
            example="Qwen/Qwen2.5-VL-3B-Instruct"),
+    # Batched prefill is not built for DeepStack's per-layer vision inputs, nor for Gemma 3's bidirectional image
+    # mask: both prefill one prompt at a time.
     Family("Qwen3-VL", "Qwen3VLForConditionalGeneration", positions="mrope", extra_inputs=("deepstack",),
-           example="Qwen/Qwen3-VL-2B-Instruct"),
+           decode_batch="dynamic", prefill_together=False, example="Qwen/Qwen3-VL-2B-Instruct"),
     Family("Gemma 3", "Gemma3ForConditionalGeneration", extra_inputs=("token_type_ids",),
-           cache_layers=("full", "sliding"), image_placeholder="image_token", example="google/gemma-3-4b-it"),
-    Family("Mistral 3", "Mistral3ForConditionalGeneration", cache_layers=("full", "sliding"),
+           cache_layers=("full", "sliding"), image_placeholder="image_token", decode_batch="dynamic",
+           prefill_together=False, example="google/gemma-3-4b-it"),
+    Family("Mistral 3", "Mistral3ForConditionalGeneration", cache_layers=("full", "sliding"), decode_batch="dynamic",
            example="mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
     Family("Idefics3", "Idefics3ForConditionalGeneration", example="HuggingFaceM4/Idefics3-8B-Llama3"),
     Family("SmolVLM", "SmolVLMForConditionalGeneration", example="HuggingFaceTB/SmolVLM2-2.2B-Instruct"),
     Family("InternVL", "InternVLForConditionalGeneration", example="OpenGVLab/InternVL3-1B-hf"),
     # Not a transformers model: Owlet's own implementation (hyper attention, image K/V kept per row and session).
-    Family("mPLUG-Owl3", "mPLUGOwl3Model", runner="engine.mplug_owl3.runner:OwlRunner",
-           example="mPLUG/mPLUG-Owl3-2B-241014"),
+    Family("mPLUG-Owl3", "mPLUGOwl3Model", decode_batch="dynamic", runner="engine.mplug_owl3.runner:OwlRunner",
+           prefill_together=False, example="mPLUG/mPLUG-Owl3-2B-241014"),
 )
 
-UNVERIFIED = Family("unverified", "*")
+# An architecture served only with allow_unverified: the generic runner on the path that takes any layer kind.
+UNVERIFIED = Family("unverified", "*", decode_batch="dynamic", prefill_together=False)
 
 
 def by_architecture(families=FAMILIES) -> dict[str, Family]:
@@ -102,28 +125,12 @@ def resolve(model_folder: str, allow_unverified: bool = False, families=FAMILIES
     return UNVERIFIED
 
 
-def cache_layer_kinds(text_config) -> set[str]:
-    """The kinds of cache layer this text config makes: full, sliding, conv (anything else by class name)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
-
-    kinds = set()
-    for layer in DynamicCache(config=text_config).layers:
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            kinds.add("conv")
-        elif isinstance(layer, DynamicSlidingWindowLayer):
-            kinds.add("sliding")
-        elif type(layer).__name__ == "DynamicLayer":
-            kinds.add("full")
-        else:
-            kinds.add(type(layer).__name__)
-    return kinds
-
-
 def check_cache_layers(family: Family, text_config, allow_unverified: bool) -> None:
     """Refuse a checkpoint of a known family whose cache needs a layer kind that was not verified for it."""
     if family is UNVERIFIED:
         return
+    from .cache_layers import cache_layer_kinds  # torch and transformers load only with a model
+
     extra = cache_layer_kinds(text_config) - set(family.cache_layers)
     if not extra:
         return
@@ -144,6 +151,8 @@ def runner_class(family: Family):
 
 
 def make_runner(config, families=FAMILIES):
-    """Load the checkpoint ``config.model`` with the runner its family needs (refusing unverified ones)."""
+    """Load the checkpoint ``config.model`` with the runner its family needs (refusing unverified ones, and a
+    transformers older than the engine is verified with)."""
+    transformers_version.check()
     family = resolve(config.model, config.allow_unverified, families)
     return runner_class(family)(config, family=family)

@@ -18,15 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
-
-def _is_conv(layer) -> bool:
-    return isinstance(layer, LinearAttentionCacheLayerMixin)
-
-
-def _is_sliding(layer) -> bool:
-    return isinstance(layer, DynamicSlidingWindowLayer)
+from .cache_layers import is_conv, is_sliding
 
 
 def _keep_window(layer) -> None:
@@ -61,14 +54,29 @@ def snapshot_row(cache, row: int, length: int) -> CacheSnapshot:
     A sliding-window layer gives only the positions it still holds (at most ``window - 1``)."""
     kv, conv = {}, {}
     for i, layer in enumerate(cache.layers):
-        if _is_conv(layer):
+        if is_conv(layer):
             conv[i] = layer.conv_states[0][row:row + 1].clone()
         else:
             t = layer.keys.shape[-2]
             n = min(length, t)
             kv[i] = (layer.keys[row:row + 1, :, t - n:].clone(), layer.values[row:row + 1, :, t - n:].clone())
-    sliding = frozenset(i for i, layer in enumerate(cache.layers) if _is_sliding(layer))
+    sliding = frozenset(i for i, layer in enumerate(cache.layers) if is_sliding(layer))
     return CacheSnapshot(kv, conv, length, sliding)
+
+
+def row_cache(cache, row: int, length: int, text_config) -> DynamicCache:
+    """Row ``row``'s last ``length`` positions of a left-padded batched cache, as its own batch-1 DynamicCache
+    (one copy; a batched prefill hands each request the cache a prefill of its own would have left)."""
+    kv, conv = {}, {}
+    for i, layer in enumerate(cache.layers):
+        if is_conv(layer):
+            conv[i] = layer.conv_states[0][row:row + 1]
+        else:
+            t = layer.keys.shape[-2]
+            n = min(length, t)
+            kv[i] = (layer.keys[row:row + 1, :, t - n:], layer.values[row:row + 1, :, t - n:])
+    sliding = frozenset(i for i, layer in enumerate(cache.layers) if is_sliding(layer))
+    return cache_from_snapshot(CacheSnapshot(kv, conv, length, sliding), text_config)
 
 
 def moved(snap: CacheSnapshot, device) -> CacheSnapshot:
@@ -105,7 +113,7 @@ def cache_from_snapshot(snap: CacheSnapshot, text_config, upto: int | None = Non
         conv = snap.conv
     cache = DynamicCache(config=text_config)
     for i, layer in enumerate(cache.layers):
-        if _is_conv(layer):
+        if is_conv(layer):
             state = conv[i].clone()
             layer.lazy_initialization(conv_states=state, conv_kernel_size=state.shape[-1])
             layer.conv_states[0].copy_(state)
@@ -118,12 +126,12 @@ def cache_from_snapshot(snap: CacheSnapshot, text_config, upto: int | None = Non
             continue
         k, v = snap.kv[i]
         first = snap.length - k.shape[-2]  # timeline position of k[..., 0, :]
-        start = max(0, upto - (layer.sliding_window - 1)) if _is_sliding(layer) else 0
+        start = max(0, upto - (layer.sliding_window - 1)) if is_sliding(layer) else 0
         assert start >= first, "this sliding-window layer no longer holds the positions that prefix needs"
         layer.lazy_initialization(k, v)
         held = slice(start - first, upto - first)
         layer.keys, layer.values = k[:, :, held].clone(), v[:, :, held].clone()
-        if _is_sliding(layer):
+        if is_sliding(layer):
             layer.cumulative_length = upto
     return cache
 
@@ -133,11 +141,11 @@ def pad_left(cache, n: int) -> None:
     if n <= 0:
         return
     for layer in cache.layers:
-        if not _is_conv(layer):
+        if not is_conv(layer):
             b, h, _, d = layer.keys.shape
             layer.keys = torch.cat([layer.keys.new_zeros(b, h, n, d), layer.keys], dim=2)
             layer.values = torch.cat([layer.values.new_zeros(b, h, n, d), layer.values], dim=2)
-            if _is_sliding(layer):
+            if is_sliding(layer):
                 layer.cumulative_length += n
                 _keep_window(layer)
 
@@ -145,7 +153,7 @@ def pad_left(cache, n: int) -> None:
 def append_rows(cache, other) -> None:
     """Concatenate ``other``'s rows after ``cache``'s (both already padded to the same length)."""
     for layer, extra in zip(cache.layers, other.layers):
-        if _is_conv(layer):
+        if is_conv(layer):
             layer.conv_states[0] = torch.cat([layer.conv_states[0], extra.conv_states[0]], dim=0)
             # A merged row that was prefilled has a state; the flag must say so or the next step drops it.
             layer.has_previous_state[0] = True
@@ -164,13 +172,13 @@ def trim_left(cache, n: int) -> None:
     if n <= 0:
         return
     for layer in cache.layers:
-        if _is_sliding(layer):
+        if is_sliding(layer):
             # It holds the timeline's last positions; drop only those that fall before the new start.
             layer.cumulative_length -= n
             extra = layer.keys.shape[-2] - layer.cumulative_length
             if extra > 0:
                 layer.keys, layer.values = layer.keys[:, :, extra:], layer.values[:, :, extra:]
-        elif not _is_conv(layer):
+        elif not is_conv(layer):
             layer.keys = layer.keys[:, :, n:]
             layer.values = layer.values[:, :, n:]
 
@@ -188,9 +196,9 @@ def undo_point(cache) -> StepUndo:
     layers are kept by reference: an update replaces their tensors (torch.cat) rather than writing into them."""
     attn, conv, sliding = {}, {}, {}
     for i, layer in enumerate(cache.layers):
-        if _is_conv(layer):
+        if is_conv(layer):
             conv[i] = layer.conv_states[0].clone()
-        elif _is_sliding(layer):
+        elif is_sliding(layer):
             sliding[i] = (layer.keys, layer.values, layer.cumulative_length)
         else:
             attn[i] = layer.keys.shape[-2]
@@ -201,9 +209,9 @@ def rollback(cache, undo: StepUndo) -> None:
     """Undo a forward that failed half way (e.g. out of memory): layers it reached appended K/V or rewrote
     their conv state in place; the layers it did not reach are untouched."""
     for i, layer in enumerate(cache.layers):
-        if _is_conv(layer):
+        if is_conv(layer):
             layer.conv_states[0].copy_(undo.conv[i])
-        elif _is_sliding(layer):
+        elif is_sliding(layer):
             layer.keys, layer.values, layer.cumulative_length = undo.sliding[i]
         else:
             layer.keys = layer.keys[:, :, :undo.attn_len[i]]

@@ -4,8 +4,9 @@ What it knows: chats (text + PIL images), sampling parameters, token ids, KV cac
 What it does not know: Celery, Redis, Gradio, users. It takes requests and gives back text deltas and a
 final result; everything distributed lives in worker/, everything the user sees in ui/.
 
-One step is: take in new requests and aborts → pause rows that other owners' waiting answers are owed
-(``engine.time_slicing``) → prefill or resume what the scheduler picked (each new request alone, in chunks) →
+One step is: take in new requests and aborts → pause rows that other groups' waiting answers are owed
+(``engine.time_slicing``) → prefill or resume what the scheduler picked (new prompts together in few forwards,
+engine/prefill_batch.py; a follow-up turn or a later chunk alone) →
 one batched decode step → emit deltas and drop finished rows. Any thread may call
 ``add_request`` and ``abort``; only the loop thread (or a caller of ``step``) touches the model.
 """
@@ -19,37 +20,38 @@ from collections import deque
 
 import torch
 
-from . import kv_cache
+from . import kv_cache, prefill_batch
 from .config import EngineConfig
+from .decode_batch import make_decode_batch
 from .detokenizer import IncrementalDetokenizer
 from .families import make_runner
 from .handle import RequestHandle
-from .model_runner import ModelRunner
 from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder
 from .request import Request, Status
+from .runner_interface import Runner
 from .sampler import make_generator, sample_next_tokens
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .slot_batch import make_decode_batch
-from .session_store import SessionStore
 from .time_slicing import rows_to_pause
 
 log = logging.getLogger("owlet.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
+    def __init__(self, config: EngineConfig, runner: Runner | None = None):
         self.config = config
-        self.runner = runner or make_runner(config)  # the family registry picks the runner (engine/families.py)
+        self.runner: Runner = runner or make_runner(config)  # the family registry picks it (engine/families.py)
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
                                      placeholder=self.runner.image_placeholder,
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
-        self.batch = make_decode_batch(config, self.runner, self.max_model_len)
-        self.max_model_len = min(self.max_model_len, getattr(self.batch, "max_len", self.max_model_len))
-        self.sessions = getattr(self.runner, "session_store_class", SessionStore).for_runner(config, self.runner)
+        self.batch = make_decode_batch(config, self.runner, self.max_model_len)  # the family row picks which
+        self.max_model_len = self.batch.max_len  # a slot's length may cap the context below the model's
+        self.sessions = self.runner.session_store_class.for_runner(config, self.runner)
+        mode = config.batched_prefill  # auto: on a CUDA device (engine/config.py says why not on CPU)
+        self._batched_prefill = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
         self.scheduler = Scheduler(config.max_running, config.max_prefill_tokens, prefix_cache=self.sessions)
         self._inbox: deque[Request] = deque()
         self._aborts: set[str] = set()
@@ -60,16 +62,17 @@ class LLMEngine:
         self._stopping = False
         self._counters = dict(steps=0, decode_steps=0, decode_rows=0, prefill_tokens=0, generated_tokens=0,
                               requests_finished=0, requests_failed=0, requests_cancelled=0, step_errors=0,
-                              oom_events=0, pauses=0)
+                              oom_events=0, pauses=0, prefill_forwards=0,
+                              prefill_batched_rows=0, prefill_batch_fallbacks=0)
 
     # -- public API (any thread) ----------------------------------------------
     def add_request(self, messages, sampling: SamplingParams | None = None, *, session_id: str | None = None,
                     request_id: str | None = None, deadline_s: float | None = None,
-                    owner: str | None = None) -> RequestHandle:
+                    group: str | None = None) -> RequestHandle:
         """Validate and enqueue one chat turn. Raises ValueError with a user-facing message on bad input.
 
-        ``owner`` names who the conversation belongs to for the session cache's fair share
-        (``EngineConfig.session_owner_share``); None: not capped."""
+        ``group`` names who the conversation belongs to for the session cache's fair share
+        (``EngineConfig.session_group_share``); None: not capped."""
         sampling = sampling or SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise ValueError("sampling must be a SamplingParams")
@@ -90,7 +93,7 @@ class LLMEngine:
         req = Request(
             request_id=request_id, prompt=prompt, params=sampling, handle=RequestHandle(request_id),
             detokenizer=IncrementalDetokenizer(self.runner.processor.tokenizer, sampling.stop),
-            session_id=session_id, owner=owner, max_len=max_len,
+            session_id=session_id, group=group, max_len=max_len,
             deadline=None if budget is None else time.monotonic() + budget,
             generator=make_generator(sampling, self.config.seed),
         )
@@ -144,7 +147,7 @@ class LLMEngine:
             max_active=self.config.max_active, time_slice_tokens=self.config.time_slice_tokens,
             mean_batch_occupancy=(c["decode_rows"] / c["decode_steps"]) if c["decode_steps"] else 0.0,
             device=str(self.runner.device), dtype=str(self.runner.dtype).replace("torch.", ""),
-            weight_copy_bytes=getattr(self.runner, "weight_copy_bytes", 0),
+            weight_copy_bytes=self.runner.weight_copy_bytes,
             image_cache=dict(hits=self.runner.image_features.hits, misses=self.runner.image_features.misses,
                              evictions=self.runner.image_features.evictions,
                              bytes=self.runner.image_features.bytes_held),
@@ -175,16 +178,24 @@ class LLMEngine:
         self._counters["steps"] += 1
         self._admit_and_expire()
         self._time_slice()
-        for req, n_tokens in self.scheduler.schedule(self.batch.requests):
+        plan = self.scheduler.schedule(self.batch.requests)
+        together = [(req, n) for req, n in plan if req.status is not Status.PAUSED
+                    and self.runner.can_prefill_together(req)] if self._batched_prefill else []
+        if len(together) < 2:
+            together = []
+        batched = {id(req) for req, _ in together}
+        for req, n_tokens in plan:
             if req.status is Status.PAUSED:
                 self._resume(req)
-            else:
+            elif id(req) not in batched:
                 self._prefill(req, n_tokens)
+        if together:
+            self._prefill_groups(together)
         if len(self.batch):
             self._decode()
 
     def _time_slice(self) -> None:
-        """Pause the rows that waiting answers of owners holding fewer rows are owed (engine.time_slicing)."""
+        """Pause the rows that waiting answers of groups holding fewer rows are owed (engine.time_slicing)."""
         if not self.config.time_slice_tokens or not self.scheduler.waiting:
             return
         victims = rows_to_pause(self.batch.requests, self.scheduler.prefilling, self.scheduler.waiting,
@@ -243,9 +254,42 @@ class LLMEngine:
                              error="the answer took longer than its deadline; try a shorter question or try again")
         self._drop_finished_rows()
 
-    def _prefill(self, req: Request, n_tokens: int) -> None:
+    def _prefill_groups(self, together: list[tuple[Request, int]]) -> None:
+        """Batched prefill (engine/prefill_batch.py): the rows that start fresh, in forwards of similar lengths, the
+        shortest first (their first tokens come out soonest, as a shortest-job-first queue would have them)."""
+        lengths = [req.num_computed + n for req, n in together]
+        for group in reversed(prefill_batch.groups(lengths)):
+            rows = [together[i] for i in group]
+            if len(rows) == 1:
+                self._prefill(*rows[0])
+            else:
+                self._prefill_together(rows)
+
+    def _prefill_together(self, rows: list[tuple[Request, int]]) -> None:
+        """Prefill ``rows`` in one forward; if it fails (out of memory, a bad input), one at a time instead, so the
+        failure is met by the one request it belongs to."""
+        requests, n_tokens = [req for req, _ in rows], [n for _, n in rows]
         try:
-            logits = self.runner.prefill(req, n_tokens)
+            logits = self.runner.prefill_together(requests, n_tokens)
+        except Exception as exc:  # noqa: BLE001 — each request still gets its own prefill below
+            log.warning("batched prefill of %d requests failed (%s); prefilling them one at a time", len(rows),
+                        type(exc).__name__)
+            self._counters["prefill_batch_fallbacks"] += 1
+            for req, n in rows:
+                self._prefill(req, n)
+            return
+        self._counters["prefill_forwards"] += 1
+        self._counters["prefill_batched_rows"] += len(rows)
+        for (req, n), row_logits in zip(rows, logits):
+            self._prefill(req, n, row_logits)
+
+    def _prefill(self, req: Request, n_tokens: int, logits: torch.Tensor | None = None) -> None:
+        """Run a prefill chunk of ``req`` (or take the ``logits`` a batched prefill gave it) and, at the prompt's
+        end, sample its first token and move it into the decode batch."""
+        try:
+            if logits is None:
+                logits = self.runner.prefill(req, n_tokens)
+                self._counters["prefill_forwards"] += 1
             self.sessions.checkpoint(req)
             self._counters["prefill_tokens"] += n_tokens
             if req.remaining_prefill > 0:

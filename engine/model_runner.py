@@ -15,11 +15,12 @@ import logging
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText, AutoProcessor, DynamicCache
 
-from . import cpu_linear, families, short_conv
+from . import families, kv_cache, prefill_batch
 from .byte_lru import ByteLRU
 from .config import EngineConfig
+from .session_store import SessionStore
 
 log = logging.getLogger("owlet.engine")
 
@@ -66,6 +67,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
+    session_store_class = SessionStore  # the engine builds its session store from this (a custom runner's may differ)
+
     def __init__(self, config: EngineConfig, family: families.Family | None = None):
         self.family = family or families.resolve(config.model, config.allow_unverified)
         self.device = resolve_device(config.device)
@@ -83,31 +86,16 @@ class ModelRunner:
         self.max_model_len = config.max_model_len or getattr(self.text_config, "max_position_embeddings", 4096)
         self.eos_ids = self._eos_ids()
         self.image_features = ByteLRU(int(config.image_cache_mb * 2**20))
+        self.vision_forwards = 0  # vision tower calls (a batched prefill encodes a burst's images together)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self._embed = self.model.get_input_embeddings()
         log.info("loaded %s (%s) on %s in %s: %.1f MB of weights", config.model,
                  type(self.model).__name__, self.device, self.dtype, self.weight_bytes / 2**20)
-        self.weight_copy_bytes = self._choose_linear_kernels(
-            config, min(config.max_running, cpu_linear.MAX_PACKED_ROWS))
-        self.fast_conv_layers = short_conv.install(self._text_stack()) if self.device.type == "cpu" else 0
+        self.weight_copy_bytes = 0  # the bytes of weight copies the CPU kernels made
+        if self.device.type == "cpu" and config.cpu_kernels != "off":
+            from . import cpu  # CPU-only code: imported only where it can run and is wanted
 
-    def _choose_linear_kernels(self, config: EngineConfig, rows: int) -> int:
-        """Route the text stack's fp32 matmuls through the fastest CPU kernel per matrix shape and row count
-        (engine/cpu_linear.py); returns the bytes the kernels' weight copies take. The vision tower keeps
-        nn.Linear: it only runs long products, once per new image."""
-        head = self.model.get_output_embeddings()  # prefill asks it for the last row only (logits_to_keep=1)
-        modules = [m for m in (self._text_stack(), head) if m is not None]
-        return cpu_linear.route(modules, rows, config.cpu_packed_weights, config.cpu_onednn_linear,
-                                config.cpu_openblas_linear, self.device, self.dtype,
-                                room_bytes=_available_memory_bytes() // 4,
-                                decode_only=(head,) if isinstance(head, torch.nn.Linear) else (),
-                                panel_mode=config.cpu_panel_linear)
-
-    def _text_stack(self) -> torch.nn.Module:
-        try:
-            return self.model.get_decoder()
-        except (AttributeError, ValueError, NotImplementedError):
-            return self.model  # no separable decoder: pack everything (long vision products skip it anyway)
+            self.weight_copy_bytes = cpu.install(self.model, config.cpu_kernels, config.max_running, self.dtype)
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -134,6 +122,7 @@ class ModelRunner:
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         out = self.model.get_image_features(**inputs)
+        self.vision_forwards += 1
         feats = _flat_features(getattr(out, "pooler_output", out))
         assert feats.shape[0] == image.num_image_tokens, (
             f"vision tower gave {feats.shape[0]} features for {image.num_image_tokens} image tokens")
@@ -144,12 +133,49 @@ class ModelRunner:
         self.image_features.put(image.sha256, value, feats.nbytes + sum(d.nbytes for d in deep or ()))
         return value, False
 
-    def embed_prompt(self, request) -> torch.Tensor:
+    @shape_free_attention
+    @torch.inference_mode()
+    def encode_images(self, images) -> dict:
+        """Encode the images among ``images`` that are not cached, those of one pixel layout (the same tensor
+        shapes past the first axis) in one vision forward; returns {sha256: (features, None)} for those encoded
+        now (they are cached too). A batched prefill calls this first, so a burst of new images costs a few vision
+        forwards instead of one per image. DeepStack (per-layer features) is left to ``encode_image_full``."""
+        if "deepstack" in self.family.extra_inputs:
+            return {}
+        todo = {}
+        for image in images:
+            if image.sha256 not in todo and image.sha256 not in self.image_features:
+                todo[image.sha256] = image
+        layouts: dict[tuple, list] = {}
+        for image in todo.values():
+            key = tuple(sorted((k, tuple(v.shape[1:])) for k, v in image.pixel_inputs.items()))
+            layouts.setdefault(key, []).append(image)
+        encoded = {}
+        for group in layouts.values():
+            if len(group) < 2:
+                continue  # encode_image_full does it when the prompt is embedded
+            inputs = {k: torch.cat([img.pixel_inputs[k] for img in group]).to(self.device)
+                      for k in group[0].pixel_inputs}
+            if "pixel_values" in inputs:
+                inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
+            out = self.model.get_image_features(**inputs)
+            self.vision_forwards += 1
+            feats = _flat_features(getattr(out, "pooler_output", out))
+            counts = [img.num_image_tokens for img in group]
+            assert feats.shape[0] == sum(counts), (
+                f"vision tower gave {feats.shape[0]} features for {sum(counts)} image tokens")
+            for img, part in zip(group, feats.split(counts)):
+                value = (part.clone(), None)  # its own storage: the cache accounts and frees it alone
+                encoded[img.sha256] = value
+                self.image_features.put(img.sha256, value, value[0].nbytes)
+        return encoded
+
+    def embed_prompt(self, request, encoded: dict | None = None) -> torch.Tensor:
         """Input embeddings [T - num_computed, hidden] for the part of the prompt not yet in the cache, with
         image slots filled by vision features.
 
         Images whose tokens all lie in the already-cached prefix are skipped: reusing a session never
-        re-encodes the image it already saw.
+        re-encodes the image it already saw. ``encoded``: features ``encode_images`` just computed (not hits).
         """
         base = request.num_computed
         ids = torch.tensor(request.prompt.token_ids, device=self.device)
@@ -165,7 +191,10 @@ class ModelRunner:
             positions = slots[start:start + image.num_image_tokens]
             start += image.num_image_tokens
             if positions.numel() and int(positions[-1]) >= base:
-                (feats, deep), hit = self.encode_image_full(image)
+                if encoded and image.sha256 in encoded:
+                    (feats, deep), hit = encoded[image.sha256], False
+                else:
+                    (feats, deep), hit = self.encode_image_full(image)
                 request.image_cache_hits += int(hit)
                 keep = positions >= base  # an image can straddle the cached boundary
                 embeds[positions[keep] - base] = feats[keep].to(embeds.dtype)
@@ -231,6 +260,55 @@ class ModelRunner:
             request.extra = None
         return logits
 
+    def can_prefill_together(self, request) -> bool:
+        """Whether ``request`` may join a batched prefill (engine/prefill_batch.py): its family row was verified
+        token-exact that way, its conv layers (if any) have no bias, and it starts from nothing but the template
+        head."""
+        return (self.family.prefill_together and not getattr(self.text_config, "conv_bias", False)
+                and prefill_batch.starts_fresh(request))
+
+    @shape_free_attention
+    @torch.inference_mode()
+    def prefill_together(self, requests: list, n_tokens: list[int]) -> list[torch.Tensor]:
+        """Prefill the first ``n_tokens[i]`` tokens of each request (all start fresh, see
+        ``can_prefill_together``) in one left-padded forward; returns each one's last logits, as ``prefill``.
+
+        No request's cache or progress changes until the forward has succeeded (only its embeddings are built,
+        and a template head it held is dropped): on an error the engine can prefill them one at a time instead."""
+        ends = []
+        for req, n in zip(requests, n_tokens):
+            ends.append(self._chunk_end(req, 0, req.num_computed + n))
+            if req.num_computed:  # only the template head: recomputed here with the rest
+                prefill_batch.reset_head(req)
+        fresh = [req for req in requests if req.embeds is None or req.embeds_offset]
+        encoded = self.encode_images([img for req in fresh for img in req.prompt.images])
+        for req in fresh:
+            req.embeds, req.embeds_offset = self.embed_prompt(req, encoded), 0
+            self.prepare_positions(req)
+        batch, longest = len(requests), max(ends)
+        hidden = requests[0].embeds.shape[-1]
+        embeds = requests[0].embeds.new_zeros(batch, longest, hidden)
+        mask = torch.zeros(batch, longest, dtype=torch.long, device=self.device)
+        mrope = self.family.positions == "mrope"
+        positions = torch.zeros((3, batch, longest) if mrope else (batch, longest), dtype=torch.long,
+                                device=self.device)
+        for row, (req, end) in enumerate(zip(requests, ends)):
+            pad = longest - end
+            embeds[row, pad:] = req.embeds[:end]
+            mask[row, pad:] = 1
+            if mrope:
+                positions[:, row, pad:] = req.positions[:, :end]
+            else:
+                positions[row, pad:] = torch.arange(end, device=self.device)
+        out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                         cache=DynamicCache(config=self.text_config), use_cache=True, logits_to_keep=1)
+        caches = [kv_cache.row_cache(out.cache, row, end, self.text_config) for row, end in enumerate(ends)]
+        for req, cache, end in zip(requests, caches, ends):
+            req.cache, req.num_computed = cache, end
+            if end == req.prompt_len:
+                req.extra = None
+        return list(out.logits[:, -1])
+
     def _chunk_end(self, request, start: int, end: int) -> int:
         """Where this prefill chunk ends. With bidirectional attention inside an image (Gemma 3) a chunk must
         not split an image: tokens in the first part would miss the rest. Stop before the image, or, if the
@@ -267,24 +345,14 @@ class ModelRunner:
     def decode(self, batch) -> tuple[torch.Tensor, object]:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
 
-        It advances nothing itself: the engine samples, then ``DecodeBatch.advance`` records the step."""
-        if getattr(batch, "static_step", None) is not None:  # static shapes / CUDA graphs (engine/cuda_graphs.py)
+        It advances nothing itself: the engine samples, then ``batch.advance`` records the step."""
+        if batch.static_step is not None:  # static shapes / CUDA graphs (engine/cuda_graphs.py)
             return batch.static_step(batch), batch.cache
         inputs = batch.step_inputs()
         if self.family.positions == "mrope":  # the same position on every rotary axis for generated text
             inputs["position_ids"] = inputs["position_ids"][None].expand(3, -1, -1)
         out = self.model(**inputs, logits_to_keep=1)
         return out.logits[:, -1], out.cache
-
-
-def _available_memory_bytes() -> int:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _flat_features(feats) -> torch.Tensor:

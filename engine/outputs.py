@@ -27,7 +27,7 @@ class RequestStats:
     decode_tokens_per_s: float | None = None  # after the first token
     image_cache_hits: int = 0
     cache_source: str | None = None  # "session" (this conversation's cache), "prefix" (shared template head), None
-    pauses: int = 0  # times the answer gave its decode row to another owner's answer (time slicing)
+    pauses: int = 0  # times the answer gave its decode row to another group's answer (time slicing)
 
 
 @dataclass

@@ -20,7 +20,7 @@ class Status(enum.Enum):
     WAITING = "waiting"  # queued, nothing computed yet
     PREFILLING = "prefilling"  # part of the prompt is in its private cache (chunked prefill)
     RUNNING = "running"  # in the decode batch
-    PAUSED = "paused"  # left the decode batch for another owner's answer (time slicing); its cache is in `parked`
+    PAUSED = "paused"  # left the decode batch for another group's answer (time slicing); its cache is in `parked`
     FINISHED = "finished"
 
 
@@ -32,7 +32,7 @@ class Request:
     handle: RequestHandle
     detokenizer: IncrementalDetokenizer
     session_id: str | None = None
-    owner: str | None = None  # whose conversation, for the session cache's per-owner share
+    group: str | None = None  # whose conversation, for the session cache's per-group share
     deadline: float | None = None  # time.monotonic() value
     max_len: int = 0  # hard cap on prompt + output tokens (the model's context)
     arrival: float = field(default_factory=time.monotonic)

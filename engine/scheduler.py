@@ -1,9 +1,9 @@
 """Scheduler: which requests get prompt work this step, and how much.
 
 Policy, in one place:
-- admission from the waiting queue while running + prefilling < max_running, fair by owner: a free row goes to
-  the waiting request whose owner holds the fewest rows, then one not started yet before a paused one (within a
-  bound), then the earliest (``engine.time_slicing``; with one owner and nothing paused, as in benchmarks,
+- admission from the waiting queue while running + prefilling < max_running, fair by group: a free row goes to
+  the waiting request whose group holds the fewest rows, then one not started yet before a paused one (within a
+  bound), then the earliest (``engine.time_slicing``; with one group and nothing paused, as in benchmarks,
   FIFO). A request that time slicing paused waits in the same queue and, when admitted, rejoins the decode batch
   with its own cache: it needs no prefill;
 - at admission a request's cached prefix is restored first (the conversation's session entry, or the shared
@@ -24,7 +24,7 @@ import time
 from collections import deque
 
 from .request import Request, Status
-from .time_slicing import behind_newcomers, next_in_line, rows_by_owner
+from .time_slicing import behind_newcomers, next_in_line, rows_by_group
 
 
 class Scheduler:
@@ -67,7 +67,7 @@ class Scheduler:
             n = self._chunk(req, budget)
             plan.append((req, n))
             budget -= n
-        rows = rows_by_owner(list(running) + self.prefilling)
+        rows = rows_by_group(list(running) + self.prefilling)
         in_use = len(running) + len(self.prefilling)
         while self.waiting and in_use < self.max_running:
             req = next_in_line(self.waiting, rows)
@@ -77,10 +77,10 @@ class Scheduler:
                 for other in self.waiting:
                     if other is req:
                         break
-                    if rows[other.owner] == rows[req.owner] and behind_newcomers(other):
+                    if rows[other.group] == rows[req.group] and behind_newcomers(other):
                         other.overtaken += 1
             self.waiting.remove(req)
-            rows[req.owner] += 1
+            rows[req.group] += 1
             in_use += 1
             if req.status is Status.PAUSED:
                 plan.append((req, 0))

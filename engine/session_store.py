@@ -12,10 +12,10 @@ token by token against the entry, and only the part after the verified prefix is
   edited after the previous prompt, the prompt-end checkpoint still saves the image and the older turns; any
   other divergence recomputes from scratch. A wrong prefix is never reused: every reused token was compared.
 
-Entries live in a byte-budgeted LRU. Accounting is the real bytes of the stored tensors. One owner (the client
-group the worker names) holds at most ``owner_share`` of a pool: past it, its own oldest entries go first, so
-one client's many conversations cannot flush everyone else's caches. Idle entries may be
-parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
+Entries live in a byte-budgeted LRU. Accounting is the real bytes of the stored tensors. One client group (the
+address or login the worker names for the request) holds at most ``group_share`` of a pool: past it, its own
+oldest entries go first, so one client's many conversations cannot flush everyone else's caches. Idle entries may
+be parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
 are restored on resume. Device bytes and host bytes are accounted separately, each under its own budget.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
 which is cached once as a prefix entry.
@@ -30,6 +30,7 @@ import torch
 
 from . import kv_cache
 from .byte_lru import ByteLRU
+from .cache_layers import kv_bytes_per_token
 from .config import EngineConfig
 from .kv_quant import StoredTensor, park_kv
 
@@ -44,7 +45,7 @@ class SessionEntry:
     kv: dict[int, tuple[StoredTensor, StoredTensor]]
     conv_checkpoints: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # length -> layer -> state
     hybrid: bool = False  # conv layers or cropped sliding-window layers: only checkpointed lengths restore
-    owner: str | None = None  # whose conversation (its share is capped); None: shared, e.g. the template head
+    group: str | None = None  # whose conversation (its share is capped); None: shared, e.g. the template head
 
     def tensors(self):
         """Every stored tensor: K/V (possibly quantised) and conv checkpoints."""
@@ -78,7 +79,7 @@ class SessionEntry:
 class SessionStore:
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
                  park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0,
-                 owner_share: float = 1.0):
+                 group_share: float = 1.0):
         # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
         # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
         self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
@@ -88,16 +89,16 @@ class SessionStore:
         self.park_mode = park_mode
         self.group_size = group_size
         self.enabled = enabled
-        self.owner_share = owner_share
+        self.group_share = group_share
         self.counters = dict(session_hits=0, session_misses=0, session_partial_hits=0, prefix_hits=0,
-                             reused_tokens=0, session_owner_evictions=0, session_owner_refusals=0)
+                             reused_tokens=0, session_group_evictions=0, session_group_refusals=0)
 
     @classmethod
     def for_runner(cls, config: EngineConfig, runner) -> "SessionStore":
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
                    config.park_mode, config.park_group_size, config.session_cache,
                    host_budget_bytes=int(config.session_host_budget_mb * 2**20),
-                   owner_share=config.session_owner_share)
+                   group_share=config.session_group_share)
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
@@ -192,7 +193,7 @@ class SessionStore:
             checkpoints[length] = kv_cache.exact_states(snap)
             if req.prompt_conv is not None:
                 checkpoints[req.prompt_len] = req.prompt_conv
-        self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints, owner=req.owner)
+        self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints, group=req.group)
 
     def evict_all(self) -> int:
         """Free every entry (out-of-memory recovery). Returns bytes freed."""
@@ -210,7 +211,7 @@ class SessionStore:
 
     # -- internals --------------------------------------------------------------
     def _put(self, key: str, token_ids: list[int], snap: kv_cache.CacheSnapshot, checkpoints: dict,
-             owner: str | None = None) -> None:
+             group: str | None = None) -> None:
         # Parked (int8/int4) entries live in host memory, conv checkpoints included (kept in full precision).
         where = self.device if self.park_mode == "none" else torch.device("cpu")
         # Keys carry outliers in fixed channels, so they are grouped per channel along time (KIVI-style);
@@ -220,32 +221,32 @@ class SessionStore:
         kv = {i: (park_kv(k, self.park_mode, self.group_size, where, per_channel=self.park_mode != "none"),
                   park_kv(v, self.park_mode, self.group_size, where)) for i, (k, v) in layers.items()}
         checkpoints = {n: {i: s.to(where) for i, s in states.items()} for n, states in checkpoints.items()}
-        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped, owner=owner)
+        entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped, group=group)
         self._store(key, entry)
 
     def _store(self, key: str, entry: SessionEntry) -> None:
-        """Keep ``entry`` under ``key`` (replacing that key's entry), within its owner's share of each pool."""
+        """Keep ``entry`` under ``key`` (replacing that key's entry), within its group's share of each pool."""
         sizes = entry.nbytes_by_pool(self.device)
-        self.entries.pop(key)  # a conversation's new entry replaces its old one: those bytes are its owner's again
-        if entry.owner is not None and self.owner_share < 1.0 and not self._make_room(entry.owner, sizes):
+        self.entries.pop(key)  # a conversation's new entry replaces its old one: those bytes are its group's again
+        if entry.group is not None and self.group_share < 1.0 and not self._make_room(entry.group, sizes):
             return
         for evicted_key, _ in self.entries.put(key, entry, sizes):
             log.debug("evicted session %s", evicted_key)
 
-    def _make_room(self, owner: str, sizes: dict[str, int]) -> bool:
-        """Evict ``owner``'s own least recently used entries until ``sizes`` more bytes fit in its share of every
+    def _make_room(self, group: str, sizes: dict[str, int]) -> bool:
+        """Evict ``group``'s own least recently used entries until ``sizes`` more bytes fit in its share of every
         pool. False, evicting nothing, when the entry alone is larger than the share: it is not kept."""
-        caps = {pool: int(self.owner_share * budget) for pool, budget in self.entries.budgets.items()}
+        caps = {pool: int(self.group_share * budget) for pool, budget in self.entries.budgets.items()}
         if any(n > caps[pool] for pool, n in sizes.items()):
-            self.counters["session_owner_refusals"] += 1
+            self.counters["session_group_refusals"] += 1
             return False
-        own = [(key, held) for key, entry, held in self.entries.items() if entry.owner == owner]  # oldest first
+        own = [(key, held) for key, entry, held in self.entries.items() if entry.group == group]  # oldest first
         total = {pool: sizes.get(pool, 0) + sum(held.get(pool, 0) for _, held in own) for pool in caps}
         for key, held in own:
             if all(total[pool] <= caps[pool] for pool in caps):
                 break
             self.entries.pop(key)
-            self.counters["session_owner_evictions"] += 1
+            self.counters["session_group_evictions"] += 1
             for pool, n in held.items():
                 total[pool] -= n
         return True
@@ -263,11 +264,3 @@ class SessionStore:
             return None
         return "prefix:" + hashlib.sha256(str(list(head_ids)).encode()).hexdigest()[:16]
 
-
-def kv_bytes_per_token(text_config, dtype: torch.dtype) -> int:
-    """Attention K/V bytes one token occupies across all layers (conv layers hold no per-token state)."""
-    layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
-    n_attn = sum(1 for t in layer_types if t != "conv")
-    heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-    return 2 * n_attn * heads * head_dim * torch.tensor([], dtype=dtype).element_size()

@@ -1,4 +1,7 @@
-"""SlotBatch: the running sequences over a preallocated ``SlotPool`` — the same interface as ``DecodeBatch``.
+"""SlotBatch: the decode batch over a preallocated ``SlotPool`` (a ``DecodeBatch``, engine/decode_batch.py).
+
+The path for families whose row says ``decode_batch="slots"`` (engine/families.py): full-attention and LFM2 conv
+layers, plain positions.
 
 Row ``i`` of the batch lives in slot ``i``. ``add`` copies a freshly prefilled batch-1 cache into the next free
 slot; ``filter`` refills each freed slot with the last row (one row's copy per finished request, instead of
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from . import varlen_attention
+from .cache_layers import kv_bytes_per_token
 from .slot_cache import SlotCache, SlotPool
 from .varlen_attention import attended_positions, plan_segments
 
@@ -23,7 +28,7 @@ class SlotBatch:
         self.seq_lens: torch.Tensor | None = None  # [B] tokens in each row's slot
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
         self._positions = torch.arange(pool.slot_len, device=device)
-        self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode uses it)
+        self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode runs it)
         # Varlen decode attention (engine/varlen_attention.py): the cost of one more attention call in
         # row-positions, or None for one padded call over the longest row.
         self.segment_call_cost: int | None = None
@@ -113,30 +118,10 @@ class SlotBatch:
 _CPU_DEFAULT_POOL_MB = 512
 
 
-def make_decode_batch(config, runner, max_model_len: int):
-    """The decode batch the config asks for: ``SlotBatch`` over a pool sized once from the memory budget, or the
-    ``DecodeBatch`` over a concatenated DynamicCache (``decode_cache="dynamic"``, and what ``auto`` falls back to
-    for models the slot path does not support)."""
-    from .batch import DecodeBatch
-    from .slot_cache import bytes_per_slot_token, supports
-
-    mode = config.decode_cache
-    # The registry row says what the runner needs: slots carry plain 1D positions and full/conv layers only, and
-    # a family with its own runner (mPLUG-Owl3) keeps the cache it was verified with.
-    from .families import cache_layer_kinds
-
-    family = getattr(runner, "family", None)
-    plain = (family is None or (family.runner is None and family.positions == "linear")) \
-        and cache_layer_kinds(runner.text_config) <= {"full", "conv"}  # e.g. Mistral's sliding_window
-    if mode == "dynamic" or (mode == "auto" and not (plain and supports(runner.text_config))):
-        if config.decode_graphs not in ("off", "auto"):
-            raise ValueError("decode_graphs needs the slot cache (decode_cache='slots' on a supported model)")
-        return DecodeBatch(runner.device)
-    if not (plain and supports(runner.text_config)):
-        raise ValueError("decode_cache='slots' needs a family on the generic runner with plain positions and only "
-                         "full-attention or LFM2 conv layers; this model has layers "
-                         f"{sorted(set(getattr(runner.text_config, 'layer_types', None) or []))}: use 'auto'")
-    per_token = bytes_per_slot_token(runner.text_config, runner.dtype) * config.max_running
+def make_slot_batch(config, runner, max_model_len: int) -> SlotBatch:
+    """A ``SlotBatch`` over a pool sized once from the memory budget (``kv_pool_mb``), with the decode step the
+    config asks for: varlen attention (eager), or static shapes, captured as CUDA graphs on a CUDA device."""
+    per_token = kv_bytes_per_token(runner.text_config, runner.dtype) * config.max_running
     if config.kv_pool_mb is not None:
         budget = int(config.kv_pool_mb * 2**20)
     elif runner.device.type == "cuda":
@@ -154,12 +139,13 @@ def make_decode_batch(config, runner, max_model_len: int):
     if graphs == "auto":
         graphs = "cuda" if runner.device.type == "cuda" else "off"
     if config.decode_attention == "varlen" and graphs == "off":  # graphs need one static shape
-        from . import varlen_attention
-
         if varlen_attention.install(runner.model, runner.text_config):
-            batch.segment_call_cost = varlen_attention.CALL_COST.get(runner.device.type, varlen_attention.CALL_COST["cuda"])
+            batch.segment_call_cost = varlen_attention.CALL_COST.get(runner.device.type,
+                                                                     varlen_attention.CALL_COST["cuda"])
     if graphs != "off":
         from .cuda_graphs import StaticDecode
 
-        batch.static_step = StaticDecode(runner.model, pool, capture=graphs == "cuda")
+        batch.static_step = StaticDecode(runner.model, pool, capture=graphs == "cuda", compile=config.decode_compile)
+    elif config.decode_compile:
+        raise ValueError("decode_compile compiles the static-shape decode step: set decode_graphs to static or cuda")
     return batch

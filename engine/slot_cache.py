@@ -14,42 +14,19 @@ which transformers' LFM2 decode kernel updates in place.
 ``cache.update`` as usual. It is only for decode (one new token per row): prefill runs on a per-request
 ``DynamicCache`` and ``copy_in`` moves the result into a slot.
 
-Supported layer types: ``full_attention`` and ``conv``. A model with other layers (sliding windows, M-RoPE
-position deltas) keeps the DynamicCache path: see ``supports``.
+Supported layer types: ``full_attention`` and ``conv``, with plain positions. A model with other layers (sliding
+windows) or per-row position deltas (M-RoPE) runs on the ``DynamicBatch``: its family row says so
+(engine/families.py), and the pool refuses layers it cannot hold.
 """
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
-from .kv_cache import CacheSnapshot, _is_conv
+from .cache_layers import is_conv, kv_heads_and_dim, layer_types
+from .kv_cache import CacheSnapshot
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "conv")
-
-
-def layer_types(text_config) -> list[str]:
-    return list(getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers)
-
-
-def supports(text_config) -> bool:
-    """Whether this model's decode can run on slots: only full attention and LFM2 short-conv layers, and plain
-    1D positions (no M-RoPE, whose per-row position deltas the slot path does not carry)."""
-    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and (rope.get("mrope_section") or rope.get("rope_type") == "mrope"):
-        return False
-    return all(t in SUPPORTED_LAYER_TYPES for t in layer_types(text_config))
-
-
-def _kv_shape(text_config) -> tuple[int, int]:
-    heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-    return heads, head_dim
-
-
-def bytes_per_slot_token(text_config, dtype: torch.dtype) -> int:
-    heads, head_dim = _kv_shape(text_config)
-    n_attn = sum(t != "conv" for t in layer_types(text_config))
-    return 2 * n_attn * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 class SlotPool:
@@ -60,7 +37,11 @@ class SlotPool:
         self.num_slots, self.slot_len = num_slots, slot_len
         self.device = torch.device(device)
         self.types = layer_types(text_config)
-        heads, head_dim = _kv_shape(text_config)
+        unsupported = sorted(set(self.types) - set(SUPPORTED_LAYER_TYPES))
+        if unsupported:
+            raise ValueError(f"the slot pool holds {' and '.join(SUPPORTED_LAYER_TYPES)} layers only; this model has "
+                             f"{unsupported} layers: run it with decode_cache='dynamic'")
+        heads, head_dim = kv_heads_and_dim(text_config)
         conv_len = getattr(text_config, "conv_L_cache", 3)
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
@@ -80,7 +61,7 @@ class SlotPool:
     def copy_in(self, slot: int, cache, length: int) -> None:
         """Copy a batch-1 ``DynamicCache`` holding ``length`` tokens into ``slot``."""
         for i, layer in enumerate(cache.layers):
-            if _is_conv(layer):
+            if is_conv(layer):
                 self.conv[i][slot].copy_(layer.conv_states[0][0])
             else:
                 self.keys[i][slot, :, :length].copy_(layer.keys[0, :, -length:])

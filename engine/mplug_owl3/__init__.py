@@ -5,9 +5,10 @@ Entry points for the engine (and the verified-families registry):
 - ``load_runner(config)``: an ``OwlRunner`` for ``config.model``, behind the ModelRunner interface; its
   ``session_store_class`` keeps image K/V in session entries.
 
-Modules: config (config.json), model (torch modules named after the weights), weights (loading, key checks),
-processor (chat, images, ``<|image|>``), runner (prefill/decode), session (image K/V in the session store),
-reference (a plain forward for tests). Nothing is imported or loaded at import time.
+Modules: layout (the published weight layouts, told apart by weight names), config (config.json), model (torch
+modules named after the weights), weights (loading, key checks), processor (chat, images, ``<|image|>``), runner
+(prefill/decode), session (image K/V in the session store), reference (a plain forward for tests). Nothing is
+imported or loaded at import time.
 """
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
 """mPLUG-Owl3's config.json, read without remote code.
 
-The published checkpoint (``mPLUG/mPLUG-Owl3-2B-241014``) is one flat config: the Qwen2 text keys at the top level
-(``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
+A published checkpoint (``mPLUG/mPLUG-Owl3-7B-240728`` for one) has one flat config: the Qwen2 text keys at the top
+level (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
 ``rope_theta``, ``rms_norm_eps``, ``vocab_size``, ``max_position_embeddings``, ``tie_word_embeddings``), the
 ``hyper_layers`` list (1-based indices of the decoder layers that also cross-attend to the image), and a
 ``vision_config`` dict for the SigLIP tower (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
-``num_attention_heads``, ``image_size``, ``patch_size``, ``layer_norm_eps``). ``architectures`` names
-``mPLUGOwl3Model`` and ``model_type`` is ``mplugowl3``.
+``num_attention_heads``, ``patch_size``, ``image_size``, ``layer_norm_eps``). ``architectures`` names
+``mPLUGOwl3Model`` and ``model_type`` is ``mplugowl3``. ``vision_config.image_size`` is both the tower's input
+side and the processor's crop side; when config.json leaves it out, the checkpoint's layout supplies it (layout.py).
+The layout itself is read from the weight names, not from config.json (weights.read_config).
 """
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .layout import Layout
+
 ARCHITECTURE = "mPLUGOwl3Model"
 MODEL_TYPE = "mplugowl3"
 
 _TEXT_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                   "hyper_layers", "vision_config")
-_VISION_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
-                    "patch_size")
+_VISION_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size")
 
 
 @dataclass
@@ -60,6 +63,7 @@ class OwlConfig:
     vocab_size: int
     hyper_layers: list[int]  # 1-based, as published
     vision: VisionConfig
+    layout: Layout  # read from the weight names: how hyper layers gate, which projector
     num_key_value_heads: int | None = None
     rope_theta: float = 1000000.0
     rms_norm_eps: float = 1e-6
@@ -105,20 +109,28 @@ class OwlConfig:
                            rope_theta=self.rope_theta, tie_word_embeddings=self.tie_word_embeddings)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "OwlConfig":
+    def from_dict(cls, d: dict, layout: Layout) -> "OwlConfig":
         missing = [k for k in _TEXT_REQUIRED if k not in d]
         vision = d.get("vision_config") or {}
         missing += [f"vision_config.{k}" for k in _VISION_REQUIRED if k not in vision]
         if missing:
             raise ValueError(f"config.json is not an mPLUG-Owl3 config: missing {missing}")
-        v = VisionConfig(**{k: vision[k] for k in VisionConfig.__dataclass_fields__ if k in vision})
-        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k not in ("vision", "raw")}
+        v = VisionConfig(**{"image_size": layout.crop_size,
+                            **{k: vision[k] for k in VisionConfig.__dataclass_fields__ if k in vision}})
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k not in ("vision", "layout", "raw")}
         kw["hyper_layers"] = [int(i) for i in d["hyper_layers"]]
-        return cls(vision=v, raw=dict(d), **kw)
+        # transformers 5 saves the rope as rope_parameters (rope_theta inside it), not as a top-level rope_theta.
+        rope = d.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default" or d.get("rope_scaling"):
+            raise ValueError(f"config.json: rope scaling {rope or d.get('rope_scaling')} is not supported for "
+                             "mPLUG-Owl3 (its MI-Rope uses the plain rope)")
+        if "rope_theta" not in d and "rope_theta" in rope:
+            kw["rope_theta"] = rope["rope_theta"]
+        return cls(vision=v, layout=layout, raw=dict(d), **kw)
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "OwlConfig":
-        return cls.from_dict(json.loads((Path(folder) / "config.json").read_text()))
+    def from_folder(cls, folder: str | Path, layout: Layout) -> "OwlConfig":
+        return cls.from_dict(json.loads((Path(folder) / "config.json").read_text()), layout)
 
 
 def is_mplug_owl3_config(d: dict) -> bool:

@@ -1,17 +1,18 @@
 """mPLUG-Owl3 as plain torch modules, named after the published weights.
 
     vision_model.embeddings.*, vision_model.encoder.layers.N.*     SigLIP tower (transformers blocks)
-    vision2text_model.0.*, vision2text_model.2.*                   projector: Linear, GELU, Linear
+    vision2text_model.*                                            projector: Linear, or Linear, GELU, Linear
     language_model.model.embed_tokens / layers.N.* / norm          Qwen2 decoder with hyper-attention layers
     language_model.lm_head                                         (absent when tied to embed_tokens)
 
-Hyper attention (arXiv 2408.04840, the 2B-241014 checkpoint): at the layers listed in ``hyper_layers`` the text
-queries, besides causal self-attention, attend to the image features of every image placed *before* them. The
-image keys and values come from the layer's own ``v_kv_proj`` applied to the image features after the layer's
-``input_layernorm`` (shared with the text); keys are rotated with the rope of the image's position in the text
-(MI-Rope: the position right after its ``<|image|>`` token). The two attention outputs (heads concatenated, before
-``o_proj``) are mixed per channel by a learned gate: ``self * (1 - g) + cross * g`` with ``g = sigmoid(gate)``.
-Tokens that see no image keep the plain self-attention output.
+Hyper attention (arXiv 2408.04840): at the layers listed in ``hyper_layers`` the text queries, besides causal
+self-attention, attend to the image features of every image placed *before* them. The image keys and values come
+from the layer's own ``v_kv_proj`` applied to the image features after the layer's ``input_layernorm`` (shared with
+the text); keys are rotated with the rope of the image's position in the text (MI-Rope: the position right after
+its ``<|image|>`` token). The two attention outputs (heads concatenated, before ``o_proj``) are mixed by a gate,
+``self * (1 - g) + cross * g``, whose form is the checkpoint's layout (layout.py): computed per token and head from
+the head's self-attention output (``gate_proj``), or one learned value per channel (``gate``). Tokens that see no
+image keep the plain self-attention output.
 
 Everything here is batched over rows; per-row state (caches, image K/V) is passed in, never held.
 """
@@ -82,9 +83,13 @@ class HyperAttention(nn.Module):
         self.v_proj = nn.Linear(h, kvh * d, bias=True)
         self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
         self.is_hyper = cfg.is_hyper(layer_idx)
+        self.gate_kind = cfg.layout.gate
         if self.is_hyper:
             self.v_kv_proj = nn.Linear(h, kvh * d * 2, bias=True)
-            self.gate = nn.Parameter(torch.zeros(h))
+            if self.gate_kind == "dynamic":
+                self.gate_proj = nn.Sequential(nn.Linear(d, d, bias=True), nn.Sigmoid())
+            else:
+                self.gate = nn.Parameter(torch.zeros(h))
 
     def image_kv(self, normed_feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values [kv_heads, n_img * Lv, D] for images [n_img, Lv, hidden] (already input-layernormed)
@@ -126,9 +131,17 @@ class HyperAttention(nn.Module):
         safe = sees | ~any_image[..., None]
         cross = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None])
         cross = cross.transpose(1, 2).reshape(b, t, -1)
-        g = torch.sigmoid(self.gate).to(self_out.dtype)
+        g = self.gate_values(self_out)
         mixed = self_out * (1 - g) + cross * g
         return torch.where(any_image[..., None], mixed, self_out)
+
+    def gate_values(self, self_out: torch.Tensor) -> torch.Tensor:
+        """The image share g, broadcastable to ``self_out`` [B, T, heads * D]: per token and head from each head's
+        own slice of the self-attention output (dynamic), or one learned value per channel (static)."""
+        if self.gate_kind == "dynamic":
+            b, t, _ = self_out.shape
+            return self.gate_proj(self_out.view(b, t, self.heads, self.head_dim)).view(b, t, -1)
+        return torch.sigmoid(self.gate).to(self_out.dtype)
 
 
 class MLP(nn.Module):
@@ -217,13 +230,16 @@ class OwlModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vision_model = SiglipTower(cfg)
-        self.vision2text_model = nn.Sequential(nn.Linear(cfg.vision.hidden_size, cfg.hidden_size), nn.GELU(),
-                                               nn.Linear(cfg.hidden_size, cfg.hidden_size))
+        if cfg.layout.projector == "linear":
+            self.vision2text_model = nn.Linear(cfg.vision.hidden_size, cfg.hidden_size)
+        else:
+            self.vision2text_model = nn.Sequential(nn.Linear(cfg.vision.hidden_size, cfg.hidden_size), nn.GELU(),
+                                                   nn.Linear(cfg.hidden_size, cfg.hidden_size))
         self.language_model = LanguageModel(cfg)
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Projected image features [n_img, tokens_per_image, hidden] for pixel_values [n_img, 3, S, S]."""
-        dtype = self.vision2text_model[0].weight.dtype
+        dtype = next(self.vision2text_model.parameters()).dtype
         return self.vision2text_model(self.vision_model(pixel_values.to(dtype)))
 
     def image_kv(self, layer_idx: int, feats: torch.Tensor, positions: torch.Tensor):

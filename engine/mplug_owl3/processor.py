@@ -12,9 +12,9 @@ Published behaviour this follows (``processing_mplugowl3.py``, ``image_processin
   global_view<|image|>``: one ``<|image|>`` token per crop. For the model every crop is an image of its own: a
   token sees crop j when it comes after crop j's token ("media offsets"), and the crop's keys are rotated to the
   position right after its token (see model.py);
-- crops are ``image_size`` squares (378 for the 2B model, bicubic) normalised with mean = std = 0.5. With
-  ``cut_images=False`` an image is one resized crop and one ``<|image|>`` (what the published processor does for
-  video frames).
+- crops are ``image_size`` squares (bicubic; config.json's vision side, else the layout's: 384 px in the 240728
+  code) normalised with mean = std = 0.5. With ``cut_images=False`` an image is one resized crop and one
+  ``<|image|>`` (what the published processor does for video frames).
 
 Known differences from the published processor: it splits the user text at each ``<|image|>`` and tokenises
 "text before the image + cut prompt" as one piece, while Owlet tokenises the image's run on its own; the two agree

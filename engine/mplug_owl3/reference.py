@@ -1,8 +1,11 @@
 """A plain, unbatched, uncached mPLUG-Owl3 forward and greedy decoding loop: the ground truth for tests.
 
 Written for reading, not speed: every step reruns the whole sequence, attention is spelled out with matmul and
-softmax, and each token's image attention is computed over exactly the images placed before it. It shares only
-the weights (and the SigLIP tower) with the serving path in model.py/runner.py, not its batching, masks or caches.
+softmax, and each token's image attention is computed over exactly the images placed before it. The gate follows
+the checkpoint's layout (layout.py), spelled out with the layout's weights: per token and head from that head's
+self-attention output (``dynamic``, the 7B-240728 code), or one learned value per channel (``static``). It shares
+only the weights (and the SigLIP tower) with the serving path in model.py/runner.py, not its batching, masks,
+caches or gate code.
 """
 from __future__ import annotations
 
@@ -64,7 +67,6 @@ def _mix_images(att, normed_feats, starts, q, context, cfg):
         # MI-Rope: every key of image j turns as if at the position right after its <|image|> token.
         keys.append(_rope(kv[:, :, 0].transpose(0, 1), torch.full((lv,), start + 1), cfg.rope_theta))
         values.append(kv[:, :, 1].transpose(0, 1))
-    gate = torch.sigmoid(att.gate)
     mixed = context.clone()
     for t in range(q.shape[1]):
         seen = [j for j, s in enumerate(starts) if s < t]  # a token sees the images placed before it
@@ -73,8 +75,19 @@ def _mix_images(att, normed_feats, starts, q, context, cfg):
         k = torch.cat([keys[j] for j in seen], dim=1).repeat_interleave(heads // kvh, 0)
         v = torch.cat([values[j] for j in seen], dim=1).repeat_interleave(heads // kvh, 0)
         cross = _attend(q[:, t:t + 1], k, v, torch.ones(1, k.shape[1], dtype=torch.bool))[0]
+        gate = _gate(att, cfg.layout.gate, context[t], d)
         mixed[t] = context[t] * (1 - gate) + cross * gate
     return mixed
+
+
+def _gate(att, kind: str, context_t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The image share for one token whose self-attention output (heads concatenated) is ``context_t``."""
+    if kind == "static":
+        return torch.sigmoid(att.gate)
+    # dynamic: each head's slice goes through the same Linear(head_dim, head_dim) and a sigmoid
+    linear = att.gate_proj[0]
+    per_head = context_t.view(-1, head_dim)
+    return torch.sigmoid(per_head @ linear.weight.T + linear.bias).reshape(-1)
 
 
 @torch.inference_mode()

@@ -1,10 +1,10 @@
 """OwlRunner: mPLUG-Owl3 behind the ModelRunner interface the engine calls (prefill one request in chunks, one
-batched decode step), so LLMEngine's scheduler, DecodeBatch and session store serve it unchanged.
+batched decode step), so LLMEngine's scheduler, decode batch and session store serve it unchanged.
 
 What differs from the Hugging Face path: images are not slots in the token sequence. Each request keeps, per image
 and per hyper layer, the image's cross-attention keys/values (``RowImages``), computed once at its first prefill
 chunk, or adopted from the conversation's session entry (then the image is neither encoded nor projected again).
-The self-attention cache is an ordinary ``DynamicCache``, so DecodeBatch pads, merges and filters it like any
+The self-attention cache is an ordinary ``DynamicCache``, so DynamicBatch pads, merges and filters it like any
 other; the per-row image K/V follow the batch's rows: filtered when rows leave, appended when rows join.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from ..byte_lru import ByteLRU
 from ..config import EngineConfig
 from ..families import by_architecture
 from ..model_runner import resolve_device, resolve_dtype, shape_free_attention
-from .config import ARCHITECTURE, OwlConfig
+from .config import ARCHITECTURE
 from .model import ImageKV
 from .processor import OwlProcessor
 from .session import OwlSessionStore
-from .weights import load_model
+from .weights import load_model, read_config
 
 log = logging.getLogger("owlet.engine")
 
@@ -60,15 +60,16 @@ def image_starts(token_ids: list[int], image_token_id: int, n_images: int) -> li
 
 class OwlRunner:
     session_store_class = OwlSessionStore  # the engine builds its session store from this (image K/V in entries)
+    weight_copy_bytes = 0  # no CPU kernel copies of its weights
 
     image_placeholder = None  # the chat template writes the image token itself (``<|image|>``)
 
     def __init__(self, config: EngineConfig, family=None):
-        # The registry row (engine/families.py): it also tells the engine to keep the DynamicCache decode path.
+        # The registry row (engine/families.py): it also tells the engine to keep the DynamicBatch decode path.
         self.family = family or by_architecture()[ARCHITECTURE]
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.cfg = OwlConfig.from_folder(config.model)
+        self.cfg = read_config(config.model)  # config.json, and the layout the weight names show
         tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True, trust_remote_code=False)
         self.processor = OwlProcessor(tokenizer, self.cfg.vision.image_size)
         self.image_token_id = self.processor.image_token_id
@@ -85,8 +86,9 @@ class OwlRunner:
         self._rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> RowImages
         self._adopted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> {(sha, start): kv}
         self._merged: tuple[list[weakref.ref], dict[int, ImageKV], torch.Tensor] | None = None
-        log.info("loaded mPLUG-Owl3 %s on %s in %s: %.1f MB of weights, hyper layers %s", config.model,
-                 self.device, self.dtype, self.weight_bytes / 2**20, self.hyper_layers)
+        log.info("loaded mPLUG-Owl3 %s (%s layout, %d px crops) on %s in %s: %.1f MB of weights, hyper layers %s",
+                 config.model, self.cfg.layout.name, self.cfg.vision.image_size, self.device, self.dtype,
+                 self.weight_bytes / 2**20, self.hyper_layers)
 
     # -- images -------------------------------------------------------------------------------------------------
     def adopt_session_images(self, request, images: dict[tuple[str, int], dict]) -> None:
@@ -133,20 +135,20 @@ class OwlRunner:
         """Per hyper layer, every row's image K/V left-aligned and padded to the batch's largest image count."""
         merged = {}
         for layer in self.hyper_layers:
-            keys, values, owners = [], [], []
+            keys, values, image_index = [], [], []
             for row in rows:
                 k = [im.kv[layer][0] for im in row.images]
                 v = [im.kv[layer][1] for im in row.images]
                 keys.append(torch.cat(k, dim=1) if k else None)
                 values.append(torch.cat(v, dim=1) if v else None)
-                owners.append(torch.cat([torch.full((im.kv[layer][0].shape[1],), j, device=self.device)
+                image_index.append(torch.cat([torch.full((im.kv[layer][0].shape[1],), j, device=self.device)
                                          for j, im in enumerate(row.images)]) if row.images else None)
-            n = max((o.numel() for o in owners if o is not None), default=0)
+            n = max((o.numel() for o in image_index if o is not None), default=0)
             kvh, d = self.cfg.num_key_value_heads, self.cfg.head_dim
             k_all = torch.zeros(len(rows), kvh, n, d, device=self.device, dtype=self.dtype)
             v_all = torch.zeros_like(k_all)
             slot = torch.full((len(rows), n), ImageKV.PAD_INDEX, device=self.device, dtype=torch.long)
-            for b, (k, v, o) in enumerate(zip(keys, values, owners)):
+            for b, (k, v, o) in enumerate(zip(keys, values, image_index)):
                 if o is not None:
                     k_all[b, :, :o.numel()], v_all[b, :, :o.numel()], slot[b, :o.numel()] = k, v, o
             merged[layer] = ImageKV(k_all, v_all, slot)
@@ -171,19 +173,26 @@ class OwlRunner:
         request.num_computed = end
         return logits[0, -1]
 
+    def can_prefill_together(self, request) -> bool:
+        """Never: mPLUG-Owl3 prefills one prompt at a time (batched prefill, engine/prefill_batch.py, is not
+        verified for its hyper attention over each row's image K/V)."""
+        return False
+
+    def prefill_together(self, requests: list, n_tokens: list[int]) -> list[torch.Tensor]:
+        raise NotImplementedError("mPLUG-Owl3 prefills one prompt at a time (can_prefill_together is False)")
+
     @shape_free_attention
     @torch.inference_mode()
     def decode(self, batch):
         """One step for every row; returns (logits [B, vocab], cache)."""
-        reqs = batch.requests
-        images, counts = self._batch_image_state(reqs)
-        mask = torch.cat([batch.mask, batch.mask.new_ones(len(reqs), 1)], dim=1)
-        logits = self.model.language_model(batch.last_tokens[:, None], batch.seq_lens[:, None], mask, batch.cache,
-                                           images, counts)
-        return logits[:, -1], batch.cache
+        images, counts = self._batch_image_state(batch.requests)
+        step = batch.step_inputs()
+        logits = self.model.language_model(step["input_ids"], step["position_ids"], step["attention_mask"],
+                                           step["cache"], images, counts)
+        return logits[:, -1], step["cache"]
 
     def _batch_image_state(self, reqs: list) -> tuple[dict[int, ImageKV], torch.Tensor]:
-        """The decode batch's merged image K/V, kept in step with DecodeBatch: rows that left are filtered out
+        """The decode batch's merged image K/V, kept in step with its rows: rows that left are filtered out
         (and padding no remaining row needs is cut), rows that joined are appended; unchanged rows cost nothing."""
         # Weak references: a finished request (and its image K/V) is freed even if no decode step follows.
         old = [ref() for ref in self._merged[0]] if self._merged is not None else []

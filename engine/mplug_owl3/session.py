@@ -60,7 +60,7 @@ class OwlSessionStore(SessionStore):
             layer: (park_kv(k[None], self.park_mode, self.group_size, where, per_channel=per_channel),
                     park_kv(v[None], self.park_mode, self.group_size, where))
             for layer, (k, v) in im.kv.items()}) for im in row.images]
-        full = OwlSessionEntry(entry.token_ids, entry.kv, entry.conv_checkpoints, entry.hybrid, entry.owner,
+        full = OwlSessionEntry(entry.token_ids, entry.kv, entry.conv_checkpoints, entry.hybrid, entry.group,
                                images=images)
         self._store(req.session_id, full)
 
@@ -69,7 +69,7 @@ class OwlSessionStore(SessionStore):
         if req.cache_source != "session" or self.runner is None:
             return
         entry = self.entries.get(req.session_id)
-        if not getattr(entry, "images", None):
+        if not isinstance(entry, OwlSessionEntry) or not entry.images:  # a turn without images keeps a plain entry
             return
         self.runner.adopt_session_images(req, {
             (im.sha256, im.start): {layer: (k.dequantize(self.device, self.model_dtype)[0],

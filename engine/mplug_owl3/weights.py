@@ -1,5 +1,6 @@
 """Load the published mPLUG-Owl3 weights (safetensors, single file or sharded) into ``OwlModel``.
 
+The weight names say which layout the checkpoint holds (layout.py); ``read_config`` pairs config.json with it.
 Names are used as published, with no renaming: our modules are named after them. A checkpoint key the model does
 not know, or a model weight the checkpoint lacks, is an error that names the keys — a silently random weight
 would produce fluent nonsense. Known-unused weights are accepted and dropped: the vision tower's last layer,
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .config import OwlConfig
+from .layout import detect_layout
 from .model import OwlModel
 
 _UNUSED_VISION = ("vision_model.post_layernorm.", "vision_model.head.")
@@ -28,6 +31,26 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
         return [single]
     raise FileNotFoundError(f"{folder} has no model.safetensors or model.safetensors.index.json "
                             "(only safetensors checkpoints are supported)")
+
+
+def weight_names(folder: str | Path) -> list[str]:
+    """Every weight name of the checkpoint, from the shard index or the safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    index = Path(folder) / "model.safetensors.index.json"
+    if index.exists():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            names += list(f.keys())
+    return names
+
+
+def read_config(folder: str | Path) -> OwlConfig:
+    """config.json with the layout the checkpoint's weight names show; raises ValueError naming the keys when they
+    fit no supported layout."""
+    return OwlConfig.from_folder(folder, detect_layout(weight_names(folder), where=str(folder)))
 
 
 def _ignored(name: str, model: OwlModel) -> bool:
@@ -66,7 +89,7 @@ def load_weights(model: OwlModel, folder: str | Path, dtype: torch.dtype) -> Non
                     unknown.append(name)
     missing = sorted(wanted - loaded.keys())
     if unknown or missing:
-        raise ValueError(f"{folder} does not match the mPLUG-Owl3 layout: "
+        raise ValueError(f"{folder} does not match the mPLUG-Owl3 layout {model.cfg.layout.summary}: "
                          f"unknown keys {sorted(unknown)[:20]}{' ...' if len(unknown) > 20 else ''}; "
                          f"missing keys {missing[:20]}{' ...' if len(missing) > 20 else ''}")
     shapes = model.state_dict()
@@ -81,7 +104,10 @@ def load_weights(model: OwlModel, folder: str | Path, dtype: torch.dtype) -> Non
 
 def published_state_dict(model: OwlModel) -> dict[str, torch.Tensor]:
     """The weights as the published checkpoint stores them, for the tiny builder: tied lm_head left out, and the
-    full SigLIP tower (its last layer and post-layernorm, which serving skips) filled with random values."""
+    full SigLIP tower (its last layer, post-layernorm and pooling head, which serving skips) filled with random
+    values."""
+    from transformers.models.siglip.modeling_siglip import SiglipMultiheadAttentionPoolingHead
+
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     if model.cfg.tie_word_embeddings:
         sd.pop("language_model.lm_head.weight", None)
@@ -91,5 +117,8 @@ def published_state_dict(model: OwlModel) -> dict[str, torch.Tensor]:
         if k.startswith(first):
             sd[f"vision_model.encoder.layers.{last}." + k[len(first):]] = torch.randn_like(v) * 0.02
     width = model.cfg.vision.hidden_size
-    sd["vision_model.post_layernorm.weight"], sd["vision_model.post_layernorm.bias"] = torch.ones(width), torch.zeros(width)
+    sd["vision_model.post_layernorm.weight"] = torch.ones(width)
+    sd["vision_model.post_layernorm.bias"] = torch.zeros(width)
+    head = SiglipMultiheadAttentionPoolingHead(model.cfg.vision.to_siglip())
+    sd.update({f"vision_model.head.{k}": v.detach().contiguous().clone() for k, v in head.state_dict().items()})
     return sd

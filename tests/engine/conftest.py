@@ -24,12 +24,10 @@ def runners():
         key = (fam, tuple(sorted(overrides.items())))
         if key not in cache:
             # On CPU the fast kernels always (not as calibrated on this machine), so every run tests them: MKL's
-            # packed product for decode rows, oneDNN for prefill chunks (test_cpu_linear.py runs oneDNN alone,
-            # OpenBLAS alone and the panel GEMM alone).
+            # packed product for decode rows, oneDNN for prefill chunks (test_cpu_linear.py runs oneDNN alone and
+            # the panel GEMM alone).
             on_cpu = resolve_device(overrides.get("device", "auto")).type == "cpu"
-            fast = "on" if on_cpu else "auto"
-            settings = {"cpu_packed_weights": fast, "cpu_onednn_linear": fast, "cpu_openblas_linear": "off",
-                        "cpu_panel_linear": "off", **overrides}
+            settings = {"cpu_kernels": "packed,onednn" if on_cpu else "auto", **overrides}
             cfg = EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", **settings)
             cache[key] = ModelRunner(cfg)
         return cache[key]

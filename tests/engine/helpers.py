@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from PIL import Image, ImageDraw
 
-from engine.cpu_linear import unpacked
+from engine.reference_run import reference_run
 
 
 def image(seed: int, size=(64, 64)) -> Image.Image:
@@ -30,7 +30,7 @@ def reference_tokens(runner, messages, max_new_tokens: int) -> list[int]:
               if i["type"] == "image"]
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = proc(images=images or None, text=text, return_tensors="pt").to(model.device)
-    with torch.inference_mode(), unpacked():  # the model's own nn.Linear, not the engine's packed weights
+    with torch.inference_mode(), reference_run():  # the model's own code, not the engine's CPU kernels
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 

@@ -31,6 +31,6 @@ def test_eager_passes_leave_cudnn_out_on_cuda_only_and_restore_the_choice():
 
 
 def test_every_forward_pass_of_both_runners_is_wrapped():
-    for method in (ModelRunner.prefill, ModelRunner.decode, ModelRunner.encode_image_full,
+    for method in (ModelRunner.prefill, ModelRunner.prefill_together, ModelRunner.decode, ModelRunner.encode_image_full,
                    OwlRunner.prefill, OwlRunner.decode):
         assert getattr(method, "shape_free_attention", False), method.__qualname__

@@ -1,11 +1,14 @@
-"""The text stack's fp32 CPU kernels (engine/cpu_linear.py): the same products through MKL's packed GEMM, oneDNN,
-OpenBLAS and Owlet's panel GEMM, each only where the plan puts it, only the text stack routed, and engines on each
+"""The text stack's fp32 CPU kernels (engine/cpu/linear.py): the same products through MKL's packed GEMM, oneDNN
+and Owlet's panel GEMM, each only where the plan puts it, only the text stack routed, and engines on each
 kernel exact (the panel kernel's own tests: test_panel_gemm.py)."""
 import pytest
 import torch
 
-from engine import EngineConfig, cpu_linear, openblas, panel_gemm
+from engine import EngineConfig
+from engine.cpu import linear as cpu_linear
+from engine.cpu import panel_gemm
 from engine.model_runner import ModelRunner
+from engine.reference_run import reference_run
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
@@ -34,16 +37,10 @@ def onednn_calls(monkeypatch):
 
 
 @pytest.fixture
-def openblas_calls(monkeypatch):
-    return _row_counts_of(monkeypatch, "_openblas_product")
-
-
-@pytest.fixture
 def panel_calls(monkeypatch):
     return _row_counts_of(monkeypatch, "_panel_product")
 
 
-needs_openblas = pytest.mark.skipif(not openblas.available(), reason="numpy's BLAS is not an OpenBLAS")
 needs_panel = pytest.mark.skipif(not panel_gemm.available(), reason="no panel GEMM here (no AVX2 or no C compiler)")
 
 
@@ -89,7 +86,7 @@ def test_training_and_reference_runs_take_the_plain_path(packed_calls):
     x = torch.randn(6, 96)
     layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
     assert layer.weight.grad is not None
-    with torch.inference_mode(), cpu_linear.unpacked():
+    with torch.inference_mode(), reference_run():
         layer(x)
     assert packed_calls == []
     with torch.inference_mode():
@@ -131,32 +128,18 @@ def _assert_routed_like_nn_linear(layer, plain, calls: list, untouched: list, ro
         assert calls == [40, 5] and untouched == []
         for rows in (1, 2):  # a matrix-vector product: nn.Linear's own
             assert torch.equal(layer(x[0, :rows]), plain(x[0, :rows]))
-        with cpu_linear.unpacked():  # a reference run: nn.Linear's own
+        with reference_run():  # a reference run: nn.Linear's own
             assert torch.equal(layer(x), plain(x))
     assert calls == [40, 5]
     layer(x).sum().backward()  # grad mode: autograd needs nn.Linear's own op
     assert layer.weight.grad is not None and calls == [40, 5]
 
 
-@needs_openblas
-@pytest.mark.parametrize("bias", [True, False])
-def test_openblas_products_match_nn_linear_on_a_transposed_copy(bias, openblas_calls, onednn_calls):
-    layer, plain = _linear_and_its_twin(bias)
-    plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=True, openblas=True)
-    assert plan.describe() == "3+ openblas", "asked for both, OpenBLAS takes what the packed product does not"
-    torch.set_num_threads(1)
-    openblas.set_threads(2)
-    assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
-    assert openblas.threads() == 1, "OpenBLAS runs on torch's thread count"
-    assert layer._owlet_packed_rows is None and layer._owlet_copy_bytes == 96 * 160 * 4, "one transposed copy"
-    _assert_routed_like_nn_linear(layer, plain, openblas_calls, onednn_calls)
-
-
 @needs_panel
 @pytest.mark.parametrize("bias", [True, False])
 def test_panel_products_match_nn_linear_on_a_packed_copy(bias, panel_calls, packed_calls):
     layer, plain = _linear_and_its_twin(bias)
-    plan = cpu_linear.sgemm_plan(8).forced(8, packed=True, onednn=True, openblas=True, panel=True)
+    plan = cpu_linear.sgemm_plan(8).forced(8, packed=True, onednn=True, panel=True)
     assert plan.describe() == "3-8 packed, 9+ panel", "the panel GEMM takes what the packed product does not"
     plan = cpu_linear.sgemm_plan(8).forced(8, packed=False, onednn=False, panel=True)
     assert cpu_linear.use_kernels(layer, 8, lambda _: plan) == [(layer, plan)]
@@ -192,16 +175,15 @@ def test_runner_routes_the_text_stack_only(runners):
     narrow = runners("lfm2vl", max_running=4)
     assert {getattr(m, "_owlet_packed_rows", None) for m in narrow.model.get_decoder().modules()
             if isinstance(m, torch.nn.Linear)} == {4}
-    off = runners("lfm2vl", cpu_packed_weights="off", cpu_onednn_linear="off")
+    off = runners("lfm2vl", cpu_kernels="off")
     assert off.weight_copy_bytes == 0
     assert not any(hasattr(m, "_owlet_kernels") for m in off.model.modules())
 
 
-@pytest.mark.parametrize("kernel", ["onednn", pytest.param("openblas", marks=needs_openblas),
-                                    pytest.param("panel", marks=needs_panel)])
+@pytest.mark.parametrize("kernel", ["onednn", pytest.param("panel", marks=needs_panel)])
 @pytest.mark.parametrize("fam", ["lfm2vl", "llava"])
 def test_an_engine_on_one_kernel_alone_matches_generate(fam, kernel, runners):
-    """Every product of 3 rows or more through oneDNN, through OpenBLAS or through the panel GEMM (prefill chunks
+    """Every product of 3 rows or more through oneDNN or through the panel GEMM (prefill chunks
     and decode steps alike), staggered arrivals batched together: the same greedy tokens as per-request generate()
     on the model's own nn.Linear."""
     from engine import LLMEngine
@@ -209,9 +191,7 @@ def test_an_engine_on_one_kernel_alone_matches_generate(fam, kernel, runners):
     from .helpers import reference_tokens, serve_staggered
     from .test_exactness import workload
 
-    runner = runners(fam, cpu_packed_weights="off", cpu_onednn_linear="on" if kernel == "onednn" else "off",
-                     cpu_openblas_linear="on" if kernel == "openblas" else "off",
-                     cpu_panel_linear="on" if kernel == "panel" else "off")
+    runner = runners(fam, cpu_kernels=kernel)
     text = [m for m in runner.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     assert {m._owlet_kernels.kernel_for(n) for m in text for n in (3, 16, 200)} == {kernel}
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint(fam)), dtype="float32", max_running=4),
@@ -228,40 +208,30 @@ def test_an_engine_on_one_kernel_alone_matches_generate(fam, kernel, runners):
 
 def test_kernels_asked_for_where_they_cannot_apply_are_refused_clearly():
     model = str(ensure_tiny_checkpoint("lfm2vl"))
-    with pytest.raises(ValueError, match="cpu_packed_weights=on needs float32"):
-        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="on"))
-    with pytest.raises(ValueError, match="cpu_onednn_linear=on needs float32 on a CPU with oneDNN"):
-        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="on"))
-    with pytest.raises(ValueError, match="cpu_packed_weights must be auto, on or off"):
-        EngineConfig(model="x", cpu_packed_weights="yes")
-    with pytest.raises(ValueError, match="cpu_onednn_linear must be auto, on or off"):
-        EngineConfig(model="x", cpu_onednn_linear="fast")
-    with pytest.raises(ValueError, match="cpu_openblas_linear=on needs float32 on a CPU with numpy on OpenBLAS"):
-        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="off",
-                                 cpu_openblas_linear="on"))
-    with pytest.raises(ValueError, match="cpu_openblas_linear must be auto, on or off"):
-        EngineConfig(model="x", cpu_openblas_linear="yes")
-    with pytest.raises(ValueError, match="cpu_panel_linear=on needs float32 on a CPU with AVX2, FMA and a C comp"):
-        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_packed_weights="off", cpu_onednn_linear="off",
-                                 cpu_panel_linear="on"))
-    with pytest.raises(ValueError, match="cpu_panel_linear must be auto, on or off"):
-        EngineConfig(model="x", cpu_panel_linear="fast")
+    with pytest.raises(ValueError, match="cpu_kernels=packed: packed needs float32 on a CPU with MKL"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_kernels="packed"))
+    with pytest.raises(ValueError, match="cpu_kernels=onednn: onednn needs float32 on a CPU with oneDNN"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_kernels="onednn"))
+    with pytest.raises(ValueError, match="cpu_kernels=panel: panel needs float32 on a CPU with AVX2, FMA and a C"):
+        ModelRunner(EngineConfig(model=model, dtype="bfloat16", cpu_kernels="panel"))
+    for bad in ("yes", "on", "onednn,fast", ""):
+        with pytest.raises(ValueError, match="cpu_kernels must be auto, off or a comma list of packed, onednn, panel"):
+            EngineConfig(model="x", cpu_kernels=bad)
 
 
 def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
-    from engine import model_runner
+    from engine import cpu
 
-    monkeypatch.setattr(model_runner, "_available_memory_bytes", lambda: 4 * 2**20)  # a quarter: 1 MiB
-    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32", cpu_onednn_linear="off")
+    monkeypatch.setattr(cpu, "_available_memory_bytes", lambda: 4 * 2**20)  # a quarter: 1 MiB
+    cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32")
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(cfg)
     assert runner.weight_copy_bytes == 0
     assert not any(getattr(m, "_owlet_packed_rows", None) for m in runner.model.modules())
     assert "not packing" in caplog.text and "quarter of the available memory" in caplog.text
-    assert not openblas.available() or "not copying for OpenBLAS" in caplog.text
     assert not panel_gemm.available() or "not packing panels of" in caplog.text
-    forced = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_packed_weights="on"))
-    assert forced.weight_copy_bytes > 0  # "on" is the operator's call
+    named = ModelRunner(EngineConfig(model=cfg.model, dtype="float32", cpu_kernels="packed"))
+    assert named.weight_copy_bytes > 0  # a named kernel is the operator's call
 
 
 def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_sgemm(packed_calls, onednn_calls):
@@ -299,17 +269,6 @@ def test_calibration_picks_the_fastest_kernel_per_row_count_with_a_margin_over_s
         assert onednn_calls == [100]
     without = cpu_linear.Calibration(16, packed=False, onednn=False, time_product=fake)
     assert without(model[0]).describe() == "sgemm"
-    if openblas.available():  # OpenBLAS at 0.4 a row from 8 rows up, timed on transposed copies: it takes the
-        # probed count 8 and up, so every product past the probed 6 (7+)
-
-        def with_openblas(kernel, weights, copies, bias, rows, n):
-            if kernel != "openblas":
-                return fake(kernel, weights, copies, bias, rows, n)
-            assert [tuple(c.shape) for c in copies] == [tuple(w.t().shape) for w in weights]
-            assert all(c.is_contiguous() and torch.equal(c, w.t()) for c, w in zip(copies, weights))
-            return (0.4 if n >= 8 else 2.0) * n
-        assert cpu_linear.Calibration(16, openblas=True, time_product=with_openblas)(model[0]).describe() == \
-            "7+ openblas"
     if panel_gemm.available():  # the panel GEMM at 0.3 a row from 4 rows up, timed on its packed copies
 
         def with_panel(kernel, weights, copies, bias, rows, n):
@@ -332,12 +291,9 @@ def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
     assert [n for n, _ in plan.choices] == [3, 4, 6, 8, 12, 16, 128]
     assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn"}
     assert plan.kernel_for(128) != "packed"
-    if openblas.available():
-        plan = cpu_linear.Calibration(16, openblas=True)(layer)
-        assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "openblas"}
     if panel_gemm.available():
-        plan = cpu_linear.Calibration(16, openblas=openblas.available(), panel=True)(layer)
-        assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "openblas", "panel"}
+        plan = cpu_linear.Calibration(16, panel=True)(layer)
+        assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "panel"}
 
 
 def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
@@ -347,33 +303,3 @@ def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
     assert runner.weight_copy_bytes == 0
     assert not any(hasattr(m, "_owlet_kernels") for m in runner.model.modules())
     assert "CPU linear calibration" in caplog.text and ": sgemm" in caplog.text
-
-
-@needs_openblas
-def test_auto_considers_openblas_only_where_torch_runs_one_thread(monkeypatch, caplog):
-    """Two threads each: OpenBLAS's pool beside torch's OpenMP one made a whole engine slower, so ``auto`` leaves it
-    out there (``on`` is the operator's call)."""
-    measured = []
-    monkeypatch.setattr(cpu_linear, "_time_product",
-                        lambda kernel, *a: measured.append(kernel) or (0.5 if kernel == "openblas" else 1.0))
-    model = str(ensure_tiny_checkpoint("lfm2vl"))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        with caplog.at_level("INFO", logger="owlet.engine"):
-            two = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
-                                           cpu_onednn_linear="off"))
-        assert "openblas" not in measured and two.weight_copy_bytes == 0
-        assert "OpenBLAS not considered: torch runs 2 threads" in caplog.text
-        forced = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
-                                          cpu_onednn_linear="off", cpu_openblas_linear="on"))
-        assert forced.weight_copy_bytes > 0 and openblas.threads() == 2
-        torch.set_num_threads(1)
-        one = ModelRunner(EngineConfig(model=model, dtype="float32", cpu_packed_weights="off",
-                                       cpu_onednn_linear="off"))
-        assert "openblas" in measured and openblas.threads() == 1
-        text = [m for m in one.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
-        assert {m._owlet_kernels.kernel_for(16) for m in text} == {"openblas"}
-        assert one.weight_copy_bytes >= sum(m.weight.numel() * 4 for m in text)
-    finally:
-        torch.set_num_threads(before)

@@ -77,17 +77,24 @@ def test_prefill_failure_fails_only_that_request(family, make_engine, runners, m
     good = eng.add_request(chat("fine", image(1)), greedy(6))
     eng.step()
     bad = eng.add_request(chat("poisoned"), greedy(6))
-    real = eng.runner.prefill
+    real, real_together = eng.runner.prefill, eng.runner.prefill_together
 
     def flaky(req, n):
         if req.request_id == bad.request_id:
             raise RuntimeError("injected")
         return real(req, n)
+
+    def flaky_together(reqs, n_tokens):  # a batched prefill holding the bad request fails as a whole
+        if any(req.request_id == bad.request_id for req in reqs):
+            raise RuntimeError("injected")
+        return real_together(reqs, n_tokens)
     monkeypatch.setattr(eng.runner, "prefill", flaky)
+    monkeypatch.setattr(eng.runner, "prefill_together", flaky_together)
     run_until_done(eng)
     assert bad.result(0).finish_reason is FinishReason.ERROR and "failed" in bad.result(0).error
     assert good.result(0).token_ids == reference_tokens(runners(family), chat("fine", image(1)), 6)
     monkeypatch.setattr(eng.runner, "prefill", real)
+    monkeypatch.setattr(eng.runner, "prefill_together", real_together)
     after = eng.add_request(chat("after"), greedy(4))
     run_until_done(eng)
     assert after.result(0).token_ids == reference_tokens(runners(family), chat("after"), 4)

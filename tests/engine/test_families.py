@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import greedy
-from engine.cpu_linear import unpacked
+from engine.reference_run import reference_run
 
 from .helpers import chat, image, run_until_done, serve_staggered
 
@@ -30,7 +30,7 @@ def reference_inputs(runner, messages):
 
 def reference(runner, messages, n: int) -> list[int]:
     inputs = reference_inputs(runner, messages)
-    with torch.inference_mode(), unpacked():  # the model's own nn.Linear, not the engine's packed weights
+    with torch.inference_mode(), reference_run():  # the model's own code, not the engine's CPU kernels
         out = runner.model.generate(**inputs, max_new_tokens=n, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
@@ -89,10 +89,10 @@ def test_staggered_batch_matches_generate(fam, make_engine, runners):
 
 
 def test_time_sliced_answers_match_generate(fam, make_engine, runners):
-    """Six owners share two rows, a slice of two tokens each: every answer is paused and resumed, and unchanged."""
+    """Six groups share two rows, a slice of two tokens each: every answer is paused and resumed, and unchanged."""
     engine = make_engine(fam, max_running=2, time_slice_tokens=2)
     reqs = workload()
-    handles = [engine.add_request(m, greedy(n), owner=f"addr:{i}") for i, (m, n) in enumerate(reqs)]
+    handles = [engine.add_request(m, greedy(n), group=f"addr:{i}") for i, (m, n) in enumerate(reqs)]
     run_until_done(engine)
     results = [h.result(timeout=0) for h in handles]
     assert sum(r.stats.pauses for r in results) >= len(reqs), "the rows were not shared"
@@ -151,6 +151,6 @@ def test_prefill_logits_match_the_models_own_forward(fam, make_engine, runners, 
     req = Request(request_id="r", prompt=prompt, params=greedy(1), handle=None, detokenizer=None)
     while req.remaining_prefill:
         logits = runner.prefill(req, chunk or req.remaining_prefill)
-    with torch.inference_mode(), unpacked():
+    with torch.inference_mode(), reference_run():
         want = runner.model(**reference_inputs(runner, messages)).logits[0, -1]
     torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)

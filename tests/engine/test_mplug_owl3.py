@@ -1,5 +1,6 @@
 """mPLUG-Owl3 (hyper attention) served by the engine: batched = unbatched reference, session reuse = recompute,
-and a follow-up turn reuses the image's K/V instead of encoding and projecting it again. fp32, tiny checkpoint."""
+and a follow-up turn reuses the image's K/V instead of encoding and projecting it again. fp32, a tiny checkpoint
+per supported layout (engine/mplug_owl3/layout.py): every test that loads one runs once per layout."""
 import gc
 import json
 import shutil
@@ -10,16 +11,25 @@ from safetensors.torch import load_file, save_file
 
 from engine import EngineConfig, LLMEngine, greedy
 from engine.mplug_owl3 import is_mplug_owl3
+from engine.mplug_owl3.config import OwlConfig
+from engine.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS, STATIC_GATE
 from engine.mplug_owl3.reference import greedy_generate
+from engine.dynamic_batch import DynamicBatch
 from engine.mplug_owl3.runner import OwlRunner, image_starts
-from training.tiny_mplug_owl3 import ensure_tiny_mplug_owl3
+from engine.runner_interface import Runner
+from training.tiny_mplug_owl3 import TINY_CONFIG, ensure_tiny_mplug_owl3
 
 from .helpers import image, run_until_done
 
 
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request):
+    return LAYOUTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def folder():
-    return ensure_tiny_mplug_owl3()
+def folder(layout):
+    return ensure_tiny_mplug_owl3(layout.name)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +69,43 @@ def test_engine_picks_the_owl_runner_from_the_folder(folder):
     assert is_mplug_owl3(folder)
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
     assert isinstance(eng.runner, OwlRunner) and eng.runner.hyper_layers == [0, 2]
+    assert isinstance(eng.runner, Runner), "it offers the engine's runner interface"
+    assert isinstance(eng.batch, DynamicBatch), "its registry row keeps the dynamic decode batch"
+
+
+def test_the_layout_is_read_from_the_weight_names(runner, layout):
+    assert runner.cfg.layout is layout
+    hyper = runner.model.language_model.model.layers[0].self_attn
+    if layout.gate == "dynamic":  # 7B-240728: per token and head, from each head's self-attention output
+        assert not hasattr(hyper, "gate") and hyper.gate_proj[0].weight.shape == (runner.cfg.head_dim,) * 2
+        assert isinstance(runner.model.vision2text_model, torch.nn.Linear)
+    else:
+        assert not hasattr(hyper, "gate_proj") and hyper.gate.shape == (runner.cfg.hidden_size,)
+        assert isinstance(runner.model.vision2text_model, torch.nn.Sequential)
+    # The tiny model's gates are neither shut nor saturated, so the exactness tests exercise the mixing.
+    self_out = torch.randn(1, 3, runner.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        g = hyper.gate_values(self_out).expand_as(self_out)
+    assert 0.2 < float(g.mean()) < 0.8 and float(g.std()) > 0.1
+    assert torch.equal(g[0, 0], g[0, 1]) == (layout.gate == "static"), "dynamic gates differ from token to token"
+
+
+def test_the_crop_size_is_the_configs_else_the_layouts():
+    raw = dict(json.loads(json.dumps(TINY_CONFIG)), vocab_size=512)
+    assert OwlConfig.from_dict(raw, DYNAMIC_GATE).vision.image_size == 56
+    del raw["vision_config"]["image_size"]
+    assert OwlConfig.from_dict(raw, DYNAMIC_GATE).vision.image_size == 384  # the 240728 code's init_processor
+    assert OwlConfig.from_dict(raw, STATIC_GATE).vision.image_size == 378
+
+
+def test_the_rope_base_is_read_where_transformers_5_saves_it():
+    raw = dict(json.loads(json.dumps(TINY_CONFIG)), vocab_size=512)
+    del raw["rope_theta"]
+    raw["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+    assert OwlConfig.from_dict(raw, DYNAMIC_GATE).rope_theta == 10000.0
+    raw["rope_parameters"]["rope_type"] = "yarn"
+    with pytest.raises(ValueError, match="rope scaling"):
+        OwlConfig.from_dict(raw, DYNAMIC_GATE)
 
 
 def test_images_are_cut_into_crops_plus_a_global_view(runner):
@@ -90,6 +137,43 @@ def test_missing_and_unknown_weights_are_named(folder, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="hyper_layers"):
         OwlRunner(EngineConfig(model=str(bad), dtype="float32"))
+
+
+def _rewrite(src, dst, edit):
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    save_file(edit(weights), str(dst / "model.safetensors"))
+    return EngineConfig(model=str(dst), dtype="float32")
+
+
+def test_weights_that_fit_no_supported_layout_are_refused_with_their_names(tmp_path):
+    dynamic = ensure_tiny_mplug_owl3(DYNAMIC_GATE.name)
+
+    def no_gate_two_layer_projector(w):  # what a public port of 7B-241101 describes: no gate at all
+        w = {k: v for k, v in w.items() if ".gate_proj.0." not in k}
+        linear = w.pop("vision2text_model.weight"), w.pop("vision2text_model.bias")
+        w["vision2text_model.0.weight"], w["vision2text_model.0.bias"] = linear
+        w["vision2text_model.2.weight"] = torch.zeros(linear[0].shape[0], linear[0].shape[0])
+        w["vision2text_model.2.bias"] = torch.zeros(linear[0].shape[0])
+        return w
+    # the projector says static-gate; the strict key check then names the gates the layers lack
+    with pytest.raises(ValueError, match=r"layout static-gate .*missing keys.*layers\.0\.self_attn\.gate'"):
+        OwlRunner(_rewrite(dynamic, tmp_path / "no-gate", no_gate_two_layer_projector))
+
+    def no_marker(w):
+        w = {k: v for k, v in w.items() if ".gate_proj.0." not in k}
+        w["vision2text_model.proj.weight"] = w.pop("vision2text_model.weight")
+        return w
+    with pytest.raises(ValueError, match=r"fits no supported mPLUG-Owl3 layout.*self_attn\.v_kv_proj\.weight"
+                                         r".*vision2text_model\.proj\.weight"):
+        OwlRunner(_rewrite(dynamic, tmp_path / "unknown", no_marker))
+
+    def mixed(w):  # the 240728 gate with the other layout's projector
+        w = no_gate_two_layer_projector(dict(w))
+        w.update({k: v for k, v in load_file(str(dynamic / "model.safetensors")).items() if ".gate_proj.0." in k})
+        return w
+    with pytest.raises(ValueError, match=r"mixes mPLUG-Owl3 layouts: dynamic-gate .*static-gate"):
+        OwlRunner(_rewrite(dynamic, tmp_path / "mixed", mixed))
 
 
 def test_the_image_changes_the_answer(make_engine):
@@ -129,12 +213,12 @@ def test_staggered_batch_with_different_images_matches_reference(make_engine):
 
 
 def test_time_sliced_answers_match_reference(make_engine):
-    """Five owners share two rows, two tokens a slice: each paused answer's image K/V leave and rejoin with it."""
+    """Five groups share two rows, two tokens a slice: each paused answer's image K/V leave and rejoin with it."""
     eng = make_engine(max_running=2, time_slice_tokens=2)
     requests = [([user(image(21), "What colour is the circle?")], 9), ([user("hello there, no picture")], 7),
                 ([user(image(22), image(23), "Compare the two pictures, please.")], 8),
                 ([user("Describe the image.", image(24))], 6), ([user(image(25), "How many?")], 10)]
-    handles = [eng.add_request(m, greedy(n), owner=f"addr:{i}") for i, (m, n) in enumerate(requests)]
+    handles = [eng.add_request(m, greedy(n), group=f"addr:{i}") for i, (m, n) in enumerate(requests)]
     run_until_done(eng)
     results = [h.result(0) for h in handles]
     assert sum(r.stats.pauses for r in results) >= len(requests)

@@ -1,4 +1,4 @@
-"""Owlet's panel GEMM (engine/panel_gemm.c via engine/panel_gemm.py): the product nn.Linear computes, to fp32
+"""Owlet's panel GEMM (engine/cpu/panel_gemm.c via engine/cpu/panel_gemm.py): the product nn.Linear computes, to fp32
 rounding, for every row count and matrix shape (ragged panels and k blocks included); a row's values independent
 of the rows beside it; bad arguments refused before they reach C; the build cached per user and refused from a
 folder others can write to; a clear reason where it cannot run."""
@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from engine import EngineConfig, panel_gemm
+from engine import EngineConfig
+from engine.cpu import panel_gemm
 from engine.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -91,10 +92,10 @@ def test_without_a_compiler_it_is_unavailable_and_on_is_refused_with_the_reason(
         assert not panel_gemm.available()
         reason = panel_gemm.unavailable_reason()
         assert "no C compiler" in reason or "the CPU lacks" in reason or "x86-64" in reason
-        with pytest.raises(ValueError, match="cpu_panel_linear=on needs float32 on a CPU with AVX2, FMA and a C "
-                                             r"compiler; this engine runs torch.float32 on cpu \(" + reason[:12]):
+        with pytest.raises(ValueError, match="cpu_kernels=panel: panel needs float32 on a CPU with AVX2, FMA and a "
+                                             r"C compiler; this engine runs torch.float32 \(" + reason[:12]):
             ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32",
-                                     cpu_panel_linear="on"))
+                                     cpu_kernels="panel"))
         with caplog.at_level("INFO", logger="owlet.engine"):
             auto = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
         assert f"panel GEMM not considered: {reason}" in caplog.text

@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from engine import greedy
-from engine.batch import DecodeBatch
+from engine import families, greedy
+from engine.decode_batch import DecodeBatch
+from engine.dynamic_batch import DynamicBatch
 from engine.slot_batch import SlotBatch
-from engine.slot_cache import supports
+from engine.slot_cache import SlotPool
 
 from .helpers import chat, image, reference_tokens, run_until_done, serve_staggered
 from .test_exactness import workload
@@ -16,7 +17,8 @@ from .test_sessions import converse
 def test_both_decode_caches_match_generate(family, make_engine, runners, mode):
     """Rows of very different lengths finish at different steps (slot refills) while others arrive."""
     engine = make_engine(family, max_running=3, decode_cache=mode)
-    assert isinstance(engine.batch, SlotBatch if mode == "slots" else DecodeBatch)
+    assert isinstance(engine.batch, SlotBatch if mode == "slots" else DynamicBatch)
+    assert isinstance(engine.batch, DecodeBatch), "both batches offer the declared interface"
     reqs = workload()
     handles = []
     for i, (messages, n) in enumerate(reqs):
@@ -70,16 +72,23 @@ def test_too_small_pool_is_a_clear_error(make_engine):
         make_engine("llava", decode_cache="slots", kv_pool_mb=0.001)
 
 
-def test_unsupported_layers_fall_back_to_dynamic(runners):
-    """Sliding-window or M-RoPE models keep the DynamicCache path under auto."""
+def test_sliding_window_and_mrope_families_run_on_the_dynamic_batch(runners, make_engine):
+    """Sliding-window or M-RoPE families keep the DynamicCache path: their registry rows say so, a row cannot say
+    otherwise, ``decode_cache='slots'`` cannot force it, and the slot pool refuses layers it cannot hold."""
+    dynamic = {f.name for f in families.FAMILIES if f.decode_batch == "dynamic"}
+    assert dynamic == {"Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Gemma 3", "Mistral 3", "mPLUG-Owl3"}
+    assert families.UNVERIFIED.decode_batch == "dynamic"
+    for row in (dict(positions="mrope"), dict(cache_layers=("full", "sliding"))):
+        with pytest.raises(ValueError, match="decode_batch='dynamic'"):
+            families.Family("x", "X", **row)
+    assert isinstance(make_engine("qwen2vl").batch, DynamicBatch)
+    with pytest.raises(ValueError, match="Qwen2-VL is verified on the dynamic decode batch only"):
+        make_engine("qwen2vl", decode_cache="slots")
     config = runners("llava").text_config
-    assert supports(config)
     sliding = type(config)(**{**config.to_dict(), "layer_types": ["sliding_attention"] * config.num_hidden_layers,
                               "sliding_window": 16})
-    assert not supports(sliding)
-    mrope = type(config)(**{**config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                                                    "mrope_section": [2, 3, 3]}})
-    assert not supports(mrope)
+    with pytest.raises(ValueError, match="sliding_attention"):
+        SlotPool(sliding, 2, 64, "cpu", torch.float32)
 
 
 def test_image_rows_mixed_with_text_rows(family, make_engine, runners):

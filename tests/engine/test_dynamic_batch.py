@@ -1,7 +1,7 @@
-"""DecodeBatch.add (merge) and .filter (drop rows), each checked directly against unbatched decoding."""
+"""DynamicBatch.add (merge) and .filter (drop rows), each checked directly against unbatched decoding."""
 import torch
 
-from engine.batch import DecodeBatch
+from engine.dynamic_batch import DynamicBatch
 from engine.prompt import PromptBuilder
 from engine.request import Request
 from engine.handle import RequestHandle
@@ -22,7 +22,7 @@ def _prefilled(runner, messages):
 def _alone(runner, messages, steps: int) -> list[torch.Tensor]:
     """Decode logits of one request in a batch of one, for ``steps`` greedy steps."""
     req, tok = _prefilled(runner, messages)
-    batch = DecodeBatch(runner.device)
+    batch = DynamicBatch(runner.device, runner.max_model_len)
     batch.add(req, req.cache, req.prompt_len, tok)
     out = []
     for _ in range(steps):
@@ -39,7 +39,7 @@ CHATS = [chat("hi"), chat("What colour is the big circle in the middle?", image(
 def test_merge_matches_unbatched(family, runners):
     runner = runners(family)
     expected = [_alone(runner, c, 3) for c in CHATS]
-    batch = DecodeBatch(runner.device)
+    batch = DynamicBatch(runner.device, runner.max_model_len)
     for c in CHATS:  # different prompt lengths: the merge pads on both sides of the comparison
         req, tok = _prefilled(runner, c)
         batch.add(req, req.cache, req.prompt_len, tok)
@@ -55,7 +55,7 @@ def test_merge_matches_unbatched(family, runners):
 def test_filter_matches_unbatched(family, runners):
     runner = runners(family)
     expected = [_alone(runner, c, 3) for c in CHATS]
-    batch = DecodeBatch(runner.device)
+    batch = DynamicBatch(runner.device, runner.max_model_len)
     for c in CHATS:
         req, tok = _prefilled(runner, c)
         batch.add(req, req.cache, req.prompt_len, tok)

@@ -1,4 +1,7 @@
-"""DecodeBatch: the running sequences, their merged left-padded cache, and the tensors one decode step needs.
+"""DynamicBatch: the decode batch over one left-padded transformers ``DynamicCache`` (a ``DecodeBatch``).
+
+The path for every cache layer kind (full, sliding window, LFM2 conv) and for model-defined positions (M-RoPE):
+the families whose row says ``decode_batch="dynamic"`` run on it (engine/families.py).
 
 ``add`` merges a freshly prefilled batch-1 cache; ``filter`` drops rows. Both keep three things consistent —
 getting any of them wrong silently changes tokens:
@@ -14,15 +17,22 @@ import torch
 from . import kv_cache
 
 
-class DecodeBatch:
-    def __init__(self, device: torch.device):
+class DynamicBatch:
+    static_step = None  # always eager: static shapes need the slot pool
+
+    def __init__(self, device: torch.device, max_len: int):
         self.device = device
+        self.max_len = max_len  # the concatenated cache grows as needed: the model's context is the only cap
+        self._clear()
+
+    def _clear(self) -> None:
         self.requests: list = []
         self.cache = None
         self.mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self.seq_lens: torch.Tensor | None = None  # [B] tokens in cache per row
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
         self.pos_deltas: torch.Tensor | None = None  # [B] decode position minus cache length per row
+        self.last_attended = 0
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -35,7 +45,7 @@ class DecodeBatch:
         """Merge a batch-1 cache holding ``length`` tokens, whose next input is ``last_token``."""
         row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
         row = (torch.tensor([length], device=self.device), torch.tensor([last_token], device=self.device))
-        delta = torch.tensor([getattr(request, "position_delta", 0)], device=self.device)
+        delta = torch.tensor([request.position_delta], device=self.device)
         if self.cache is None:
             self.cache, self.mask = cache, row_mask
             self.seq_lens, self.last_tokens = row
@@ -60,7 +70,7 @@ class DecodeBatch:
         if len(keep) == len(self):
             return
         if not keep:
-            self.__init__(self.device)
+            self._clear()
             return
         idx = torch.tensor(keep, device=self.device)
         kv_cache.select_rows(self.cache, idx)
@@ -75,6 +85,7 @@ class DecodeBatch:
     def step_inputs(self) -> dict:
         """Model kwargs for one decode step over every row."""
         ones = self.mask.new_ones(len(self), 1)
+        self.last_attended = len(self) * (self.padded_len + 1)
         return dict(
             input_ids=self.last_tokens[:, None],
             attention_mask=torch.cat([self.mask, ones], dim=1),

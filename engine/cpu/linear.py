@@ -1,7 +1,7 @@
-"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of five kernels, measured at
-load on this machine.
+"""The text stack's fp32 matmuls on CPU: per matrix shape and row count, the fastest of four kernels, measured at
+load on this machine (``cpu_kernels=auto``), or the kernels the operator names.
 
-Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Four other kernels compute the same
+Every ``nn.Linear`` product in fp32 on CPU goes to MKL's ``sgemm`` by default. Three other kernels compute the same
 product (to rounding) faster on some CPUs and row counts:
 
 - **MKL's packed GEMM** (``cblas_sgemm_compute`` on a copy packed once, at load). For few rows (a decode step's
@@ -16,15 +16,11 @@ product (to rounding) faster on some CPUs and row counts:
   against 76-93 at 16 rows, 348-367 against 410-422 at 150 rows (a prefill chunk), 1,140 against 1,307-1,338 at
   512. Its rows do not depend on how many rows the product has (from 3 rows up), so a prompt prefilled in one
   chunk or several gets the same values.
-- **OpenBLAS's GEMM** (numpy's BLAS, engine/openblas.py) on a transposed copy made once, at load. On an AVX2-only
-  AMD EPYC, where neither of the two above beats ``sgemm`` by more than 10 %, it took 62 ms for a 16-row product
-  over the same matrices against ``sgemm``'s 82 (293 against 314 at 128 rows). It costs a second copy of each
-  matrix it is used for, and runs on as many threads as torch. Under ``auto`` it is a candidate only where torch
-  runs one thread: with two, OpenBLAS's thread pool beside torch's made a whole engine slower (see ``route``).
-- **Owlet's panel GEMM** (engine/panel_gemm.c, AVX2; a product split by panels over torch's threads) on a copy
-  packed once, at load, into the layout its inner loop reads. On the AVX2-only EPYC it took 3.4-4.3 ms for a
-  16-row product over the bench model's matrices against OpenBLAS's 4.5-5.2 and ``sgemm``'s 5.9-7.1. It costs a
-  second copy of each matrix it is used for.
+- **Owlet's panel GEMM** (engine/cpu/panel_gemm.c, AVX2; a product split by panels over torch's threads) on a copy
+  packed once, at load, into the layout its inner loop reads. On an AVX2-only AMD EPYC, where neither of the two
+  above beats ``sgemm`` by more than 10 %, it took 3.4-4.3 ms for a 16-row product over the bench model's matrices
+  against ``sgemm``'s 5.9-7.1; on the AVX-512 EPYC it is the fastest at decode row counts (3-16), oneDNN above.
+  It costs a second copy of each matrix it is used for.
 
 Which wins depends on the CPU: on an AVX2 AMD EPYC the packed product beat ``sgemm`` only at the full row count
 and only on a matrix kept in cache (0.96-1.07x streamed from memory, as a decode step reads it; 0.6-0.9x padded
@@ -36,24 +32,25 @@ two rows are a matrix-vector product at memory speed and keep ``sgemm``.
 
 The kernels round differently in the last bits, as any change of batch size already does (a 16-row ``sgemm`` row
 is not bit-equal to a 1-row one). The engine's token-exactness tests run every kernel against the model's own
-``nn.Linear`` (``unpacked()`` below).
+``nn.Linear``, which a routed module runs inside ``engine.reference_run.reference_run()``.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from engine import openblas, panel_gemm
+from ..config import CPU_KERNELS
+from ..reference_run import in_reference_run
+from . import panel_gemm
 
-SGEMM, PACKED, ONEDNN, OPENBLAS, PANEL = "sgemm", "packed", "onednn", "openblas", "panel"
-COPYING = (PACKED, PANEL, OPENBLAS)  # kernels that read a copy of each matrix, in the order they are given memory
+SGEMM = "sgemm"  # torch's own product (nn.Linear)
+PACKED, ONEDNN, PANEL = CPU_KERNELS  # the names the cpu_kernels setting takes
+COPYING = (PACKED, PANEL)  # kernels that read a copy of each matrix, in the order they are given memory
 MIN_FAST_ROWS = 3  # fewer rows: a matrix-vector product, memory bound whatever the kernel
 # The most rows a pack is made for. A padded product costs what a full one does, and past 16 rows the re-packing
 # that packing saves matters less: packed for 64 rows, a 16-row product took 127 ms against sgemm's 81, and
@@ -62,50 +59,25 @@ MIN_FAST_ROWS = 3  # fewer rows: a matrix-vector product, memory bound whatever 
 MAX_PACKED_ROWS = 16
 # A long product (a prefill chunk: tens to hundreds of rows) is measured at this many rows.
 LONG_ROWS = 128
-_local = threading.local()
 log = logging.getLogger("owlet.engine")
 
 
-@contextlib.contextmanager
-def unpacked():
-    """Within this block, on this thread only, every product computes exactly as ``nn.Linear`` does, and every
-    other kernel of the engine's (``reference_mode``) steps aside for the model's own code: for a reference run
-    (``model.generate()``) on the engine's own model object while the engine keeps serving."""
-    before = getattr(_local, "off", False)
-    _local.off = True
-    try:
-        yield
-    finally:
-        _local.off = before
-
-
-def reference_mode() -> bool:
-    """Whether this thread is inside ``unpacked()``: the engine's own kernels (these products, the short-conv
-    decode step of engine/short_conv.py) step aside for the model's code."""
-    return getattr(_local, "off", False)
-
-
-def packed_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on CPU, with torch's (private) MKL packing ops present: they are not a public API, so a torch
-    without them simply runs unpacked."""
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
+def packed_available(dtype: torch.dtype) -> bool:
+    """fp32, with torch's (private) MKL packing ops present: they are not a public API, so a torch without them
+    simply runs unpacked."""
+    return (dtype == torch.float32 and torch.backends.mkl.is_available()
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
-def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on CPU, with torch built with oneDNN and its (private) linear op present."""
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+def onednn_available(dtype: torch.dtype) -> bool:
+    """fp32, with torch built with oneDNN and its (private) linear op present."""
+    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def openblas_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on CPU, with numpy's BLAS an OpenBLAS whose threads can be set."""
-    return device.type == "cpu" and dtype == torch.float32 and openblas.available()
-
-
-def panel_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on CPU, with Owlet's panel GEMM built for this CPU (AVX2 and FMA, a C compiler)."""
-    return device.type == "cpu" and dtype == torch.float32 and panel_gemm.available()
+def panel_available(dtype: torch.dtype) -> bool:
+    """fp32, with Owlet's panel GEMM built for this CPU (AVX2 and FMA, a C compiler)."""
+    return dtype == torch.float32 and panel_gemm.available()
 
 
 def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
@@ -149,17 +121,14 @@ class KernelPlan:
         parts = [f"{lo}+ {k}" if hi is None else f"{lo}-{hi} {k}" for lo, hi, k in ranges if k != SGEMM]
         return ", ".join(parts) or "sgemm"
 
-    def forced(self, rows: int, packed: bool, onednn: bool, openblas: bool = False,
-               panel: bool = False) -> "KernelPlan":
-        """This plan with kernels asked for outright (``on``): ``packed`` takes every product of 3..rows rows,
-        ``panel`` every other product of 3 rows or more, then ``openblas``, and ``onednn`` what none takes."""
+    def forced(self, rows: int, packed: bool, onednn: bool, panel: bool = False) -> "KernelPlan":
+        """This plan with kernels named outright: ``packed`` takes every product of 3..rows rows,
+        ``panel`` every other product of 3 rows or more, and ``onednn`` what neither takes."""
         def pick(count: int, kernel: str) -> str:
             if packed and count <= rows:
                 return PACKED
             if panel:
                 return PANEL
-            if openblas:
-                return OPENBLAS
             return ONEDNN if onednn else kernel
         return KernelPlan(tuple((count, pick(count, kernel)) for count, kernel in self.choices))
 
@@ -173,9 +142,7 @@ def _copy_for(kernel: str, weight: torch.Tensor, rows: int):
     """The copy of ``weight`` a copying kernel reads (a packed one for ``rows``-row products, for MKL)."""
     if kernel == PACKED:
         return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
-    if kernel == PANEL:
-        return panel_gemm.pack(weight)
-    return openblas.transposed(weight)
+    return panel_gemm.pack(weight)
 
 
 def use_kernels(module: torch.nn.Module, rows: int,
@@ -195,8 +162,6 @@ def use_kernels(module: torch.nn.Module, rows: int,
         linear._owlet_packed_rows = rows if PACKED in copies else None
         linear._owlet_copy_bytes = linear.weight.numel() * linear.weight.element_size() * len(copies)
         routed.append((linear, plan))
-    if any(plan.uses(OPENBLAS) for _, plan in routed):
-        openblas.set_threads(torch.get_num_threads())
     return routed
 
 
@@ -214,13 +179,11 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
                   n: int) -> float:
     """Seconds an ``n``-row product takes per matrix through ``kernel``, over ``weights`` (copies of one matrix)
     in turn (``copies``: the kernel's own copies of them, for a copying kernel: packed ones padded to ``rows``,
-    transposed ones for OpenBLAS, panels for the panel GEMM). One pass."""
+    panels for the panel GEMM). One pass."""
     x = torch.randn(n, weights[0].shape[1])
     if kernel == PACKED:
         padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])]) if n < rows else x
         calls = [functools.partial(_packed_product, padded, p, w, bias, rows) for p, w in zip(copies, weights)]
-    elif kernel == OPENBLAS:
-        calls = [functools.partial(_openblas_product, x, t, bias) for t in copies]
     elif kernel == PANEL:
         calls = [functools.partial(_panel_product, x, p, bias) for p in copies]
     elif kernel == ONEDNN:
@@ -241,15 +204,14 @@ _ROUNDS = 4
 class Calibration:
     """``plan_for`` for ``use_kernels``: per distinct (out, in, bias) shape, the kernel that is fastest on this
     machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
-    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``openblas``; ``panel``), measured
+    sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``panel``), measured
     once with the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)``
     is the clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
 
-    def __init__(self, rows: int, packed: bool = True, onednn: bool = True, openblas: bool = False,
+    def __init__(self, rows: int, packed: bool = True, onednn: bool = True,
                  time_product: Callable[..., float] | None = None, decode_only: tuple = (), panel: bool = False):
         self.rows = rows
-        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (OPENBLAS, openblas),
-                                             (PANEL, panel)) if allowed]
+        self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (PANEL, panel)) if allowed]
         self._time = time_product or _time_product
         # Modules that never see more rows than a decode step (the LM head: prefill asks it for one row), so
         # their long products are not measured (the LM head is the largest matrix: seconds at load).
@@ -293,17 +255,13 @@ def _onednn_product(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _openblas_product(x, weight_t, bias):
-    return openblas.product(x, weight_t, bias)
-
-
 def _panel_product(x, panels, bias):
     return panel_gemm.product(x, panels, bias)
 
 
 def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, copies: dict, rows: int,
                     x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or torch.is_grad_enabled() or reference_mode():
+    if x.dtype != torch.float32 or torch.is_grad_enabled() or in_reference_run():
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
     flat = x.reshape(-1, x.shape[-1])
     n = flat.shape[0]
@@ -314,8 +272,6 @@ def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, copies: dict, row
         out = _packed_product(flat.contiguous(), copies[PACKED], linear.weight, linear.bias, rows)[:n]
     elif kernel == ONEDNN:
         out = _onednn_product(flat.contiguous(), linear.weight, linear.bias)
-    elif kernel == OPENBLAS:
-        out = _openblas_product(flat.contiguous(), copies[OPENBLAS], linear.bias)
     elif kernel == PANEL:
         out = _panel_product(flat.contiguous(), copies[PANEL], linear.bias)
     else:
@@ -323,64 +279,53 @@ def _routed_forward(linear: torch.nn.Linear, plan: KernelPlan, copies: dict, row
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def route(modules: list[torch.nn.Module], rows: int, packed_mode: str, onednn_mode: str, openblas_mode: str,
-          device: torch.device, dtype: torch.dtype, room_bytes: int, decode_only: tuple = (),
-          panel_mode: str = "auto") -> int:
-    """The engine's settings applied to ``modules`` (``cpu_packed_weights``, ``cpu_onednn_linear``,
-    ``cpu_openblas_linear`` and ``cpu_panel_linear``: auto, on or off); returns the bytes the kernels' weight copies
-    take. ``on`` where a kernel cannot run is refused; under ``auto`` a copying kernel (packed, then the panel GEMM,
-    then OpenBLAS) is a candidate only if a copy of every matrix fits in what is left of ``room_bytes``, and the
-    candidates are measured (``Calibration``; ``decode_only``: linears that never see more than a decode step's
-    rows)."""
-    settings = {PACKED: ("cpu_packed_weights", packed_mode, packed_available(device, dtype), "MKL"),
-                ONEDNN: ("cpu_onednn_linear", onednn_mode, onednn_available(device, dtype), "oneDNN"),
-                OPENBLAS: ("cpu_openblas_linear", openblas_mode, openblas_available(device, dtype),
-                           "numpy on OpenBLAS"),
-                PANEL: ("cpu_panel_linear", panel_mode, panel_mode != "off" and panel_available(device, dtype),
-                        "AVX2, FMA and a C compiler")}
-    for name, mode, can, lib in settings.values():
-        if mode == "on" and not can:
-            why = f" ({panel_gemm.unavailable_reason()})" if name == "cpu_panel_linear" and dtype == torch.float32 \
-                and device.type == "cpu" else ""
-            raise ValueError(f"{name}=on needs float32 on a CPU with {lib}; this engine runs {dtype} on "
-                             f"{device}{why}")
-    if panel_mode == "auto" and not settings[PANEL][2] and device.type == "cpu" and dtype == torch.float32:
+_NEEDS = {PACKED: "MKL", ONEDNN: "oneDNN", PANEL: "AVX2, FMA and a C compiler"}
+
+
+def route(modules: list[torch.nn.Module], rows: int, kernels: str, dtype: torch.dtype, room_bytes: int,
+          decode_only: tuple = ()) -> int:
+    """The ``cpu_kernels`` setting applied to ``modules``; returns the bytes the kernels' weight copies take.
+
+    ``auto``: every kernel that can run here is a candidate, a copying one (packed, then the panel GEMM) only if a
+    copy of every matrix fits in what is left of ``room_bytes``, and the candidates are measured (``Calibration``;
+    ``decode_only``: linears that never see more than a decode step's rows). A comma list of kernel names: those,
+    on every product they can take (``KernelPlan.forced``), unmeasured; one that cannot run here is refused."""
+    named = kernels != "auto"
+    wanted = [name.strip() for name in kernels.split(",")] if named else list(CPU_KERNELS)
+    can = {PACKED: packed_available(dtype), ONEDNN: onednn_available(dtype), PANEL: panel_available(dtype)}
+    panel_why = f" ({panel_gemm.unavailable_reason()})" if dtype == torch.float32 and not can[PANEL] else ""
+    for kernel in wanted:
+        if named and not can[kernel]:
+            why = panel_why if kernel == PANEL else ""
+            raise ValueError(f"cpu_kernels={kernels}: {kernel} needs float32 on a CPU with {_NEEDS[kernel]}; this "
+                             f"engine runs {dtype}{why}")
+    if not named and panel_why:
         log.info("panel GEMM not considered: %s", panel_gemm.unavailable_reason())
-    use = {kernel: can and mode != "off" for kernel, (_, mode, can, _) in settings.items()}
-    auto = {kernel: use[kernel] and settings[kernel][1] == "auto" for kernel in use}
-    if auto[OPENBLAS] and torch.get_num_threads() > 1:
-        # With two threads each, OpenBLAS's pool beside torch's OpenMP one made the engine slower than on sgemm
-        # alone (AVX2 EPYC, 2 cores: a burst took 25.8 s against 23.3), though each product alone was faster.
-        log.info("OpenBLAS not considered: torch runs %d threads, and OpenBLAS's own pool beside torch's is "
-                 "measured only with one", torch.get_num_threads())
-        use[OPENBLAS] = auto[OPENBLAS] = False
+    use = {kernel: kernel in wanted and can[kernel] for kernel in CPU_KERNELS}
     room, size = room_bytes, sum(packable_bytes(m) for m in modules)
-    for kernel, what in ((PACKED, "packing"), (PANEL, "packing panels of"), (OPENBLAS, "copying for OpenBLAS")):
-        if auto[kernel] and size > room:
+    for kernel, what in ((PACKED, "packing"), (PANEL, "packing panels of")):
+        if not named and use[kernel] and size > room:
             log.info("not %s %.0f MB of text weights: with the other copies, more than a quarter of the available "
                      "memory", what, size / 2**20)
-            use[kernel] = auto[kernel] = False
+            use[kernel] = False
         elif use[kernel]:
             room -= size
     if not any(use.values()):
         return 0
-    if use[OPENBLAS]:  # before the calibration times it: OpenBLAS starts on as many threads as there are cores
-        openblas.set_threads(torch.get_num_threads())
-    calibration = (Calibration(rows, packed=use[PACKED], onednn=use[ONEDNN], openblas=use[OPENBLAS],
-                               panel=use[PANEL], decode_only=decode_only) if any(auto.values()) else None)
-    forced = {kernel: use[kernel] and not auto[kernel] for kernel in use}
-
-    def plan_for(linear):
-        plan = calibration(linear) if calibration else sgemm_plan(rows)
-        return plan.forced(rows, forced[PACKED], forced[ONEDNN], forced[OPENBLAS], forced[PANEL])
+    if named:
+        def plan_for(linear):
+            return sgemm_plan(rows).forced(rows, use[PACKED], use[ONEDNN], use[PANEL])
+    else:
+        plan_for = Calibration(rows, packed=use[PACKED], onednn=use[ONEDNN], panel=use[PANEL],
+                               decode_only=decode_only)
     routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
-    if calibration is not None:
+    if not named:
         log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
                  "; ".join(f"{o}x{i}{' (decode only)' if rest[1:] else ''}: {plan.describe()}"
-                           for (o, i, *rest), plan in calibration.by_shape.items()))
+                           for (o, i, *rest), plan in plan_for.by_shape.items()))
     copies = sum(linear._owlet_copy_bytes for linear, _ in routed)
-    log.info("text-stack matrices: %d through oneDNN, %d through OpenBLAS, %d through the panel GEMM, %d packed for "
+    log.info("text-stack matrices: %d through oneDNN, %d through the panel GEMM, %d packed for "
              "%d-row decode products (for some or all of their products); %.1f MB of weight copies",
-             *(sum(plan.uses(k) for _, plan in routed) for k in (ONEDNN, OPENBLAS, PANEL, PACKED)), rows,
+             *(sum(plan.uses(k) for _, plan in routed) for k in (ONEDNN, PANEL, PACKED)), rows,
              copies / 2**20)
     return copies
