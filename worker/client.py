@@ -16,16 +16,22 @@ from engine.sampling_params import SamplingParams
 from worker import heartbeat
 from worker.celery_app import create_app
 from worker.config import Settings
-from worker.errors import ImageMissing, InvalidInput, NotYourConversation, UnknownJob
-from worker.fair_dispatch import FairDispatch
+from worker.conversation_index import ConversationIndex, as_messages, digest
+from worker.errors import ConversationBusy, ImageMissing, InvalidInput, NotYourConversation, UnknownJob
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
-from worker.job_states import JobStates, new_job_id
-from worker.jobs import Job, Message, check_image_count
-from worker.keys import Keys
-from worker.queue_readouts import QueueReadouts
-from worker.reaper import Reaper
+from worker.jobs import ROLES, Job, Message, check_image_count
+from worker.keys import LIVE_STATES, ConvField, JobField, Keys
+from worker.queue.dispatch import FairDispatch
+from worker.queue.job_states import JobStates, new_job_id
+from worker.queue.readouts import QueueReadouts
+from worker.queue.reaper import Reaper
 from worker.streams import TERMINAL, read_events
+
+# A stateless request that starts a conversation stores every picture it names in one admission, which takes one.
+ONE_NEW_PICTURE = ("A request may send one picture the server does not hold yet. Ask about a new picture in a new "
+                   "conversation, or continue the conversation that already holds the others.")
+
 
 @dataclass(frozen=True)
 class Submitted:
@@ -48,7 +54,9 @@ class OwletClient:
         self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
+        self.conversations = ConversationIndex(self.r, self.keys, self.convs, settings.history_ttl_s)
         self._alive_count, self._alive_read_at = 0, float("-inf")  # workers_alive's last reading
+        self._models, self._models_read_at = [], float("-inf")  # served_models' last reading
 
     # -- conversations and images --------------------------------------------------------------------------
     def put_image(self, png_bytes: bytes) -> str:
@@ -77,11 +85,11 @@ class OwletClient:
         """The job answering the conversation's last question while it is queued or running, else None; raises
         NotYourConversation."""
         self.convs.check_owner(user_id, conv)
-        pending = self.r.hget(self.keys.conversation(conv), "pending")
+        pending = self.r.hget(self.keys.conversation(conv), ConvField.pending)
         if pending is None:
             return None
         job = pending.decode()
-        return job if self.job_state(job) in ("queued", "dispatched", "started") else None
+        return job if self.job_state(job) in LIVE_STATES else None
 
     def first_answer(self, user_id: str) -> tuple[str, str] | None:
         """``(conversation, job)`` while the identity's newest conversation is still answering its first
@@ -105,7 +113,7 @@ class OwletClient:
         self.convs.check_owner(user_id, conv)
         if not isinstance(n_turns, int) or n_turns < 0:
             raise InvalidInput("n_turns must be a non-negative integer.")
-        pending = self.r.hget(self.keys.conversation(conv), "pending")
+        pending = self.r.hget(self.keys.conversation(conv), ConvField.pending)
         if pending is not None:
             self.cancel(user_id, pending.decode())
         self.convs.truncate(conv, n_turns)
@@ -125,41 +133,103 @@ class OwletClient:
         address, or the login); it defaults to ``user_id``. A refused turn raises an ``OwletError`` and
         leaves nothing stored. ``image_sha`` refers to an image stored by an earlier turn (retry, edit).
         """
-        s = self.settings
-        _check_user(user_id)
-        if group is not None:
-            _check_user(group)
+        _check_caller(user_id, group)
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("Please type a question.")
-        if len(text) > s.turn_max_chars:
-            raise InvalidInput(f"The question is too long ({len(text)} characters, limit {s.turn_max_chars}).")
-        try:
-            SamplingParams.from_dict(sampling)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"Invalid generation settings: {exc}") from None
         if image is not None:
             image_sha = self.images.check(image)
         elif image_sha is not None and not self.images.exists(image_sha):
             raise ImageMissing()
+        past: tuple[Message, ...] = ()
+        if conv is not None:
+            self.convs.check_owner(user_id, conv)
+            past = as_messages(self.convs.turns(conv))
+        return self._admit(user_id, group, conv, past, Message("user", text, image_sha), image, image_sha, sampling)
+
+    def submit_messages(self, user_id: str, messages, images: dict[str, bytes] | None = None,
+                        sampling: dict | None = None, group: str | None = None) -> "Submitted":
+        """Admit a stateless client's turn: ``messages`` (``worker.jobs.Message``) is the whole conversation, ending
+        with the user's new question, and ``images`` the bytes of every picture they name, by sha256.
+
+        It continues the identity's stored conversation whose turns equal every message before the question, so
+        the worker's session cache serves what was computed before (``worker.conversation_index``); otherwise it
+        starts a new conversation holding all of them. Only pictures that conversation does not hold are sent to
+        storage (and charged), at most one per request. Limits, refusals and atomicity are ``submit``'s.
+        """
+        _check_caller(user_id, group)
+        messages = tuple(messages)
+        if not messages or messages[-1].role != "user":
+            raise InvalidInput("The last message must be the user's question.")
+        if any(m.role not in ROLES or not isinstance(m.text, str) for m in messages):
+            raise InvalidInput(f"Each message needs a role ({', '.join(ROLES)}) and a text.")
+        earlier, question = messages[:-1], messages[-1]
+        if not question.text.strip() and not question.image_sha:
+            raise InvalidInput("The last message is empty: ask a question, or send a picture to ask about.")
+        images = dict(images or {})
+        named = list(dict.fromkeys(m.image_sha for m in messages if m.image_sha))
+        if any(sha not in images for sha in named):
+            raise InvalidInput("A message names a picture whose bytes were not sent.")
+        conv = self.conversations.find(user_id, earlier)
+        while True:
+            held = {m.image_sha for m in earlier if m.image_sha} if conv is not None else set()
+            to_send = [sha for sha in named if sha not in held or not self.images.exists(sha)]
+            if len(to_send) > 1:
+                raise InvalidInput(ONE_NEW_PICTURE)
+            image = images[to_send[0]] if to_send else None
+            if image is not None and self.images.check(image) != to_send[0]:
+                raise InvalidInput("A picture's bytes do not match the sha256 it is named by.")
+            try:
+                submitted = self._admit(user_id, group, conv, earlier, question, image,
+                                        to_send[0] if to_send else question.image_sha, sampling,
+                                        expect_turns=len(earlier) if conv is not None else None, newest=False,
+                                        index_digest=digest(messages))
+            except (ConversationBusy, NotYourConversation):
+                if conv is None:
+                    raise
+                # it changed, expired or gave way to the history budget since it was matched: the messages, which
+                # hold all of it, start a new one
+                conv = None
+                continue
+            break
+        return submitted
+
+    def _admit(self, user_id: str, group: str | None, conv: str | None, past: tuple[Message, ...],
+               question: Message, image: bytes | None, image_sha: str | None, sampling: dict | None,
+               expect_turns: int | None = None, newest: bool = True,
+               index_digest: str | None = None) -> "Submitted":
+        """Check the turn against the history limits and enqueue it (SUBMIT). ``conv`` None: a new conversation
+        holding ``past`` before the question; otherwise ``past`` is what ``conv`` holds. ``image``: bytes to store
+        with it (sha256 ``image_sha``); without bytes, ``image_sha`` is a stored picture the turn keeps alive.
+        ``newest``: remember it as the identity's newest conversation (the page reopens that one on reload);
+        ``index_digest``: under this digest of a stateless client's messages (``worker.conversation_index``)."""
+        s = self.settings
+        if len(question.text) > s.turn_max_chars:
+            raise InvalidInput(f"The question is too long ({len(question.text)} characters, limit "
+                               f"{s.turn_max_chars}).")
+        try:
+            SamplingParams.from_dict(sampling)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"Invalid generation settings: {exc}") from None
         new_conv = conv is None
         if new_conv:
-            conv, past = self.convs.new_id(), []
-        else:
-            self.convs.check_owner(user_id, conv)
-            past = self.convs.turns(conv)
-        messages = tuple(Message(t["role"], t["text"], t.get("image_sha")) for t in past)
-        messages += (Message("user", text, image_sha),)
+            conv = self.convs.new_id()
+        messages = past + (question,)
         if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
             raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
         check_image_count(messages, s.max_images_per_request)
         job_id = new_job_id()
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
-        self.jobs.enqueue(job, turn_json("user", text, image_sha, job_id), group=group, new_conv=new_conv,
-                         image=image, image_sha=image_sha)
-        if new_conv:
-            self.r.set(self.keys.newest_conversation(user_id), conv, ex=s.history_ttl_s)
+        history = [turn_json(m.role, m.text, m.image_sha) for m in past] if new_conv else None
+        try:
+            self.jobs.enqueue(job, turn_json("user", question.text, question.image_sha, job_id), group=group,
+                              new_conv=new_conv, image=image, image_sha=image_sha, history=history,
+                              expect_turns=expect_turns, index_digest=index_digest, newest=new_conv and newest)
+        except NotYourConversation:
+            if not new_conv:
+                self.convs.check_owner(user_id, conv)  # gone since it was read: ConversationCleared says why
+            raise
         self.fair.dispatch()
-        return Submitted(job_id, conv, image_sha)
+        return Submitted(job_id, conv, question.image_sha)
 
     def events(self, job_id: str, last_id: str = "0") -> Iterator[tuple[str, dict]]:
         """Yield ``(stream_id, event)`` from ``last_id`` (replaying everything from "0") until a terminal event.
@@ -188,7 +258,7 @@ class OwletClient:
 
     def cancel(self, user_id: str, job_id: str) -> bool:
         """Cancel the user's job; returns False when it had already ended. Other users' jobs are refused."""
-        owner = self.r.hget(self.keys.job(job_id), "user")
+        owner = self.r.hget(self.keys.job(job_id), JobField.user)
         if owner is None or owner.decode() != user_id:
             raise UnknownJob()
         return self.jobs.cancel(job_id)
@@ -208,6 +278,14 @@ class OwletClient:
             self._alive_count, self._alive_read_at = len(heartbeat.alive(self.r, self.keys)), now
         return self._alive_count
 
+    def served_models(self) -> list[str]:
+        """The models the live workers serve (their checkpoints' names), read at most once a second."""
+        now = time.monotonic()
+        if now - self._models_read_at >= 1.0:
+            self._models = heartbeat.served_models(heartbeat.alive(self.r, self.keys))
+            self._models_read_at = now
+        return self._models
+
     def queue_stats(self) -> dict:
         """Queue aggregates for operators: queued, waiting_clients, oldest_wait_s, in_flight."""
         return self.readouts.queue_stats()
@@ -221,7 +299,7 @@ class OwletClient:
 
     def job_state(self, job_id: str) -> str | None:
         """queued, dispatched, started, done, error, cancelled; None when unknown or expired."""
-        state = self.r.hget(self.keys.job(job_id), "state")
+        state = self.r.hget(self.keys.job(job_id), JobField.state)
         return state.decode() if state is not None else None
 
     def health(self) -> dict:
@@ -249,6 +327,12 @@ class OwletClient:
 def _check_user(user_id) -> None:
     if not isinstance(user_id, str) or not user_id or len(user_id) > 200:
         raise InvalidInput("A user id is required.")
+
+
+def _check_caller(user_id, group) -> None:
+    _check_user(user_id)
+    if group is not None:
+        _check_user(group)
 
 def wait_for_workers(client: OwletClient, n: int = 1, timeout_s: float = 60.0) -> list[dict]:
     """Block until ``n`` workers have a live heartbeat (scripts and tests); raises TimeoutError."""

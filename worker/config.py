@@ -44,13 +44,16 @@ class Settings:
     image_max_bytes: int = limits.UPLOAD_MAX_BYTES
     image_max_side: int = limits.MAX_SIDE  # larger images are downscaled before they reach the engine
     history_ttl_s: int = 7 * 24 * 3600
+    # Bytes of conversation history the whole service holds (as worker.memory_model charges them); past it the least
+    # recently used conversations give way whole. 0 = derived from Redis's maxmemory (worker.history_budget).
+    history_total_bytes: int = 0
     history_max_turns: int = 64
     history_max_chars: int = 32_000
     max_images_per_request: int = limits.MAX_IMAGES_PER_REQUEST  # the engine's limit (same variable)
     turn_max_chars: int = 8_000
     stream_maxlen: int = 10_000  # token events per job stream (approximate trim)
     # At most one token event per job per this many seconds: tokens that arrive meanwhile share one write
-    # (worker.deltas). 0.05 s matches the page's fastest per-answer update rate (20 a second).
+    # (worker.serving.deltas). 0.05 s matches the page's fastest per-answer update rate (20 a second).
     stream_coalesce_s: float = 0.05
     stream_ttl_s: int = 3600  # how long a finished job's stream stays readable
     heartbeat_interval_s: float = 1.0
@@ -61,7 +64,14 @@ class Settings:
     # How long workers and pages wait for a restarting Redis before giving up on a job or a stream.
     redis_reconnect_s: float = 60.0
     worker_concurrency: int = 0  # Celery threads; 0 = engine max_running + 2
+    # A task thread whose job ended takes the next job of the fair queue itself, in the slot that job freed (one
+    # Redis round trip), instead of returning to Celery, whose delivery (one message per event-loop turn, each
+    # with its own round trips) left rows idle between short answers at a GPU's rate. Off: every job via Celery.
+    worker_takes_next: bool = True
     worker_metrics_port: int = 0  # worker Prometheus HTTP port (OWLET_WORKER_METRICS_PORT); 0 = off
+    # Seconds between calls to glibc's malloc_trim(0), which gives the heap's freed pages back (owlet/allocator.py);
+    # 0 = never.
+    malloc_trim_s: float = 30.0
     # "module:callable" building the engine instead of engine.LLMEngine: bench/page_stream.py serves a
     # model-free stub (bench/stub_engine.py) through the real worker this way. "" = the real engine.
     engine_factory: str = ""
@@ -82,3 +92,4 @@ class Settings:
         assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"
         assert self.max_attempts >= 1, "max_attempts must be at least 1"
         assert 0 <= self.stream_coalesce_s <= 1, "stream_coalesce_s is seconds between token writes (0 to 1)"
+        assert self.history_total_bytes >= 0, "history_total_bytes is bytes (0 = derived from Redis's maxmemory)"

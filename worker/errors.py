@@ -3,9 +3,11 @@ from __future__ import annotations
 
 
 class OwletError(Exception):
-    """Base class. ``user_message`` says what happened and what the user can do about it."""
+    """Base class. ``user_message`` says what happened and what the user can do about it; ``retry_after_s``, when
+    known, how many seconds until asking again can succeed (a rate limit's or quota's window)."""
 
     user_message = "Something went wrong. Please try again."
+    retry_after_s: float | None = None
 
     def __init__(self, user_message: str | None = None):
         if user_message:
@@ -23,6 +25,13 @@ class ServiceBusy(OwletError):
 
 class NotYourConversation(OwletError):
     user_message = "This conversation does not exist or belongs to someone else. Start a new conversation."
+
+
+class ConversationCleared(NotYourConversation):
+    """The conversation gave way to the service's history budget (least recently used first); told to its owner
+    only, anyone else hears ``NotYourConversation``."""
+
+    user_message = "This conversation was cleared to make room for new ones; start again with a picture."
 
 
 class ConversationBusy(OwletError):

@@ -1,6 +1,6 @@
 """Worker heartbeats: each worker publishes its capacity and load, with a TTL.
 
-A worker whose heartbeat key expired is presumed dead (see ``worker.reaper``).
+A worker whose heartbeat key expired is presumed dead (see ``worker.queue.reaper``).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class Heartbeat:
     waiting: int = 0  # answers waiting in the engine for a row, paused ones included
     t: float = 0.0
     rows: int = 0  # of the capacity, answers decoded at once (engine max_running); 0: all of it (e.g. the stub)
+    model: str = ""  # the served checkpoint's name (its folder's), which the API lists; "" when the engine has none
 
     @property
     def decode_rows(self) -> int:
@@ -40,8 +41,11 @@ def publish(r: redis.Redis, keys: Keys, beat: Heartbeat, ttl_s: float) -> None:
 
 
 def withdraw(r: redis.Redis, keys: Keys, worker: str) -> None:
-    """A clean shutdown: drop the heartbeat at once so nobody routes to this worker."""
+    """A clean shutdown: drop the heartbeat at once so nobody routes to this worker, and leave the set of workers
+    unless jobs are still recorded as running here (the reaper puts those back in line, then forgets the worker)."""
     r.delete(keys.heartbeat(worker))
+    if r.scard(keys.running(worker)) == 0:
+        r.srem(keys.workers, worker)
 
 
 def alive(r: redis.Redis, keys: Keys) -> dict[str, Heartbeat]:
@@ -51,6 +55,11 @@ def alive(r: redis.Redis, keys: Keys) -> dict[str, Heartbeat]:
         return {}
     raw = r.mget([keys.heartbeat(n) for n in names])
     return {n: _parse(b) for n, b in zip(names, raw) if b is not None}
+
+
+def served_models(beats: dict[str, Heartbeat]) -> list[str]:
+    """The names of the models the live workers serve (one, in a deployment of one checkpoint)."""
+    return sorted({beat.model for beat in beats.values() if beat.model})
 
 
 def _parse(raw: bytes) -> Heartbeat:

@@ -1,7 +1,9 @@
 """Conversation history in Redis: the source of truth for turns, image refs and answers.
 
 A conversation is a hash (owner, pending job) plus a list of JSON turns. Ownership is checked on
-every access, so one user can never read or continue another user's conversation.
+every access, so one user can never read or continue another user's conversation. A conversation lives
+``history_ttl_s`` from its last turn, unless it gives way to the service's history budget before
+(``worker.history_budget``): then its owner is told so.
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import uuid
 
 import redis
 
-from worker.errors import NotYourConversation
-from worker.keys import Keys
+from worker.errors import ConversationCleared, NotYourConversation
+from worker.keys import ConvField, Keys
 
 
 class ConversationStore:
@@ -28,7 +30,7 @@ class ConversationStore:
         conv = self.new_id()
         key = self.keys.conversation(conv)
         with self.r.pipeline() as p:
-            p.hset(key, mapping={"user": user, "created": time.time()})
+            p.hset(key, mapping={ConvField.user: user, ConvField.created: time.time()})
             p.expire(key, self.ttl_s)
             p.execute()
         return conv
@@ -36,12 +38,15 @@ class ConversationStore:
     def owner(self, conv: str) -> str | None:
         if not isinstance(conv, str) or not conv:
             return None
-        owner = self.r.hget(self.keys.conversation(conv), "user")
+        owner = self.r.hget(self.keys.conversation(conv), ConvField.user)
         return owner.decode() if owner is not None else None
 
     def check_owner(self, user: str, conv: str) -> None:
-        """Raise NotYourConversation unless ``conv`` exists and belongs to ``user`` (same error either way)."""
+        """Raise NotYourConversation unless ``conv`` exists and belongs to ``user`` (same error either way), or
+        ConversationCleared to the owner of one that gave way to the history budget."""
         if self.owner(conv) != user:
+            if isinstance(conv, str) and conv and self.r.get(self.keys.cleared(conv)) == user.encode():
+                raise ConversationCleared()
             raise NotYourConversation()
 
     def turns(self, conv: str) -> list[dict]:

@@ -1,7 +1,7 @@
 """Refuse image files whose structure, not their pixel count, would cost minutes of CPU, before Pillow reads them.
 
 Pillow parses containers in Python, block by block, before any pixel is decoded, and a few byte patterns make
-that (or the decode) slow within the upload limit (measured with Pillow 12 on this project's 2-core machine, 2026-12-02):
+that (or the decode) slow within the upload limit (times measured with Pillow 12 on a 2-core machine):
 
 - **GIF comments**: every one-byte sub-block of a comment extension is appended to a ``bytes`` object, which is
   quadratic: 320,000 of them (640 KB) took 1.9 s in ``Image.open``, and a 10 MB file would take minutes, with
@@ -11,8 +11,7 @@ that (or the decode) slow within the upload limit (measured with Pillow 12 on th
 - **JPEG markers**: 2.5 million empty comment segments before the image (10 MB) took 4.2 s, 4.4 s in the worker.
 - **BMP run-length data**: Pillow decodes RLE4 and RLE8 bitmaps in Python, a byte at a time, and pads every
   line the file ends early one byte per step: a 17 KB RLE8 file of 4000x4000 took 4.6 s, a 1 KB one of
-  16,000,000x1 4.6 s (found by a hostile audit, 2026-12-02). Real BMPs are stored uncompressed; a compressed
-  one is refused, whatever its size.
+  16,000,000x1 4.6 s. Real BMPs are stored uncompressed; a compressed one is refused, whatever its size.
 - **JPEG scans**: a progressive JPEG is decoded scan by scan, each a pass over every pixel whatever its size in
   bytes: a flat 1024x1024 picture padded to 100 KB with 8,000 tiny scans took 9.3 s to decode (a 10 MB one,
   minutes). Encoders write 10 scans (libjpeg's default script) to about 20.
@@ -20,7 +19,8 @@ that (or the decode) slow within the upload limit (measured with Pillow 12 on th
 Real files have a handful of blocks before the image (a PNG a few dozen chunks, more only with small IDAT
 chunks; a JPEG a dozen or two segments before its first scan; a GIF a few extensions), so the limits below are
 far from anything a camera or an editor writes, and each walk is a few thousand steps at most. The page refuses
-such files with a sentence (``ui.uploads``), and the worker does too for bytes that reached Redis some other way.
+such files with a sentence (``ui.uploads.image_check``), and the worker does too for bytes that reached Redis some
+other way.
 """
 from __future__ import annotations
 

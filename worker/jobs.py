@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from worker.errors import InvalidInput
 from worker.images import SHA256_RE
 
-ROLES = ("user", "assistant")
+ROLES = ("system", "user", "assistant")  # a system turn comes from a stateless client (the API)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int) -> Job:
     messages = []
     for m in raw_messages:
         _require(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("text"), str),
-                 "Each history message needs a role (user or assistant) and a text string.")
+                 "Each history message needs a role (system, user or assistant) and a text string.")
         sha = m.get("image_sha")
         _require(sha is None or (isinstance(sha, str) and SHA256_RE.match(sha) is not None),
                  "An image reference in the history is not a sha256 hex digest.")

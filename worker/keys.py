@@ -1,46 +1,78 @@
-"""Every Redis key Owlet uses, in one place, under one prefix.
+"""The Redis data model, declared once: every key Owlet uses (under one prefix), and the fields of its hashes.
 
-Lua scripts get their keys from here too: fixed keys through ``KEYS`` (``Keys.script_keys``), and the
-prefixes of per-job, per-user and per-conversation keys that only a script can know (the next user in the
-ring, a job's conversation) through ``Keys.script_names``, so no script spells a key name itself.
+``Keys`` names every key; each key's docstring says what it holds and who writes it. A hash with a fixed set of
+fields has a class of field names below (``JobField``, ``ConvField``, ``SlotsField``, ``StatField``), a line per
+field saying what it holds and who writes it; a hash keyed by group, identity or image says so in its key's
+docstring. ``JobState`` names a job's states, ``EntryField`` the fields of a stream entry.
+
+Python reads and writes through these names. The Lua scripts (``worker/queue/lua``) get the same names from here:
+the script loader (``worker.queue.scripts``) writes them ahead of every script as Lua tables, ``KEY`` (from
+``Keys.for_scripts``), ``JOB``, ``CONV``, ``SLOTS``, ``STATE`` and ``ENTRY`` (and ``TURNS_SUFFIX``), so a name is
+spelled in this module only, and tests/worker/test_data_model.py checks that the scripts use no name it does not
+declare.
+
+The key names and field names are what a running deployment has stored: renaming one here orphans what Redis
+holds under the old name.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 TURNS_SUFFIX = ":turns"
+TOTAL_IMAGES = "*all*"  # the owner of the service-wide image quota (identities' quotas are "u:…", groups' "g:…")
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str
 
+    # -- conversations, images and jobs ----------------------------------------------------------------------
     def image(self, sha: str) -> str:
+        """String: the bytes of one stored image, by their sha256, with a TTL. SUBMIT (and ``ImageStore.put``)."""
         return f"{self.prefix}img:{sha}"
 
     def conversation(self, conv: str) -> str:
-        """Hash: user, created, pending (job id of the unanswered turn)."""
+        """Hash of ``ConvField``: who owns the conversation and which job answers it now."""
         return f"{self.prefix}conv:{conv}"
 
     def turns(self, conv: str) -> str:
-        """List of JSON turns {role, text, image_sha}."""
+        """List of JSON turns {role, text, image_sha, job_id}: SUBMIT appends questions, FINISH answers."""
         return f"{self.conversation(conv)}{TURNS_SUFFIX}"
 
     def newest_conversation(self, user: str) -> str:
-        """String: the id of the newest conversation this identity started (see OwletClient.first_answer)."""
+        """String: the id of the newest conversation this identity started (see OwletClient.first_answer). SUBMIT
+        writes it; a conversation that gives way to the history budget takes it along while it names it."""
         return f"{self.prefix}newest:{user}"
 
+    def chat_index(self, user: str, digest: str) -> str:
+        """String with the history's TTL: the conversation a stateless request (the API) was stored in, under the
+        sha256 of the messages it sent, its question included (``worker.conversation_index``). The next request
+        sends them again with the answer, and continues that conversation. SUBMIT writes it with the turn."""
+        return f"{self.prefix}chatidx:{user}:{digest}"
+
+    def chat_indexes_of(self, conv: str) -> str:
+        """Set of the ``chat_index`` keys naming this conversation, so that it gives way with them: SUBMIT."""
+        return f"{self.prefix}chatidx_of:{conv}"
+
+    def cleared(self, conv: str) -> str:
+        """String: the identity that owned a conversation which gave way to the history budget, kept for the
+        history's TTL so that its owner is told why it is gone (``worker.errors.ConversationCleared``)."""
+        return f"{self.prefix}cleared:{conv}"
+
     def job(self, job_id: str) -> str:
-        """Hash: payload (JSON) and state fields."""
+        """Hash of ``JobField``: one job, from SUBMIT until ``stream_ttl_s`` after it ended."""
         return f"{self.prefix}job:{job_id}"
 
     def stream(self, job_id: str) -> str:
+        """Stream of the job's events (entries of ``EntryField``): the scripts write the queued, started and
+        terminal events, the runner the tokens (``worker.streams``)."""
         return f"{self.prefix}stream:{job_id}"
 
     def cancel(self, job_id: str) -> str:
+        """String flag: the job's user stopped it while it ran (``JobStates.cancel``); its worker relays it."""
         return f"{self.prefix}cancel:{job_id}"
 
+    # -- the fair queue --------------------------------------------------------------------------------------
     def user_queue(self, user: str) -> str:
         """List of one identity's waiting job ids."""
         return f"{self.prefix}uq:{user}"
@@ -61,6 +93,7 @@ class Keys:
 
     @property
     def queued_count(self) -> str:
+        """Integer: queued jobs in total (the global cap)."""
         return f"{self.prefix}queued"
 
     @property
@@ -80,13 +113,27 @@ class Keys:
 
     @property
     def group_usage(self) -> str:
-        """Hash group -> "seconds:t": its jobs' time in flight, decaying by half every GROUP_USAGE_HALF_LIFE_S."""
+        """Hash group -> "seconds:t": its jobs' time in flight as of Redis time t, decaying by half every
+        ``GROUP_USAGE_HALF_LIFE_S``. FINISH charges a job's time in flight to it; SUBMIT and POP read it."""
         return f"{self.prefix}group_usage"
 
     @property
     def ring_keys(self) -> str:
-        """Hash group -> the key it waits in the ring with: when it started waiting plus its capped usage."""
+        """Hash group -> the key it waits in the ring with: when it started waiting plus its capped usage (Redis
+        time, seconds). Written when a group joins the ring, dropped when POP serves it."""
         return f"{self.prefix}ring_keys"
+
+    @property
+    def ring_since(self) -> str:
+        """Hash group -> when it started waiting (Redis time), for groups that joined the ring with a key: what
+        bounds a heavy group's setback. Written and dropped with ``ring_keys``."""
+        return f"{self.prefix}ring_since"
+
+    @property
+    def slots(self) -> str:
+        """Hash of ``SlotsField``: how the last dispatch pass split the workers' slots. POP writes it, POSITION
+        reads it."""
+        return f"{self.prefix}slots"
 
     @property
     def queued_since(self) -> str:
@@ -99,24 +146,45 @@ class Keys:
         return f"{self.prefix}inflight"
 
     @property
+    def celery_queue(self) -> str:
+        """The Celery queue every worker consumes (each also has its own direct queue, for affinity)."""
+        return f"{self.prefix}jobs"
+
+    # -- workers ---------------------------------------------------------------------------------------------
+    @property
     def workers(self) -> str:
         """Set of every worker name ever seen; the reaper checks their heartbeats."""
         return f"{self.prefix}workers"
 
     def heartbeat(self, worker: str) -> str:
+        """String: the worker's ``worker.heartbeat.Heartbeat`` as JSON (capacity, load), with a TTL; the worker
+        writes it every ``heartbeat_interval_s``, and a worker whose heartbeat expired is presumed dead."""
         return f"{self.prefix}hb:{worker}"
 
     def running(self, worker: str) -> str:
-        """Set of job ids started on ``worker``."""
+        """Set of job ids started on ``worker``: CLAIM adds, FINISH and REQUEUE remove."""
         return f"{self.prefix}running:{worker}"
 
     def holder(self, conv: str) -> str:
-        """Name of the worker that ran the conversation's last turn (holds its KV cache)."""
+        """Name of the worker that ran the conversation's last turn (holds its KV cache); FINISH writes it."""
         return f"{self.prefix}holder:{conv}"
 
-    def image_quota(self, owner: str) -> str:
-        """Bytes of images stored for one identity (``u:<id>``) or one group (``g:<group>``) in the quota window."""
+    # -- quotas and limits (SUBMIT checks and charges them) --------------------------------------------------
+    def _image_quota(self, owner: str) -> str:
         return f"{self.prefix}quota:{owner}"
+
+    def user_image_quota(self, user: str) -> str:
+        """Integer: bytes of images one identity sent in the current image-quota window."""
+        return self._image_quota(f"u:{user}")
+
+    def group_image_quota(self, group: str) -> str:
+        """Integer: bytes of images one client group sent in the current image-quota window."""
+        return self._image_quota(f"g:{group}")
+
+    @property
+    def total_image_quota(self) -> str:
+        """Integer: bytes of the images the whole service holds now (``images_held`` says when each goes)."""
+        return self._image_quota(TOTAL_IMAGES)
 
     def images_held(self) -> str:
         """Zset of the stored images' keys -> when each expires, so the service total counts what is held now."""
@@ -143,15 +211,45 @@ class Keys:
         is live, the image does not give way to new ones."""
         return f"{self.prefix}picture_jobs:{image_key}"
 
-    def text_quota(self, owner: str) -> str:
-        """Bytes of text (turns and job payloads) stored for one identity (``u:<id>``) or group (``g:<group>``)
-        in the current text-quota window."""
+    # -- the service-wide history budget (docs/redis_memory.md): SUBMIT charges it, FINISH corrects it ----------
+    @property
+    def history_total(self) -> str:
+        """Integer: the bytes the held conversations (and the notices of cleared ones) are charged, in all."""
+        return f"{self.prefix}history_total"
+
+    @property
+    def conversations_held(self) -> str:
+        """Zset conversation -> when it expires (Redis time): its TTL runs from its last turn, so this is also
+        least-recently-used order. The budget's oldest give way first."""
+        return f"{self.prefix}convs_held"
+
+    @property
+    def conversation_sizes(self) -> str:
+        """Hash conversation -> the bytes it is charged (``worker.memory_model``)."""
+        return f"{self.prefix}conv_sizes"
+
+    @property
+    def cleared_held(self) -> str:
+        """Zset conversation -> when its ``cleared`` notice expires: the notices, oldest first."""
+        return f"{self.prefix}cleared_held"
+
+    def _text_quota(self, owner: str) -> str:
         return f"{self.prefix}textquota:{owner}"
 
+    def user_text_quota(self, user: str) -> str:
+        """Integer: bytes of text (turns and job payloads) stored for one identity in the current text-quota
+        window."""
+        return self._text_quota(f"u:{user}")
+
+    def group_text_quota(self, group: str) -> str:
+        """Integer: bytes of text stored for one client group in the current text-quota window."""
+        return self._text_quota(f"g:{group}")
+
     def submit_rate(self, group: str) -> str:
-        """Turns admitted for one group in the current rate-limit window."""
+        """Integer: turns admitted for one group in the current rate-limit window."""
         return f"{self.prefix}rate:{group}"
 
+    # -- the service -----------------------------------------------------------------------------------------
     @property
     def identity_key(self) -> str:
         """The server-only key that signs anonymous identities when none is configured (never sent out)."""
@@ -159,11 +257,12 @@ class Keys:
 
     @property
     def sweep_lock(self) -> str:
+        """String with a short TTL: a reaper sweep ran just now (many waiting readers cost one sweep)."""
         return f"{self.prefix}sweep_lock"
 
     @property
     def stats(self) -> str:
-        """Hash of counters: affinity_hits, affinity_misses, redispatched, reaped."""
+        """Hash of ``StatField`` counters."""
         return f"{self.prefix}stats"
 
     @property
@@ -171,20 +270,103 @@ class Keys:
         """Moving average of one job's run time in seconds (for queue ETAs)."""
         return f"{self.prefix}service_s"
 
-    @property
-    def celery_queue(self) -> str:
-        return f"{self.prefix}jobs"
-
     # -- for Lua scripts -------------------------------------------------------------------------------------
-    def script_keys(self) -> list[str]:
-        """The fixed keys every script receives as KEYS[1..n], in the order ``worker.lua`` names them."""
-        return [self.ring, self.served, self.queued_count, self.queued_by_user, self.queued_by_group,
-                self.inflight_by_group, self.queued_since, self.inflight]
+    def for_scripts(self) -> dict[str, str]:
+        """The scripts' ``KEY`` table: the fixed keys, and the prefixes of the keys a script puts together itself
+        (a job's, the next identity's queue, a quota of the job's user) by appending an id. A conversation's turns
+        are ``KEY.conv .. conv .. TURNS_SUFFIX``. The scripts' text holds these names for the prefix ""; a script
+        puts this prefix in front of each when it starts (``worker.queue.scripts``)."""
+        return {
+            # fixed keys
+            "ring": self.ring, "served": self.served, "queued_count": self.queued_count,
+            "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
+            "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
+            "inflight": self.inflight, "group_usage": self.group_usage, "ring_keys": self.ring_keys,
+            "ring_since": self.ring_since, "slots": self.slots, "total_image_quota": self.total_image_quota,
+            "images_held": self.images_held(), "image_sizes": self.image_sizes(), "service_time": self.service_time,
+            "image_holders": self.image_holders(), "image_owners": self.image_owners(),
+            "history_total": self.history_total, "conversations_held": self.conversations_held,
+            "conversation_sizes": self.conversation_sizes, "cleared_held": self.cleared_held,
+            # prefixes (and the turns suffix)
+            "user_queue": self.user_queue(""), "group_queue": self.group_queue(""), "job": self.job(""),
+            "stream": self.stream(""), "cancel": self.cancel(""), "conv": self.conversation(""),
+            "running": self.running(""), "holder": self.holder(""),
+            "image": self.image(""), "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
+            "user_image_quota": self.user_image_quota(""), "group_image_quota": self.group_image_quota(""),
+            "user_text_quota": self.user_text_quota(""), "group_text_quota": self.group_text_quota(""),
+            "submit_rate": self.submit_rate(""), "newest": self.newest_conversation(""),
+            # a chat_index key is this prefix, then "<user>:<digest>"
+            "chat_index": self.chat_index("", "")[:-1], "chat_indexes_of": self.chat_indexes_of(""),
+            "cleared": self.cleared(""),
+        }
 
-    def script_names(self) -> str:
-        """JSON of the key prefixes a script needs for keys it discovers while running (ARGV[1])."""
-        return json.dumps({"uq": self.user_queue(""), "gq": self.group_queue(""), "job": self.job(""),
-                           "stream": self.stream(""), "conv": self.conversation(""), "turns": TURNS_SUFFIX,
-                           "running": self.running(""), "holder": self.holder(""), "cancel": self.cancel(""),
-                           "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
-                           "usage": self.group_usage, "ring_key": self.ring_keys})
+
+def fields_of(declaration: type) -> dict[str, str]:
+    """The names a declaration class below holds, by attribute: ``{"state": "state", ...}`` for ``JobField``."""
+    return {name: value for name, value in vars(declaration).items()
+            if not name.startswith("_") and isinstance(value, str)}
+
+
+class JobState:
+    """The states of a job (``JobField.state``; the transitions are ``worker.queue.job_states``). Its stream gets an
+    event named after each state it enters (queued, started, and the one it ends in), besides its tokens."""
+    queued = "queued"  # admitted, waiting in its identity's queue: SUBMIT, REQUEUE
+    dispatched = "dispatched"  # handed to Celery, no worker has claimed it yet: POP
+    started = "started"  # claimed by a worker, which is answering: CLAIM
+    done = "done"  # answered: FINISH
+    error = "error"  # ended with an error the user is told: FINISH (and REQUEUE past max_attempts)
+    cancelled = "cancelled"  # stopped by its user: FINISH (and REQUEUE when its worker was lost meanwhile)
+
+
+LIVE_STATES = (JobState.queued, JobState.dispatched, JobState.started)
+ENDED_STATES = (JobState.done, JobState.error, JobState.cancelled)
+
+
+class JobField:
+    """The fields of a job's hash (``Keys.job``): what it asks, whose it is, where it waits, and its state."""
+    payload = "payload"  # the job as JSON (worker.jobs.Job), what the worker runs: SUBMIT
+    user = "user"  # the identity that asked: SUBMIT
+    group = "group"  # its client group (an address, or a login): what caps, usage and cache shares count: SUBMIT
+    qkey = "qkey"  # the identity whose queue it waits in (the user; in FIFO mode one shared queue): SUBMIT
+    qgroup = "qgroup"  # the ring entry serving that queue (the group; in FIFO mode the shared one): SUBMIT
+    conv = "conv"  # the conversation it answers: SUBMIT
+    turn = "turn"  # index of its question in the conversation's turns (absent for a job without one): SUBMIT
+    state = "state"  # a JobState: every script
+    enqueued_at = "enqueued_at"  # the caller's clock when it was admitted, for inspection: SUBMIT
+    attempts = "attempts"  # dispatches so far; REQUEUE fails it after max_attempts: SUBMIT (0), POP
+    dispatch_n = "dispatch_n"  # number of its latest dispatch; a Celery message with another is stale: SUBMIT, POP
+    dispatched_at = "dispatched_at"  # the caller's clock at its latest dispatch, for inspection: POP
+    flight_t = "flight_t"  # Redis time at its latest dispatch: FINISH charges its group's usage from it: POP
+    target = "target"  # the worker its latest dispatch went to ("" = the shared queue): POP, FairDispatch, REQUEUE
+    worker = "worker"  # the worker that claimed it ("" once requeued): CLAIM, REQUEUE
+    started_at = "started_at"  # the worker's clock when it claimed it (the reaper's run deadline): CLAIM
+    reserved = "reserved"  # history-budget bytes charged for its answer before it exists: SUBMIT (FINISH corrects)
+
+
+class ConvField:
+    """The fields of a conversation's hash (``Keys.conversation``); its turns are a list of their own."""
+    user = "user"  # the identity that owns it: SUBMIT of its first turn (or ConversationStore.create)
+    created = "created"  # the caller's clock when it was created: with ``user``
+    pending = "pending"  # the job answering its last question, until that job ends: SUBMIT sets, FINISH clears
+
+
+class SlotsField:
+    """The fields of ``Keys.slots``: how the last dispatch pass (POP) split the workers' slots, which POSITION
+    reads to say where a job stands among the groups competing for the slots kept for them."""
+    capacity = "capacity"  # jobs the live workers take at once
+    shared = "shared"  # of those, the slots served round robin (the workers' decode rows)
+    light_from = "light_from"  # jobs in flight past which a slot goes only to a light group with nothing in flight
+
+
+class StatField:
+    """The counters in ``Keys.stats`` (``QueueReadouts.affinity_stats`` reads them)."""
+    affinity_hits = "affinity_hits"  # follow-up turns sent to the worker holding their cache: FairDispatch
+    affinity_misses = "affinity_misses"  # follow-up turns whose holder was gone or full: FairDispatch
+    redispatched = "redispatched"  # jobs requeued after their worker was lost: Reaper
+    reaped = "reaped"  # jobs the reaper requeued, failed or timed out: Reaper
+
+
+class EntryField:
+    """The fields of an entry in a job's stream (``Keys.stream``; ``worker.streams`` encodes and decodes them)."""
+    type = "type"  # the event: a JobState the job entered, or "token"
+    data = "data"  # the event's JSON object (its text, position, message, ...)

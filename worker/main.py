@@ -33,7 +33,7 @@ def __getattr__(name: str):
 def run(argv: list[str] | None = None) -> int:
     """``owlet-worker``: start a worker; returns (or exits with) a non-zero code when it cannot serve."""
     from owlet.settings import SettingError
-    from worker import startup
+    from worker.serving import startup
 
     startup.configure_logging()
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -2,7 +2,7 @@
 
 Each entry has a ``type`` field and a ``data`` field holding JSON. Readers replay from id 0, so late
 or reconnecting readers lose nothing. Terminal events are written by the Lua scripts in
-``worker.lua`` (atomically with the job's state change); this module writes the others and reads.
+``worker.queue.scripts`` (atomically with the job's state change); this module writes the others and reads.
 """
 from __future__ import annotations
 
@@ -13,22 +13,22 @@ from collections.abc import Iterator
 
 import redis
 
-from worker.keys import Keys
+from worker.keys import ENDED_STATES, EntryField, Keys
 from worker.redis_retry import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
-TERMINAL = frozenset({"done", "error", "cancelled"})
+TERMINAL = frozenset(ENDED_STATES)  # a job's last event is named after the state it ended in
 
 
 def encode(event_type: str, **data) -> dict:
     data.setdefault("t", time.time())
-    return {"type": event_type, "data": json.dumps(data)}
+    return {EntryField.type: event_type, EntryField.data: json.dumps(data)}
 
 
 def decode(fields: dict) -> dict:
-    event = json.loads(fields[b"data"])
-    event["type"] = fields[b"type"].decode()
+    event = json.loads(fields[EntryField.data.encode()])
+    event["type"] = fields[EntryField.type.encode()].decode()
     return event
 
 
@@ -66,11 +66,20 @@ def read_events(r: redis.Redis, key: str, last_id: str, block_ms: int,
     longer than ``reconnect_s`` raises.
     """
     down_since = None
+    stopping = False
     while True:
         try:
-            reply = r.xread({key: last_id}, count=256, block=block_ms)
-            if not reply and on_idle is not None and on_idle() is False:
-                return
+            if stopping:
+                # on_idle said stop, but the job may have ended between the empty wait and its look (its terminal
+                # event written after the wait returned): what the stream holds is read before giving up
+                reply = r.xread({key: last_id}, count=256)
+                if not reply:
+                    return
+            else:
+                reply = r.xread({key: last_id}, count=256, block=block_ms)
+                if not reply and on_idle is not None and on_idle() is False:
+                    stopping = True
+                    continue
         except UNREACHABLE:
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since >= reconnect_s:

@@ -1,9 +1,9 @@
-"""The one Celery task: hand a job id to this worker's runtime. All logic lives in ``worker.runner``."""
+"""The one Celery task: hand a job id to this worker's runtime. All logic lives in ``worker.serving.runner``."""
 from __future__ import annotations
 
 from celery import Celery
 
-from worker.fair_dispatch import RUN_JOB_TASK
+from worker.queue.dispatch import RUN_JOB_TASK
 
 
 def register_tasks(app: Celery) -> None:

@@ -6,7 +6,7 @@ import time
 
 from engine.handle import RequestHandle
 from engine.outputs import FinalResult, FinishReason
-from worker.deltas import coalesced_deltas
+from worker.serving.deltas import coalesced_deltas
 
 
 def _finish(handle: RequestHandle) -> None:

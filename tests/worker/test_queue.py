@@ -8,6 +8,7 @@ import pytest
 
 from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UnknownJob, UserCapReached
 from worker.jobs import Job, Message
+from worker.keys import JobField, SlotsField
 
 
 def submit(client, user, text="hi", conv=None):
@@ -221,7 +222,7 @@ def test_raw_enqueue_dispatches_with_dispatch_number(client, fake_capacity):
     d.enqueue(job, None)
     fake_capacity(1)
     assert client.dispatch() == 1
-    assert client.r.hget(client.keys.job("j1"), "dispatch_n") == b"1"
+    assert client.r.hget(client.keys.job("j1"), JobField.dispatch_n) == b"1"
 
 
 def test_slots_beyond_the_decode_rows_are_kept_for_groups_with_nothing_in_flight(client):
@@ -263,7 +264,7 @@ def test_a_group_whose_answer_just_ended_queues_behind_a_newcomer_and_lighter_us
 def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_goes_behind(client):
     """A group waits with the key 'started waiting + usage (capped)': lighter groups that start waiting later go
     ahead of it only while their key is smaller, so once it has waited out its usage it keeps its place."""
-    from worker.lua import GROUP_USAGE_CAP_S, GROUP_USAGE_WEIGHT
+    from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_WEIGHT
 
     now = client.r.time()
     now = now[0] + now[1] / 1e6
@@ -288,3 +289,91 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
     assert client.queue_position(again) == 3
     assert pop_all(client) == [heavy, late, again]
     assert client.r.hlen(client.keys.ring_keys) == 0, "keys are dropped when groups are served"
+
+
+def _redis_now(client) -> float:
+    now = client.r.time()
+    return now[0] + now[1] / 1e6
+
+
+def test_a_line_longer_than_the_cap_sets_a_heavy_group_back_to_its_end_and_no_further(client):
+    """When groups have waited longer than the cap, a group that used the workers a lot is set back by up to the
+    longest wait now (not just the cap), so a newcomer still goes ahead of it; never further than that wait."""
+    from worker.queue.fairness import GROUP_USAGE_CAP_S
+
+    crowd = submit(client, "crowd")[0]
+    now = _redis_now(client)
+    client.r.hset(client.keys.ring_since, "crowd", f"{now - 3 * GROUP_USAGE_CAP_S}")  # as if it had waited 90 s
+    client.r.hset(client.keys.group_usage, "heavy", f"{1000 * GROUP_USAGE_CAP_S}:{now}")
+    heavy = submit(client, "heavy")[0]
+    setback = float(client.r.hget(client.keys.ring_keys, "heavy")) - now
+    assert 3 * GROUP_USAGE_CAP_S - 1 < setback < 3 * GROUP_USAGE_CAP_S + 1, "set back by the longest wait now"
+    client.r.hset(client.keys.group_usage, "moderate", f"{GROUP_USAGE_CAP_S / 2}:{now}")
+    moderate = submit(client, "moderate")[0]
+    setback = float(client.r.hget(client.keys.ring_keys, "moderate")) - now
+    assert GROUP_USAGE_CAP_S < setback < 3 * GROUP_USAGE_CAP_S - 1, "beyond the cap, by its own weighted usage"
+    visitor = submit(client, "visitor")[0]
+    assert pop_all(client) == [crowd, visitor, moderate, heavy]
+    assert client.r.hlen(client.keys.ring_since) == 0, "wait starts are dropped when groups are served"
+
+
+def test_the_last_slots_go_to_light_groups_and_their_position_says_so(client):
+    """Six slots, two decode rows: rows 1-2 round robin, slots 3-4 for groups with nothing in flight, slots 5-6
+    only for such groups that used the workers little lately. A crowd of heavy groups with nothing in flight
+    cannot take the last slots, and a visitor queued behind the crowd is told it is first."""
+    from worker.queue.fairness import GROUP_USAGE_CAP_S
+
+    now = _redis_now(client)
+    crowd = []
+    for i in range(6):
+        client.r.hset(client.keys.group_usage, f"crowd{i}", f"{GROUP_USAGE_CAP_S}:{now}")  # weighted 4x: heavy
+        crowd.append(submit(client, f"crowd{i}")[0])
+    order = []
+    while (popped := client.jobs.pop(6, 2)):
+        order.append(popped[0])
+    assert order == crowd[:4], "rows and newcomer slots, but not the light groups' slots"
+    for i in (4, 5):  # as if they had waited out their setback: ahead of anyone arriving now
+        client.r.hset(client.keys.ring_keys, f"crowd{i}", f"{now - 100 + i}")
+    visitor = submit(client, "visitor")[0]
+    assert [client.queue_position(j) for j in (crowd[4], crowd[5])] == [1, 2]
+    assert client.queue_position(visitor) == 1, "it takes the next light slot, whatever the crowd ahead of it"
+    assert client.jobs.pop(6, 2)[0] == visitor
+    assert client.jobs.pop(6, 2) is None, "the last light slot stays free for the next light group"
+    assert [client.queue_position(j) for j in (crowd[4], crowd[5])] == [1, 2]
+
+
+def test_the_light_slots_go_to_the_group_that_used_the_workers_least(client):
+    """Crowd addresses whose usage decayed below the light bound while they waited are light too; a visitor who has
+    used nothing still takes the next light slot before them, and is told so."""
+    from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_WEIGHT
+
+    now = _redis_now(client)
+    heavy = [submit(client, f"heavy{i}")[0] for i in range(4)]
+    assert [popped[0] for popped in iter(lambda: client.jobs.pop(6, 2), None)] == heavy, "rows and newcomer slots"
+    light_usage = GROUP_USAGE_CAP_S / GROUP_USAGE_WEIGHT / 2  # within the light bound, but not nothing
+    crowd = []
+    for i in range(3):
+        client.r.hset(client.keys.group_usage, f"crowd{i}", f"{light_usage * (1 + i / 10)}:{now}")
+        crowd.append(submit(client, f"crowd{i}")[0])
+        client.r.hset(client.keys.ring_keys, f"crowd{i}", f"{now - 100 + i}")  # waited out their setback
+    visitor = submit(client, "visitor")[0]
+    assert [client.queue_position(j) for j in (*crowd, visitor)] == [1, 2, 3, 1], \
+        "the crowd's walk order, and the visitor first among light groups"
+    assert client.jobs.pop(6, 2)[0] == visitor, "the light slot goes to the least used"
+    assert [popped[0] for popped in iter(lambda: client.jobs.pop(6, 2), None)] == crowd[:1], \
+        "the last light slot: the least used of the crowd"
+
+
+def test_without_slots_beyond_the_rows_a_position_is_the_round_robin_order(client):
+    """A worker without time slicing holds only its rows: nobody can skip the line, and positions say so."""
+    from worker.queue.fairness import GROUP_USAGE_CAP_S
+
+    now = _redis_now(client)
+    client.r.hset(client.keys.group_usage, "crowd", f"{GROUP_USAGE_CAP_S}:{now}")
+    crowd = submit(client, "crowd")[0]
+    client.r.hset(client.keys.ring_keys, "crowd", f"{now - 100}")  # it has waited out its setback
+    client.r.hset(client.keys.slots, mapping={SlotsField.capacity: 1, SlotsField.shared: 1,
+                                              SlotsField.light_from: 1})  # as a last POP left it
+    visitor = submit(client, "visitor")[0]
+    assert [client.queue_position(j) for j in (crowd, visitor)] == [1, 2]
+    assert pop_all(client) == [crowd, visitor]

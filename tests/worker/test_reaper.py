@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import time
 
-from worker import reaper
 from worker.heartbeat import Heartbeat, publish
+from worker.keys import JobField
+from worker.queue import reaper
 
 
 def claim(client, job_id, worker):
-    n = client.r.hget(client.keys.job(job_id), "dispatch_n").decode()
-    return client.jobs.claim(job_id, int(n), worker)
+    """1 when ``worker`` now owns the job, 0 for a stale or duplicate delivery (CLAIM's answer)."""
+    n = client.r.hget(client.keys.job(job_id), JobField.dispatch_n).decode()
+    return int(client.jobs.claim(job_id, int(n), worker) is not None)
 
 
 def beat(client, worker, capacity=1):
@@ -65,9 +67,9 @@ def test_dead_worker_job_is_redispatched_once_then_failed(client):
 
 
 def test_a_stopped_job_whose_worker_is_lost_ends_cancelled_not_queued_again(client):
-    """Stop on a job dispatched to a worker that had just died: the page said "Stopped", but the job waited for
-    the dead worker, was then queued again ("the worker answering you was lost"), and the chat refused every new
-    question until the replacement worker ran it (a QA pass, 2026-12-03: 14 s)."""
+    """Stop on a job dispatched to a worker that had just died: the page says "Stopped", so the job must not wait
+    for the dead worker and be queued again ("the worker answering you was lost"): the chat would refuse every new
+    question until a replacement worker ran it."""
     conv = client.new_conversation("ann")
     job = client.submit_turn("ann", conv, "hi")
     beat(client, "a@x")
@@ -93,7 +95,7 @@ def test_job_sent_to_a_dead_workers_direct_queue_is_redispatched(client):
     job = client.submit_turn("ann", conv, "hi")
     beat(client, "a@x")
     client.dispatch()
-    client.r.hset(client.keys.job(job), "target", "a@x")  # as if routed there by affinity
+    client.r.hset(client.keys.job(job), JobField.target, "a@x")  # as if routed there by affinity
     die(client, "a@x")
     assert client.reaper.sweep()["requeued"] == 1
     assert client.job_state(job) == "queued"
@@ -141,3 +143,24 @@ def test_answer_is_not_appended_after_its_question_was_truncated_away(client):
     assert client.jobs.finish(job, "done", answer_turn=turn_json("assistant", "late", job_id=job),
                                     only_state="started", only_worker="a@x")
     assert client.history("ann", conv) == []
+
+
+def test_a_clean_stop_leaves_no_worker_behind_unless_it_still_holds_jobs(client):
+    """A worker that stops cleanly drops its heartbeat and its name from the set of workers (a persistent Redis, like
+    the demo's, listed every stopped worker); one that still has a job recorded as running stays listed until the
+    reaper has put that job back in line."""
+    from worker.heartbeat import withdraw
+
+    beat(client, "idle@x")
+    withdraw(client.r, client.keys, "idle@x")
+    assert client.r.exists(client.keys.heartbeat("idle@x")) == 0
+    assert client.r.sismember(client.keys.workers, "idle@x") == 0
+
+    conv = client.new_conversation("ann")
+    job = client.submit_turn("ann", conv, "hi")
+    beat(client, "busy@x")
+    assert client.dispatch() == 1 and claim(client, job, "busy@x") == 1
+    withdraw(client.r, client.keys, "busy@x")
+    assert client.r.sismember(client.keys.workers, "busy@x") == 1, "its job must still be found by the reaper"
+    assert client.reaper.sweep()["requeued"] == 1
+    assert client.r.sismember(client.keys.workers, "busy@x") == 0

@@ -15,7 +15,8 @@ from tests.worker.test_worker_jobs import LONG
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.celery_app import create_app
 from worker.client import OwletClient
-from worker.runtime import WorkerRuntime
+from worker.keys import JobField
+from worker.serving.runtime import WorkerRuntime
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def runtime_client(settings, request):
 def dispatched(client, job_id) -> int:
     """The dispatch number the dispatcher gave the job (its Celery message sits unconsumed in Redis)."""
     client.dispatch()
-    return int(client.r.hget(client.keys.job(job_id), "dispatch_n"))
+    return int(client.r.hget(client.keys.job(job_id), JobField.dispatch_n))
 
 
 @pytest.mark.parametrize("runtime_client", [0.5], indirect=True)
@@ -110,17 +111,17 @@ def test_the_session_cache_share_is_the_client_groups_not_the_users(runtime_clie
         job = client.submit(user, conv, "hi", sampling={"max_new_tokens": 2}, group="203.0.113.9").job
         runtime.run_job(job, dispatched(client, job))
         assert types(collect(client, job))[-1] == "done"
-    owners = [entry.owner for key, entry, _ in runtime.engine.sessions.entries.items() if not key.startswith("prefix:")]
-    assert owners == ["203.0.113.9", "203.0.113.9"]
+    groups = [entry.group for key, entry, _ in runtime.engine.sessions.entries.items() if not key.startswith("prefix:")]
+    assert groups == ["203.0.113.9", "203.0.113.9"]
     conv = client.new_conversation("cy")
     job = client.submit_turn("cy", conv, "hi", sampling={"max_new_tokens": 2})  # no group: the user is its own
     runtime.run_job(job, dispatched(client, job))
-    assert runtime.engine.sessions.entries.items()[-1][1].owner == "cy"
+    assert runtime.engine.sessions.entries.items()[-1][1].group == "cy"
 
 
 def test_the_page_benchmarks_stub_engine_serves_jobs_through_the_runtime(settings):
     """bench/page_stream.py runs the real worker on ``bench.stub_engine``: it must take every argument the runtime
-    passes (a hostile audit's crowd test, 2026-12-03, got "internal error" for every job after ``owner`` was added)."""
+    passes: a keyword the stub lacks fails every job with "internal error"."""
     from bench.stub_engine import StubEngine
 
     runtime = WorkerRuntime(settings, create_app(settings), "stub@test", engine=StubEngine(200.0, 4))

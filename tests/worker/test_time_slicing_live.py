@@ -1,9 +1,9 @@
 """A newcomer is answered while one client's long answers hold every decode row (a real Celery worker).
 
-Before time slicing, a client that filled the engine's rows with long answers (a hostile audit, 2026-12-03: thirty
-addresses streaming 1,024-token answers) made a new visitor wait for the first of them to end: 52 s for a first
-token. Now the dispatcher keeps the slots beyond the rows for groups with nothing in flight, and the engine pauses
-a long answer for the newcomer once it has decoded a slice (``engine.time_slicing``)."""
+Without time slicing, a client that filled the engine's rows with long answers (thirty addresses streaming
+1,024-token answers) made a new visitor wait for the first of them to end: 52 s for a first token. So the
+dispatcher keeps the slots beyond the rows for groups with nothing in flight, and the engine pauses a long answer
+for the newcomer once it has decoded a slice (``engine.time_slicing``)."""
 from __future__ import annotations
 
 import urllib.request

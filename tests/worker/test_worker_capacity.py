@@ -1,9 +1,9 @@
 """A worker takes no more jobs at once than it has Celery threads to run them, whatever its engine could batch.
 
 Each job holds a Celery thread while it streams. A worker that announced its engine's capacity (``max_running``)
-with fewer threads than that was sent jobs no thread picked up: the reaper took them for a dead worker's and they
-ended "stopped unexpectedly" (a hostile audit, 2026-12-03: the page benchmark's stub engine at 64 slots behind the
-demo's 18 threads). The capacity a worker announces is now the smaller of the two, and it says so at start."""
+with fewer threads than that would be sent jobs no thread picks up: the reaper would take them for a dead worker's
+and they would end "stopped unexpectedly" (e.g. the page benchmark's stub engine at 64 slots behind the demo's 18
+threads). So the capacity a worker announces is the smaller of the two, and it says so at start."""
 from __future__ import annotations
 
 import time

@@ -41,12 +41,13 @@ def worker_env(settings: Settings, model: Path, max_running: int = 4, **extra: s
 class WorkerProcess:
     """One ``celery worker`` subprocess; ``name`` is its Celery node name (and heartbeat id)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, name: str | None = None, concurrency: int = 6):
+    def __init__(self, env: dict[str, str], log_dir: Path, name: str | None = None, concurrency: int | None = 6):
+        """``concurrency``: Celery threads (``-c``); None leaves Owlet's default (the engine's max_active + 2)."""
         self.name = name or f"w{uuid.uuid4().hex[:6]}@owlet-test"
         self.log_path = log_dir / f"{self.name.split('@')[0]}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", "worker.main", "worker", "-P", "threads",
-               "-c", str(concurrency), "-n", self.name, "--without-gossip", "--without-mingle",
-               "--without-heartbeat", "-l", "info"]
+        threads = [] if concurrency is None else ["-c", str(concurrency)]
+        cmd = [sys.executable, "-m", "celery", "-A", "worker.main", "worker", "-P", "threads", *threads,
+               "-n", self.name, "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -1,6 +1,6 @@
 """Sweeps that guarantee every job ends: dead workers, lost dispatches, deadlines and queue timeouts.
 
-``Reaper.sweep`` is idempotent and made of atomic transitions (``worker.job_states``), so every worker runs
+``Reaper.sweep`` is idempotent and made of atomic transitions (``worker.queue.job_states``), so every worker runs
 it on each heartbeat tick and stream readers run it while they wait; whoever comes first does the work.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import redis
 
 from worker import heartbeat
 from worker.config import Settings
-from worker.job_states import JobStates
-from worker.keys import Keys
+from worker.keys import JobField, JobState, Keys, StatField
+from worker.queue.job_states import JobStates
 
 LOST_AFTER_RETRY = ("The worker running your question stopped unexpectedly and a retry failed too. "
                     "Please ask again.")
@@ -43,14 +43,14 @@ class Reaper:
         self._reap_inflight(alive, now, counts)
         self._expire_queued(now, counts)
         if counts["requeued"] or counts["failed"] or counts["timed_out"]:
-            self.r.hincrby(self.keys.stats, "reaped", sum(counts.values()))
+            self.r.hincrby(self.keys.stats, StatField.reaped, sum(counts.values()))
         return counts
 
     def _requeue(self, job_id: str, now: float, counts: dict) -> None:
         code = self.jobs.requeue(job_id, LOST_AFTER_RETRY, now)
         if code == 1:
             counts["requeued"] += 1
-            self.r.hincrby(self.keys.stats, "redispatched", 1)
+            self.r.hincrby(self.keys.stats, StatField.redispatched, 1)
         elif code == 2:
             counts["failed"] += 1
 
@@ -72,18 +72,19 @@ class Reaper:
         grace = 3 * s.heartbeat_ttl_s
         for raw, dispatched_at in r.zrange(keys.inflight, 0, -1, withscores=True):
             job = raw.decode()
-            state, target, worker, started_at = r.hmget(keys.job(job), "state", "target", "worker", "started_at")
+            state, target, worker, started_at = r.hmget(keys.job(job), JobField.state, JobField.target, JobField.worker,
+                                                       JobField.started_at)
             state = state.decode() if state else None
-            if state == "dispatched":
+            if state == JobState.dispatched:
                 target = target.decode() if target else ""
                 if (target and target not in alive) or now - dispatched_at > grace:
                     self._requeue(job, now, counts)
-            elif state == "started":
+            elif state == JobState.started:
                 worker = worker.decode() if worker else ""
                 if worker not in alive:
                     self._requeue(job, now, counts)
                 elif started_at and now - float(started_at) > s.job_deadline_s + grace:
-                    if self.jobs.finish(job, "error", message=RUN_TIMEOUT, only_state="started"):
+                    if self.jobs.finish(job, JobState.error, message=RUN_TIMEOUT, only_state=JobState.started):
                         counts["timed_out"] += 1
             elif state is None:  # the job hash expired under us: nothing to tell anyone
                 r.zrem(keys.inflight, job)
@@ -91,7 +92,7 @@ class Reaper:
     def _expire_queued(self, now: float, counts: dict) -> None:
         cutoff = now - self.settings.queue_timeout_s
         for raw in self.r.zrangebyscore(self.keys.queued_since, "-inf", cutoff):
-            if self.jobs.finish(raw.decode(), "error", message=QUEUE_TIMEOUT, only_state="queued"):
+            if self.jobs.finish(raw.decode(), JobState.error, message=QUEUE_TIMEOUT, only_state=JobState.queued):
                 counts["timed_out"] += 1
             else:
                 self.r.zrem(self.keys.queued_since, raw)

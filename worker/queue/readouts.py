@@ -1,6 +1,6 @@
 """Queue read-outs: the one ETA, the service-time average it rests on, and the aggregates /metrics may show.
 
-Nothing here changes a job's state (that is ``worker.job_states``); these are plain reads of the counters the
+Nothing here changes a job's state (that is ``worker.queue.job_states``); these are plain reads of the counters the
 Lua scripts keep, plus the moving average of service times that workers fold in as jobs finish.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from worker import heartbeat
-from worker.keys import Keys
+from worker.keys import Keys, StatField
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class QueueReadouts:
     keys: Keys
 
     def record_service_time(self, seconds: float) -> None:
-        """Fold one job's run time into a moving average (a lost update between workers is harmless)."""
+        """Fold one job's run time into a moving average (a lost update between workers is harmless). Workers fold
+        it in with the job's FINISH (``JobStates.finish``'s ``service_s``), by the same rule."""
         old = self.r.get(self.keys.service_time)
         new = seconds if old is None else 0.8 * float(old) + 0.2 * seconds
         self.r.set(self.keys.service_time, repr(new))
@@ -57,6 +58,6 @@ class QueueReadouts:
         """The counters in ``stats`` (affinity hits and misses, reaped, redispatched) and the affinity hit rate."""
         raw = self.r.hgetall(self.keys.stats)
         stats = {k.decode(): int(v) for k, v in raw.items()}
-        hits, misses = stats.get("affinity_hits", 0), stats.get("affinity_misses", 0)
+        hits, misses = stats.get(StatField.affinity_hits, 0), stats.get(StatField.affinity_misses, 0)
         stats["affinity_hit_rate"] = hits / (hits + misses) if hits + misses else None
         return stats

@@ -6,25 +6,31 @@ service work-conserving even when no UI process is submitting.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
+from pathlib import Path
 
 import redis
 
+from owlet.allocator import start_trimming
 from worker import heartbeat
 from worker.config import Settings
-from worker.fair_dispatch import FairDispatch
 from worker.history import ConversationStore
 from worker.images import ImageStore
-from worker.job_states import JobStates
 from worker.keys import Keys
-from worker.metrics import WorkerMetrics
-from worker.queue_readouts import QueueReadouts
-from worker.reaper import Reaper
-from worker.runner import JobRunner
+from worker.queue.dispatch import FairDispatch
+from worker.queue.job_states import JobStates, Started, Taken
+from worker.queue.readouts import QueueReadouts
+from worker.queue.reaper import Reaper
+from worker.serving.metrics import WorkerMetrics
+from worker.serving.runner import JobRunner
 
 log = logging.getLogger(__name__)
+
+# the error of a job put back in line this way once its attempts are spent (REQUEUE)
+LOST_REPLY = "The chat service lost your question while starting it, and a retry failed too. Please try again."
 
 
 def build_engine(settings: Settings):
@@ -36,6 +42,12 @@ def build_engine(settings: Settings):
     from engine import EngineConfig, LLMEngine
 
     return LLMEngine(EngineConfig.from_env())
+
+
+def model_name(engine) -> str:
+    """The checkpoint an engine serves, by its folder's name ("" for an engine without one, e.g. the stub)."""
+    model = getattr(getattr(engine, "config", None), "model", "")
+    return Path(model).name if isinstance(model, str) and model else ""
 
 
 def _engine_slots(stats: dict) -> int:
@@ -62,6 +74,11 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(worker)
         self.engine = engine if engine is not None else build_engine(settings)
         self._active: set[str] = set()  # job ids submitted to the engine and not finished
+        # Job ids a thread of this worker holds, from the claim (or take) that started them to their end. A job Redis
+        # records as started here that no thread holds was taken by a script whose reply was lost (Redis went away
+        # between running it and answering): _sweep_unheld puts it back in line.
+        self._held: set[str] = set()
+        self._unheld_seen: set[str] = set()
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -69,7 +86,13 @@ class WorkerRuntime:
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
         self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.jobs,
-                                readouts=self.readouts, convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
+                                convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
+        # The live workers' slots and decode rows in all (the capacity POP checks), read on every heartbeat tick:
+        # a worker taking its next job itself (take_next) uses the last reading instead of a round trip per job.
+        self._totals = (0, 0)
+        self._taking = threading.Event()  # set while this worker takes jobs itself; cleared when shutdown starts
+        if settings.worker_takes_next:
+            self._taking.set()
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -81,6 +104,7 @@ class WorkerRuntime:
             self._threads.append(t)
         if self.settings.worker_metrics_port:
             self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
+        self._trimmer = start_trimming(self.settings.malloc_trim_s)  # freed heap back to the system (owlet.allocator)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
         engine_slots = _engine_slots(self.engine.stats())
         if self.threads is not None and self.threads < engine_slots:
@@ -89,7 +113,10 @@ class WorkerRuntime:
                         self.worker, self.threads, engine_slots, self.threads)
 
     def stop(self) -> None:
+        self._taking.clear()
         self._stop.set()
+        if getattr(self, "_trimmer", None) is not None:
+            self._trimmer.stop.set()
         self._wake_dispatch.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -102,14 +129,20 @@ class WorkerRuntime:
     def run_job(self, job_id, dispatch_n) -> None:
         self.runner.run(job_id, dispatch_n)
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, owner: str):
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str):
         with self._lock:
             self._active.add(job_id)
         return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
-                                       deadline_s=self.settings.job_deadline_s, owner=owner)
+                                       deadline_s=self.settings.job_deadline_s, group=group)
+
+    def hold(self, job_id: str) -> None:
+        """A thread of this worker has started ``job_id`` (claimed or taken) and will end it."""
+        with self._lock:
+            self._held.add(job_id)
 
     def forget(self, job_id: str) -> None:
         with self._lock:
+            self._held.discard(job_id)
             self._active.discard(job_id)
             self._aborted.discard(job_id)
 
@@ -117,16 +150,84 @@ class WorkerRuntime:
         """A slot was freed: let the heartbeat thread dispatch now instead of at its next tick."""
         self._wake_dispatch.set()
 
+    def take_args(self) -> tuple[int, int, str] | None:
+        """(capacity, decode rows, this worker) for a finish that takes this worker's next job; None while it takes
+        none (shutting down, the setting off, no heartbeat read yet)."""
+        capacity, rows = self._totals
+        return (capacity, rows, self.worker) if self._taking.is_set() and capacity > 0 else None
+
+    def start_taken(self, taken: Taken) -> tuple[str, Started] | None:
+        """A job a finish took for this worker: run it here, or, when another worker holds its conversation, send it
+        there and take another (``take_next``)."""
+        if taken.started is not None:
+            return self._keep(taken)
+        try:
+            self.fair.send(taken.job, taken.dispatch_n, taken.conv)
+        except redis.RedisError as exc:  # still dispatched: the reaper re-queues it after its grace
+            log.warning("sending job %s on failed (%s)", taken.job, exc)
+            return None
+        return self.take_next()
+
+    def take_next(self, tries: int = 4) -> tuple[str, Started] | None:
+        """The next job of the fair queue, started on this worker in the slot a job of its own just freed
+        (``JobStates.take``), or None: nothing waits, no slot is free, the worker is shutting down, or the setting
+        is off. A job whose conversation another worker holds is sent to it (``FairDispatch.send``) and the next
+        one tried, ``tries`` in all."""
+        capacity, rows = self._totals
+        if not self._taking.is_set() or capacity <= 0:
+            return None
+        for _ in range(tries):
+            try:
+                taken = self.jobs.take(capacity, rows, self.worker)
+                if taken is None:
+                    return None
+                if taken.started is not None:
+                    return self._keep(taken)
+                self.fair.send(taken.job, taken.dispatch_n, taken.conv)
+            except redis.RedisError as exc:  # the thread returns to Celery; dispatch passes carry on
+                log.warning("taking the next job failed (%s)", exc)
+                return None
+        return None
+
+    def _keep(self, taken: Taken) -> tuple[str, Started]:
+        """A taken job that started on this worker: a thread of it now holds it."""
+        self.hold(taken.job)
+        if taken.affinity_hit:
+            with contextlib.suppress(redis.RedisError):  # a statistic
+                self.fair.count_affinity_hit()
+        return taken.job, taken.started
+
+    def stop_taking(self) -> None:
+        """Shutdown has begun: finish the jobs in hand, take no more (Celery waits for its threads to return)."""
+        self._taking.clear()
+
     # -- background threads --------------------------------------------------------------------------------
     def _capacity(self, stats: dict | None = None) -> int:
         """Answers this worker takes at once: the engine's (rows and paused answers), at most its threads."""
         engine_slots = _engine_slots(stats or self.engine.stats())
         return engine_slots if self.threads is None else min(engine_slots, self.threads)
 
+    def _sweep_unheld(self) -> None:
+        """Put back in line the jobs Redis records as started on this worker that no thread of it holds, seen so on
+        two heartbeat ticks in a row (a thread marks a job held within moments of starting it): a take or claim whose
+        reply Redis never sent. The REQUEUE a lost worker's jobs get, so it counts as an attempt."""
+        running = {j.decode() for j in self.r.smembers(self.keys.running(self.worker))}
+        with self._lock:
+            unheld = running - self._held
+        stale = unheld & self._unheld_seen
+        for job in stale:
+            log.warning("job %s was started here but no thread holds it (a lost reply); putting it back in line", job)
+            self.jobs.requeue(job, LOST_REPLY)
+        self._unheld_seen = unheld - stale
+
+    def _read_totals(self) -> None:
+        workers = heartbeat.alive(self.r, self.keys)
+        self._totals = (sum(w.capacity for w in workers.values()), sum(w.decode_rows for w in workers.values()))
+
     def _beat(self) -> None:
         stats = self.engine.stats()
         beat = heartbeat.Heartbeat(worker=self.worker, capacity=self._capacity(stats),
-                                   rows=int(stats.get("max_running", 0)),
+                                   rows=int(stats.get("max_running", 0)), model=model_name(self.engine),
                                    running=int(stats.get("running", 0)) + int(stats.get("prefilling", 0)),
                                    waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)))
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
@@ -136,6 +237,8 @@ class WorkerRuntime:
         while not self._stop.is_set():
             try:
                 self._beat()
+                self._read_totals()
+                self._sweep_unheld()
                 self.reaper.sweep_if_due(self.settings.heartbeat_interval_s / 2)
                 self.fair.dispatch()
             except Exception:  # a Redis hiccup must not stop the heartbeat for good

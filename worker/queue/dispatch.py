@@ -2,12 +2,16 @@
 
 Any process may call :meth:`FairDispatch.dispatch` at any time: the client calls it after each submit,
 workers call it when a job finishes and on every heartbeat tick. Popping is the POP transition of
-``worker.job_states``, so concurrent dispatchers never lose or duplicate a job; a Celery message that
+``worker.queue.job_states``, so concurrent dispatchers never lose or duplicate a job; a Celery message that
 arrives for a job that was meanwhile re-dispatched is ignored by its dispatch number.
 
 Affinity: a follow-up turn goes to the direct queue of the worker that ran the conversation's last
 turn (it holds the KV cache) while that worker's heartbeat is alive and it is not saturated.
 Otherwise it goes to the shared queue and whichever worker takes it recomputes from history.
+
+A worker whose job ended also takes the next job itself, in the slot that job freed (``JobStates.take``: the same POP,
+so the same order and capacity), without a trip through Celery; a job it takes whose conversation another worker holds
+is sent on by :meth:`FairDispatch.send`, as here.
 """
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ from celery import Celery
 from celery.utils.nodenames import worker_direct
 
 from worker import heartbeat
-from worker.job_states import JobStates
-from worker.keys import Keys
+from worker.keys import JobField, Keys, StatField
+from worker.queue.job_states import JobStates
 
 RUN_JOB_TASK = "owlet.run_job"
 
@@ -46,13 +50,24 @@ class FairDispatch:
             popped = self.jobs.pop(capacity, rows)
             if popped is None:
                 break
-            job_id, dispatch_n, conv = popped
-            target = self._affinity_target(conv, workers, assigned)
-            self.r.hset(self.keys.job(job_id), "target", target or "")
-            queue = worker_direct(target) if target else self.keys.celery_queue
-            self.celery.send_task(RUN_JOB_TASK, args=[job_id, dispatch_n], queue=queue)
+            self.send(*popped, workers=workers, assigned=assigned)
             sent += 1
         return sent
+
+    def send(self, job_id: str, dispatch_n: int, conv: str, workers: dict | None = None,
+             assigned: dict[str, int] | None = None) -> None:
+        """Hand a dispatched job to Celery: its conversation's holder's own queue (affinity) or the shared one.
+        ``workers``: the live heartbeats (read here when not given); ``assigned``: jobs sent to each holder in this
+        pass, which its free slots must still cover."""
+        workers = heartbeat.alive(self.r, self.keys) if workers is None else workers
+        target = self._affinity_target(conv, workers, {} if assigned is None else assigned)
+        self.r.hset(self.keys.job(job_id), JobField.target, target or "")
+        queue = worker_direct(target) if target else self.keys.celery_queue
+        self.celery.send_task(RUN_JOB_TASK, args=[job_id, dispatch_n], queue=queue)
+
+    def count_affinity_hit(self) -> None:
+        """A follow-up turn served by the worker that holds its conversation, taken there without a dispatch."""
+        self.r.hincrby(self.keys.stats, StatField.affinity_hits, 1)
 
     def _affinity_target(self, conv: str, workers: dict, assigned: dict[str, int]) -> str | None:
         """The worker holding ``conv``'s cache if alive and not saturated; None for the shared queue.
@@ -66,7 +81,7 @@ class FairDispatch:
         beat = workers.get(holder)
         if beat is not None and beat.load + assigned.get(holder, 0) < beat.capacity:
             assigned[holder] = assigned.get(holder, 0) + 1
-            self.r.hincrby(self.keys.stats, "affinity_hits", 1)
+            self.r.hincrby(self.keys.stats, StatField.affinity_hits, 1)
             return holder
-        self.r.hincrby(self.keys.stats, "affinity_misses", 1)
+        self.r.hincrby(self.keys.stats, StatField.affinity_misses, 1)
         return None

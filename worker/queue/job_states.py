@@ -1,0 +1,276 @@
+"""The job state machine: every transition of a job is one named method here, each one Lua script.
+
+    queued ──pop──▶ dispatched ──claim──▶ started ──finish──▶ done | error | cancelled
+       ▲                │                    │
+       └────requeue─────┴────────────────────┘   (worker lost; after max_attempts: error)
+
+A queued job may also end directly (cancel, queue timeout): queued ──finish──▶ cancelled | error.
+Every script (``worker.queue.scripts``) is atomic, so concurrent callers never lose or duplicate a job; this is the
+only module that calls them.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+
+from engine.sampling_params import SamplingParams
+from worker.config import Settings
+from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYourConversation, QuotaExceeded,
+                           RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
+from worker.history_budget import history_budget, redis_maxmemory, room_bytes
+from worker.jobs import Job
+from worker.keys import ENDED_STATES, JobField, JobState, Keys
+from worker.queue.readouts import QueueReadouts
+from worker.queue.scripts import Scripts
+
+# Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
+# in English, so an answer at its max_new_tokens rarely stores more than this.
+ANSWER_BYTES_PER_TOKEN = 4
+FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
+# SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
+REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
+            -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded,
+            -11: ImageStoreFull, -12: ServiceBusy}
+# How often a SUBMIT refused by a full Redis is asked again at most, each time after MAKE_ROOM gave room back (a
+# thirty-second of the history budget a round: 64 rounds clear twice the budget, so past them what fills Redis is
+# not history).
+MAKE_ROOM_ROUNDS = 64
+# The settings SUBMIT checks and charges, passed to it under their own names.
+SUBMIT_SETTINGS = ("user_queue_cap", "group_job_cap", "global_queue_cap", "group_submit_limit",
+                   "group_submit_window_s", "image_quota_user_bytes", "image_quota_group_bytes",
+                   "image_quota_total_bytes", "image_ttl_s", "text_quota_user_bytes", "text_quota_group_bytes",
+                   "text_quota_window_s", "history_ttl_s", "stream_maxlen")
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a worker reads to start a job it has just claimed, returned by the claiming script itself (no further
+    round trip): the stored payload (None if missing), the client group, whether its cancel flag is set, the
+    conversation the job hash names and that conversation's owner ("" when missing)."""
+    payload: bytes | None
+    group: str
+    cancelled: bool
+    conv: str
+    owner: str
+
+    @classmethod
+    def from_script(cls, fields: list) -> "Started":
+        payload, group, cancelled, conv, owner = fields
+        text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        return cls(payload or None, text(group), bool(int(cancelled)), text(conv), text(owner))
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A job a worker popped for itself (``JobStates.take``): ``started`` when it now runs there; None when another
+    worker holds its conversation, so it is dispatched and the caller routes it (``FairDispatch.send``)."""
+    job: str
+    dispatch_n: int
+    conv: str
+    started: Started | None
+    affinity_hit: bool = False
+
+    @classmethod
+    def from_script(cls, popped: list) -> "Taken":
+        """From POP's reply when it was given a worker (``worker/queue/lua/pop.lua``)."""
+        job, n, conv = popped[0].decode(), int(popped[1]), popped[2].decode()
+        if len(popped) == 3:
+            return cls(job, n, conv, None)
+        return cls(job, n, conv, Started.from_script(popped[4:9]), bool(int(popped[9])))
+
+
+class JobStates:
+    def __init__(self, r: redis.Redis, keys: Keys, settings: Settings, readouts: QueueReadouts):
+        self.r, self.keys, self.settings, self.readouts = r, keys, settings, readouts
+        self._scripts = Scripts(r, keys)
+        self.history_budget = history_budget(settings, redis_maxmemory(r))
+
+    def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
+                image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
+                expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False) -> int:
+        """(new) -> queued (SUBMIT): admit ``job`` and store everything it needs in one atomic step; returns its
+        queue position.
+
+        Every cap, rate limit and quota is checked before anything is written, so a refused turn leaves
+        nothing behind: not its image, not its conversation, not its turn. With ``turn_json`` the user's
+        turn is appended to the conversation (created when ``new_conv``), after checking ownership and that
+        no earlier turn is still pending. ``group`` is the client's address (or login); it defaults to the
+        user, so callers without addresses get one group per user. ``history``: turns (JSON) a new conversation
+        holds before the question (a stateless client's earlier messages). ``expect_turns``: continue only while the
+        conversation holds exactly that many turns, else ``ConversationBusy``. ``index_digest``: remember the
+        conversation under this digest of a stateless client's messages (``worker.conversation_index``);
+        ``newest``: as its identity's newest conversation (the page reopens that one). Past the history budget,
+        the least recently used conversations give way whole (``worker.history_budget``).
+        """
+        answer_tokens = SamplingParams.from_dict(job.sampling).max_new_tokens
+        assert not history or new_conv, "only a new conversation is written with earlier turns"
+        return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json, group=group,
+                                new_conv=new_conv, image=image, image_sha=image_sha,
+                                answer_bytes=answer_tokens * ANSWER_BYTES_PER_TOKEN, history=history or None,
+                                expect_turns=expect_turns, index_digest=index_digest, newest=newest)
+
+    def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None,
+                    group: str | None = None, new_conv: bool = False, image: bytes | None = None,
+                    image_sha: str | None = None, answer_bytes: int = 0, history: list[str] | None = None,
+                    expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False) -> int:
+        """(new) -> queued with an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests.
+
+        A Redis at its maxmemory refuses SUBMIT whole (nothing is written); then MAKE_ROOM clears the least
+        recently used conversations (and, if they were not enough, the oldest pictures) and the turn is asked
+        again, while a round gives room back (``MAKE_ROOM_ROUNDS`` at most). Only when nothing could give way is the
+        turn refused as busy."""
+        s = self.settings
+        group = group or user
+        quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
+        for _ in range(MAKE_ROOM_ROUNDS + 1):
+            try:
+                (code,) = self._scripts.call(
+                    self._scripts.submit, bytes(image) if image else b"",
+                    job=job_id, user=user, group=group, conv=conv, queue_user=quser, queue_group=qgroup,
+                    new_conv=new_conv, payload=payload, now=repr(time.time()), turn=turn_json or "",
+                    image_sha=image_sha or "", answer_bytes=answer_bytes, history=history,
+                    expect_turns=expect_turns, seconds_per_position=self.readouts.seconds_per_position(),
+                    job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
+                    history_total_bytes=self.history_budget, index_digest=index_digest, newest=newest or None,
+                    **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
+                break
+            except redis.exceptions.OutOfMemoryError:  # refused whole, nothing written: make room, ask again
+                if not self.make_room(keep=conv):
+                    raise ServiceBusy() from None
+        else:
+            raise ServiceBusy()
+        if code == -1:
+            raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
+                                 "finish, then ask again.")
+        if code in REFUSALS:
+            refusal = REFUSALS[code]()
+            refusal.retry_after_s = self._retry_after(code, user, group)
+            raise refusal
+        return int(code)
+
+    def make_room(self, keep: str = "") -> int:
+        """Clear the least recently used conversations not being answered (never ``keep``), and if need be the
+        oldest pictures no live job needs, worth ``room_bytes`` of the budget (MAKE_ROOM; it runs over maxmemory).
+        Returns the bytes given back: 0 when nothing could go."""
+        return int(self._scripts.call(self._scripts.make_room, room_bytes=room_bytes(self.history_budget), keep=keep))
+
+    def _retry_after(self, code: int, user: str, group: str) -> float | None:
+        """Seconds until a refused turn could be admitted, where a window says (its key's time to live): the rate
+        limit and the quotas. None for caps, which free up when a job ends."""
+        k = self.keys
+        window = {-6: k.submit_rate(group), -7: k.user_image_quota(user), -8: k.group_image_quota(group),
+                  -9: k.user_text_quota(user), -10: k.group_text_quota(group)}.get(code)
+        if window is None:
+            return None
+        try:
+            ttl = self.r.ttl(window)
+        except redis.RedisError:
+            return None
+        return float(ttl) if ttl and ttl > 0 else None
+
+    def pop(self, capacity: int, shared: int | None = None) -> tuple[str, int, str] | None:
+        """queued -> dispatched (POP): the next job round robin across groups and identities, while fewer than
+        ``capacity`` jobs are in flight; beyond ``shared`` in flight (default: all of the capacity), only a group
+        with nothing in flight, and in the last ``shared`` slots only such a group that has used the workers little
+        lately (see ``worker/queue/lua/pop.lua``). Returns ``(job_id, dispatch_n, conv)``, or None when nothing waits
+        or no slot is free."""
+        shared = capacity if shared is None else min(shared, capacity)
+        light_from = max(shared, capacity - shared)
+        popped = self._scripts.call(self._scripts.pop, capacity=capacity, shared=shared, light_from=light_from,
+                                    now=repr(time.time()))
+        if not popped:
+            return None
+        return popped[0].decode(), int(popped[1]), popped[2].decode()
+
+    def take(self, capacity: int, shared: int | None, worker: str) -> Taken | None:
+        """queued -> started on ``worker`` in one step (POP with its ``worker`` argument): the job ``pop`` would hand
+        out next, taken by a worker in the slot one of its jobs just freed, without a trip through Celery. A job
+        whose conversation another worker holds stays dispatched (``Taken.started`` None). None when nothing waits or
+        no slot is free."""
+        shared = capacity if shared is None else min(shared, capacity)
+        popped = self._scripts.call(self._scripts.pop, capacity=capacity, shared=shared,
+                                    light_from=max(shared, capacity - shared), now=repr(time.time()),
+                                    worker=worker, stream_maxlen=self.settings.stream_maxlen)
+        return Taken.from_script(popped) if popped else None
+
+    def claim(self, job_id: str, dispatch_n: int, worker: str) -> Started | None:
+        """dispatched -> started on ``worker`` (CLAIM), with what the worker needs to start it. None for a stale or
+        duplicate delivery: skip it."""
+        claimed = self._scripts.call(self._scripts.claim, job=job_id, dispatch_n=dispatch_n, worker=worker,
+                                     now=repr(time.time()), stream_maxlen=self.settings.stream_maxlen)
+        return Started.from_script(claimed[1:6]) if claimed else None
+
+    def finish(self, job_id: str, event_type: str, answer_turn: str | None = None, holder: str | None = None,
+               only_state: str = "", only_worker: str = "", service_s: float | None = None, **data) -> bool:
+        """queued | dispatched | started -> done | error | cancelled (FINISH): write the terminal event and state
+        atomically.
+
+        Returns False when the job had already ended, or is not in ``only_state`` / not owned by
+        ``only_worker`` (a runner whose job was re-dispatched must not end the new attempt). ``service_s``: the job's
+        run time on its worker, folded into the service-time average (``QueueReadouts``) when the job ends here.
+        """
+        ended, _ = self.finish_and_take(job_id, event_type, answer_turn, holder, only_state, only_worker, service_s,
+                                        **data)
+        return ended
+
+    def finish_and_take(self, job_id: str, event_type: str, answer_turn: str | None = None,
+                        holder: str | None = None, only_state: str = "", only_worker: str = "",
+                        service_s: float | None = None, take: tuple[int, int, str] | None = None,
+                        **data) -> tuple[bool, Taken | None]:
+        """``finish``, and with ``take`` = (capacity, shared, worker) the next job ``take`` would give that worker,
+        in the same atomic step: the slot the job frees goes to the worker that freed it, before any dispatch pass
+        can send it through Celery. Returns (ended, taken)."""
+        s = self.settings
+        data.setdefault("t", time.time())
+        extra = {}
+        if take is not None:
+            capacity, shared, worker = take
+            shared = min(shared, capacity)
+            extra = dict(take_capacity=capacity, take_shared=shared, take_light_from=max(shared, capacity - shared),
+                         take_worker=worker, now=repr(time.time()))
+        done = self._scripts.call(self._scripts.finish, job=job_id, type=event_type, data=json.dumps(data),
+                                  answer=answer_turn or "", holder=holder or "", holder_ttl_s=s.holder_ttl_s,
+                                  only_state=only_state, only_worker=only_worker, stream_ttl_s=s.stream_ttl_s,
+                                  stream_maxlen=s.stream_maxlen, service_s=service_s, **extra)
+        if isinstance(done, list):
+            return True, Taken.from_script(done[1:])
+        return bool(done), None
+
+    def requeue(self, job_id: str, message: str, now: float | None = None) -> int:
+        """dispatched | started -> queued, or -> error (REQUEUE), for a job whose worker was lost: 1 = back at the
+        front of its user's queue, 2 = failed with ``message`` because ``max_attempts`` dispatches were spent,
+        3 = cancelled, because its user had stopped it (the lost worker never read the flag), 0 = it was no
+        longer dispatched or started."""
+        s = self.settings
+        now = time.time() if now is None else now
+        error = json.dumps({"message": message, "t": now})
+        return int(self._scripts.call(self._scripts.requeue, job=job_id, max_attempts=s.max_attempts, now=repr(now),
+                                      error=error, stream_ttl_s=s.stream_ttl_s, stream_maxlen=s.stream_maxlen))
+
+    def cancel(self, job_id: str) -> bool:
+        """queued or dispatched -> cancelled at once (FINISH; a worker that receives a cancelled job cannot claim
+        it); a started job gets its cancel flag, which its worker relays to the engine (the runner then finishes
+        it cancelled), or the reaper honours if that worker is lost. False when it had already ended."""
+        state = self.r.hget(self.keys.job(job_id), JobField.state)
+        if state is None or state.decode() in ENDED_STATES:
+            return False
+        state = state.decode()
+        if state in (JobState.queued, JobState.dispatched) and self.finish(job_id, JobState.cancelled,
+                                                                           only_state=state):
+            return True
+        # started (or it moved on meanwhile): the worker sees the flag within a poll period
+        self.r.set(self.keys.cancel(job_id), 1, ex=int(self.settings.job_deadline_s + self.settings.queue_timeout_s))
+        return True
+
+    def position(self, job_id: str) -> int | None:
+        """A queued job's 1-based position among all waiting jobs (POSITION, read only); None when not queued."""
+        pos = self._scripts.call(self._scripts.position, job=job_id)
+        return int(pos) if pos is not None else None

@@ -1,0 +1,40 @@
+#!lua flags=allow-oom
+-- REQUEUE: dispatched | started -> queued, for a job whose worker was lost: back at the front of its identity's
+-- queue (and its identity and group at the front of their rings), or failed once max_attempts dispatches were
+-- spent, or ended cancelled if its user stopped it meanwhile (the lost worker never read the flag).
+-- args: job; max_attempts; now: the caller's clock, as text; error: the error event's JSON; stream_ttl_s,
+--   stream_maxlen
+-- Returns 1 = queued again, 2 = failed, 3 = cancelled, 0 = it was no longer dispatched or started.
+local job, now, maxlen, ttl = args.job, args.now, args.stream_maxlen, args.stream_ttl_s
+local jk = KEY.job .. job
+local state = redis.call('HGET', jk, JOB.state)
+if state ~= STATE.dispatched and state ~= STATE.started then return 0 end
+if redis.call('EXISTS', KEY.cancel .. job) == 1 then
+  finish(job, STATE.cancelled, '{"t": ' .. now .. '}', '', ttl, maxlen, '', 0)
+  return 3
+end
+if tonumber(redis.call('HGET', jk, JOB.attempts) or '0') >= args.max_attempts then
+  finish(job, STATE.error, args.error, '', ttl, maxlen, '', 0)
+  return 2
+end
+local f = redis.call('HMGET', jk, JOB.user, JOB.worker, JOB.qkey, JOB.group, JOB.qgroup)
+local user = f[1] or ''
+local q, group = f[3] or user, f[4] or user
+local qg = f[5] or group
+if f[2] then redis.call('SREM', KEY.running .. f[2], job) end
+redis.call('ZREM', KEY.inflight, job)
+redis.call('HSET', jk, JOB.state, STATE.queued, JOB.worker, '', JOB.target, '')
+left_flight(group, qg)
+if redis.call('LPUSH', uq(q), job) == 1 then
+  if redis.call('LPUSH', gq(qg), q) == 1 then
+    redis.call('LPUSH', KEY.ring, qg)
+    forget_key(qg)  -- at the front, with no key: nobody overtakes a requeued job
+  end
+end
+redis.call('INCR', KEY.queued_count)
+redis.call('HINCRBY', KEY.queued_by_user, user, 1)
+redis.call('HINCRBY', KEY.queued_by_group, group, 1)
+redis.call('ZADD', KEY.queued_since, now, job)
+local pos = position(job, q) or 1
+xadd(job, STATE.queued, '{"position": ' .. pos .. ', "restart": true, "t": ' .. now .. '}', maxlen)
+return 1

@@ -1,0 +1,236 @@
+#!lua
+-- SUBMIT: (new) -> queued. Admission and storage in one step: every check comes before the first write, so a
+-- refused turn creates nothing (no image, no conversation, no turn). Without the allow-oom flag, Redis refuses the
+-- whole script when it is over maxmemory: the user is told the service is busy, and nothing is half-written.
+--
+-- args: job, user, group, conv: the job's id, identity, client group and conversation
+--   queue_user, queue_group: the queue and ring entry it waits in (its user and group; in FIFO mode shared ones)
+--   new_conv: create the conversation (refused if it exists) rather than continue it (refused unless the user's)
+--   payload: the job as JSON; now: the caller's clock, as text (stored, and written into the queued event as is)
+--   turn: the question's turn as JSON ('' = a job without a conversation turn)
+--   history: turns as JSON written before the question's in a new conversation (a stateless client's earlier
+--   messages; absent = none)
+--   expect_turns: continue the conversation only while it holds exactly this many turns (absent = any), else
+--   refused as busy: a stateless client matched its earlier messages to those turns, which must not have changed
+--   image_sha: the sha256 of the image the turn is about ('' = none; ARGV[2] holds its bytes when sent now)
+--   answer_bytes: the answer's share of the text quota, reserved at its longest
+--   seconds_per_position: the queue ETA's rate (absent while unknown)
+--   the settings of the same names (worker.config.Settings): user_queue_cap, group_job_cap, global_queue_cap,
+--   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
+--   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
+--   history_ttl_s, stream_maxlen; and job_ttl_s: how long the job's hash and stream live
+--   history_total_bytes: the history budget (worker.history_budget)
+--   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
+--   newest: remember it as its identity's newest conversation (absent = not)
+-- ARGV[2]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
+-- Returns {position} or {negative code} (see ``worker.queue.job_states.REFUSALS``).
+local job, user, group, conv, now, turn = args.job, args.user, args.group, args.conv, args.now, args.turn
+local q, qg = args.queue_user, args.queue_group
+local image = ARGV[2]
+local JK, SK = KEY.job .. job, KEY.stream .. job
+local CK = KEY.conv .. conv
+local TK = CK .. TURNS_SUFFIX
+local IK = KEY.image .. args.image_sha
+local QU, QG = KEY.user_image_quota .. user, KEY.group_image_quota .. group
+local TU, TG = KEY.user_text_quota .. user, KEY.group_text_quota .. group
+local RK = KEY.submit_rate .. group
+local QT, HELD, SIZES = KEY.total_image_quota, KEY.images_held, KEY.image_sizes
+local HOLDERS, OWNERS = KEY.image_holders, KEY.image_owners
+local image_ttl = args.image_ttl_s
+-- the answer is stored too (appended to the turns at FINISH): reserved at its longest here, as admission is the
+-- only place a refusal costs nothing
+local history = args.history or {}
+local text_bytes = #args.payload + #turn + args.answer_bytes
+for _, earlier in ipairs(history) do text_bytes = text_bytes + #earlier end
+if turn ~= '' then
+  if args.new_conv then
+    if redis.call('EXISTS', CK) == 1 then return {-3} end
+  else
+    if redis.call('HGET', CK, CONV.user) ~= user then return {-3} end
+    if args.expect_turns and redis.call('LLEN', TK) ~= args.expect_turns then return {-4} end
+    local pending = redis.call('HGET', CK, CONV.pending)
+    if pending then
+      local st = redis.call('HGET', KEY.job .. pending, JOB.state)
+      if st == STATE.queued or st == STATE.dispatched or st == STATE.started then return {-4} end
+    end
+  end
+end
+if tonumber(redis.call('GET', RK) or '0') >= args.group_submit_limit then return {-6} end
+-- the caps count real identities and groups even in FIFO mode, where everyone shares one list
+if tonumber(redis.call('HGET', KEY.queued_by_user, user) or '0') >= args.user_queue_cap then return {-1} end
+local group_load = tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0')
+                 + tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
+if group_load >= args.group_job_cap then return {-5} end
+if tonumber(redis.call('GET', KEY.queued_count) or '0') >= args.global_queue_cap then return {-2} end
+-- Image bytes sent with a turn are charged to its identity and address whether or not the same bytes are stored
+-- already, and checked against the service total either way: an answer that depended on whether the image
+-- exists would tell a stranger whether anyone uploaded that picture.
+local sent_image = image ~= ''
+local new_image = sent_image and redis.call('EXISTS', IK) == 0
+-- The total is what is held now: images whose TTL has run out give their bytes back (a bounded batch a call; a
+-- backlog only over-counts until later calls). A window of new bytes would let images stored late in one window
+-- outlive it (twice the total held), and a turn about an old image would keep it alive past any window. Expiry
+-- times are Redis's own clock, the one that expires the images (a UI replica's clock may be off).
+local clock = redis.call('TIME')
+local held_now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local expires = held_now + image_ttl
+redis.call('PERSIST', QT)  -- a counter written as a window with a TTL (older versions) must not expire
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
+  no_longer_held(gone)
+end
+if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
+-- Past the total, pictures give way, at most 64 a call, never one a live job needs: otherwise a store filled by
+-- strangers would refuse every new picture of everyone for a day. They go from the client group holding the most
+-- bytes, its least recently used first (every turn about a picture renews it): were the least recently used of
+-- everyone to go first, 17 addresses at their quota would empty every idle chat's picture in 70 s; this
+-- way a flood mostly evicts itself. Only when that finds nothing that may go (or for pictures stored without an
+-- owner) do they go by age alone. What gives way is chosen here and removed only once the turn is admitted.
+local give_way, chosen = {}, {}
+local function choose(key)
+  table.insert(give_way, key)
+  chosen[key] = true
+  return tonumber(redis.call('HGET', SIZES, key) or '0')
+end
+if sent_image then
+  if tonumber(redis.call('GET', QU) or '0') + #image > args.image_quota_user_bytes then return {-7} end
+  if tonumber(redis.call('GET', QG) or '0') + #image > args.image_quota_group_bytes then return {-8} end
+  local excess = tonumber(redis.call('GET', QT) or '0') + #image - args.image_quota_total_bytes
+  local freed, seen, spent = {}, {}, {}  -- per group: bytes chosen, pictures looked at, nothing left to give
+  local looks = 0
+  while excess > 0 and looks < 64 do
+    local largest, most = nil, 0
+    local top = redis.call('ZREVRANGE', HOLDERS, 0, 15, 'WITHSCORES')
+    for i = 1, #top, 2 do
+      local holds = tonumber(top[i + 1]) - (freed[top[i]] or 0)
+      if not spent[top[i]] and holds > most then largest, most = top[i], holds end
+    end
+    if not largest then break end
+    local at = seen[largest] or 0
+    local key = redis.call('ZRANGE', KEY.images_of .. largest, at, at)[1]
+    looks, seen[largest] = looks + 1, at + 1
+    if not key then
+      spent[largest] = true
+    elseif key ~= IK and not needed(key) then
+      local size = choose(key)
+      excess, freed[largest] = excess - size, (freed[largest] or 0) + size
+    end
+  end
+  if excess > 0 then  -- and as a last resort (every large holder's pictures needed), by age alone
+    for _, key in ipairs(redis.call('ZRANGE', HELD, 0, 63)) do
+      if excess <= 0 then break end
+      if key ~= IK and not chosen[key] and not needed(key) then
+        excess = excess - choose(key)
+      end
+    end
+  end
+  if excess > 0 then return {-11} end
+end
+if tonumber(redis.call('GET', TU) or '0') + text_bytes > args.text_quota_user_bytes then return {-9} end
+if tonumber(redis.call('GET', TG) or '0') + text_bytes > args.text_quota_group_bytes then return {-10} end
+-- The history budget (docs/redis_memory.md): the conversation is charged what it holds with this turn, its answer
+-- reserved at its longest (FINISH charges what it stored instead). Past the budget, the least recently used
+-- conversations give way whole: chosen here, cleared once the turn is admitted. Only when every other conversation
+-- is being answered is the turn refused (busy), and then nothing gives way.
+local conv_size, conv_before, reserve, clear, notices = 0, 0, 0, {}, {}
+if turn ~= '' then
+  history_expired(held_now)
+  reserve = args.answer_bytes + TURN_BYTES
+  conv_size = CONV_BYTES + #turn + TURN_BYTES + reserve
+  local stored, entries = history, 0
+  if not args.new_conv then
+    stored = redis.call('LRANGE', TK, 0, -1)
+    entries = redis.call('SCARD', KEY.chat_indexes_of .. conv)
+  end
+  for _, t in ipairs(stored) do conv_size = conv_size + #t + TURN_BYTES end
+  if args.index_digest then entries = entries + 1 end
+  conv_size = conv_size + entries * INDEX_BYTES
+  conv_before = tonumber(redis.call('HGET', KEY.conversation_sizes, conv) or '0')
+  local total = tonumber(redis.call('GET', KEY.history_total) or '0')
+  local left
+  clear, notices, left = choose_history(total - conv_before + conv_size - args.history_total_bytes, conv, 64)
+  if left > 0 then return {-12} end
+end
+-- admitted: from here on, only writes
+if redis.call('INCR', RK) == 1 then redis.call('EXPIRE', RK, args.group_submit_window_s) end
+for _, tk in ipairs({TU, TG}) do  -- a fixed window from the first charge: a day's text, not a week of it
+  if redis.call('INCRBY', tk, text_bytes) == text_bytes then redis.call('EXPIRE', tk, args.text_quota_window_s) end
+end
+local charged = {}
+if sent_image then charged = {QU, QG} end
+if new_image then
+  for _, key in ipairs(give_way) do
+    no_longer_held(key)
+    redis.call('DEL', key)
+  end
+  -- an entry left from when these bytes were stored before (expired, its purge still waiting) is given back first
+  if redis.call('HEXISTS', SIZES, IK) == 1 then no_longer_held(IK) end
+  redis.call('SET', IK, image, 'EX', image_ttl)
+  redis.call('INCRBY', QT, #image)  -- the service total counts bytes held, once, until they go
+  redis.call('ZADD', HELD, expires, IK)
+  redis.call('HSET', SIZES, IK, #image)
+  redis.call('HSET', OWNERS, IK, group)  -- the first to send it holds it (the charge is everyone's who sends it)
+  redis.call('ZINCRBY', HOLDERS, #image, group)
+  redis.call('ZADD', KEY.images_of .. group, expires, IK)
+  redis.call('EXPIRE', KEY.images_of .. group, image_ttl)
+elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
+  redis.call('EXPIRE', IK, image_ttl)
+  if redis.call('HEXISTS', SIZES, IK) == 0 then  -- held but not counted (purged early, or stored before the count)
+    local size = redis.call('STRLEN', IK)
+    redis.call('INCRBY', QT, size)
+    redis.call('HSET', SIZES, IK, size)
+  end
+  redis.call('ZADD', HELD, expires, IK)
+  local owner = redis.call('HGET', OWNERS, IK)
+  if owner then
+    redis.call('ZADD', KEY.images_of .. owner, expires, IK)
+    redis.call('EXPIRE', KEY.images_of .. owner, image_ttl)
+  end
+end
+if redis.call('EXISTS', IK) == 1 then  -- this job needs its image (sent now or earlier) until it ends
+  redis.call('SADD', KEY.picture_jobs .. IK, job)
+  redis.call('EXPIRE', KEY.picture_jobs .. IK, args.job_ttl_s)
+end
+for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for text: pushing the expiry out on
+  -- every charge would count bytes since the last quiet day, and a busy service would never get its quota back
+  if redis.call('INCRBY', qk, #image) == #image or redis.call('TTL', qk) < 0 then
+    redis.call('EXPIRE', qk, image_ttl)
+  end
+end
+if turn ~= '' then
+  for _, gone in ipairs(clear) do clear_conversation(gone, held_now) end
+  for _, gone in ipairs(notices) do drop_notice(gone) end
+  local ttl = args.history_ttl_s
+  redis.call('HSET', KEY.conversation_sizes, conv, conv_size)
+  redis.call('INCRBY', KEY.history_total, conv_size - conv_before)
+  redis.call('ZADD', KEY.conversations_held, held_now + ttl, conv)
+  if args.index_digest then  -- a stateless client's messages, by their digest (worker.conversation_index)
+    local entry = KEY.chat_index .. user .. ':' .. args.index_digest
+    redis.call('SET', entry, conv, 'EX', ttl)
+    redis.call('SADD', KEY.chat_indexes_of .. conv, entry)
+    redis.call('EXPIRE', KEY.chat_indexes_of .. conv, ttl)
+  end
+  if args.newest then redis.call('SET', KEY.newest .. user, conv, 'EX', ttl) end
+  if args.new_conv then redis.call('HSET', CK, CONV.user, user, CONV.created, now) end
+  for _, earlier in ipairs(history) do redis.call('RPUSH', TK, earlier) end
+  redis.call('HSET', JK, JOB.turn, redis.call('RPUSH', TK, turn) - 1)
+  redis.call('HSET', CK, CONV.pending, job)
+  redis.call('EXPIRE', CK, args.history_ttl_s)
+  redis.call('EXPIRE', TK, args.history_ttl_s)
+end
+redis.call('HSET', JK, JOB.payload, args.payload, JOB.user, user, JOB.qkey, q, JOB.group, group, JOB.qgroup, qg,
+           JOB.conv, conv, JOB.state, STATE.queued, JOB.enqueued_at, now, JOB.attempts, 0, JOB.dispatch_n, 0)
+if reserve > 0 then redis.call('HSET', JK, JOB.reserved, reserve) end
+redis.call('EXPIRE', JK, args.job_ttl_s)
+redis.call('HINCRBY', KEY.queued_by_user, user, 1)
+redis.call('HINCRBY', KEY.queued_by_group, group, 1)
+if redis.call('RPUSH', uq(q), job) == 1 then
+  if redis.call('RPUSH', gq(qg), q) == 1 then join_ring(qg) end
+end
+redis.call('INCR', KEY.queued_count)
+redis.call('ZADD', KEY.queued_since, now, job)
+local pos = position(job, q)
+local eta = 'null'
+if args.seconds_per_position then eta = string.format('%.1f', pos * args.seconds_per_position) end
+xadd(job, STATE.queued, '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', args.stream_maxlen)
+redis.call('EXPIRE', SK, args.job_ttl_s)
+return {pos}
