@@ -5,7 +5,9 @@
 
 Flags override ``OWLET_UI_*`` / ``REDIS_URL`` environment variables (see ``ui.config``). A bad flag, a bad
 setting, or a Redis URL that is malformed or does not answer ends the page at once with a message and a
-non-zero exit (2: bad flag or setting; 1: Redis unreachable); once serving, the page rides out Redis restarts.
+non-zero exit (2: bad flag or setting; 1: Redis unreachable, the port not available, or a Gradio whose internals
+do not fit Owlet's adaptations of them: ``ui.gradio_adapters.registry``); once serving, the page rides out Redis
+restarts.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from owlet.setting_names import warn_unread
 from owlet.settings import SettingError
 from ui.config import UIConfig, parse_auth
 
@@ -60,6 +63,7 @@ def check_redis(url: str) -> tuple[int, str] | None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes, one line each
+    warn_unread(logging.getLogger(PROG))  # a misspelt or renamed OWLET_* variable would otherwise pass unnoticed
     try:
         config = config_from_args(parse_args(argv))
     except (SettingError, ValueError, AssertionError) as exc:
@@ -75,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         code, why = problem
         print(f"{PROG}: {why}", file=sys.stderr, flush=True)
         return code
-    from ui.page_launch import PageNotServed
+    from ui.gradio_adapters.registry import GradioNotVerified
+    from ui.ops.launch import PageNotServed
     from ui.server import serve  # heavy imports (gradio) only once the arguments are known to be good
 
     try:
         serve(config)
-    except PageNotServed as exc:
+    except (PageNotServed, GradioNotVerified) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -1,8 +1,8 @@
-"""The page layout and its event wiring (``build_page``); the handlers live in ``ui.handlers``.
+"""The page layout and its event wiring (``build_page``); the handlers live in ``ui.chat.handlers``.
 
 Every streaming event sets ``concurrency_limit=None``: Gradio's default of 1 would serialise all users
 behind one answer. They also set ``postprocess=False``: their handlers yield values already in wire format
-(``ui.chat_view``), so Gradio does not re-validate the whole conversation on every streamed update.
+(``ui.chat.view``), so Gradio does not re-validate the whole conversation on every streamed update.
 The only caps are ``launch(max_threads=...)`` and ``queue(max_size=...)``, set in ``ui.server`` from the
 config.
 """
@@ -11,30 +11,20 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.handlers import ChatHandlers, new_session
+from ui.chat.handlers import ChatHandlers, new_tab_state
 
 TITLE = "Owlet — chat about an image"
-INTRO = ("Attach an image with 📎 (or drop it in), ask a question, and keep asking follow-ups about it. "
-         "Attaching another image starts a new conversation about that one.")
+# The first view's instructions: two lines at most, on a phone too (tests/ui/test_first_view.py).
+HOW_TO_START = ('Attach a picture <span class="owlet-icon owlet-clip" role="img" aria-label="(the paperclip)"></span> '
+                "or pick an example, then ask about it. The demo model knows only coloured shapes.")
+HEADER = (f'<h1 id="owlet-title"><span class="owlet-icon owlet-owl" role="img" aria-label="Owl"></span>{TITLE}</h1>'
+          f'<p id="owlet-how">{HOW_TO_START}</p>')
 # What the bundled demo model (models/owlet-shapes-vl) can answer; anything else gets a short refusal.
-DEMO_NOTE = ("*The bundled demo model knows only simple pictures of coloured shapes (circles, squares, triangles, "
+DEMO_NOTE = ("The bundled demo model knows only simple pictures of coloured shapes (circles, squares, triangles, "
              "stars): ask about colours, counts, positions, the largest shape, or for a description; anything else "
-             "gets a short \"I only know about shapes\" reply. Try an example below.*")
+             "gets a short \"I only know about shapes\" reply. Follow-up questions are about the same picture; "
+             "attaching another picture starts a new conversation.")
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
-CSS = """
-#owlet-status { min-height: 1.6em; opacity: 0.8; font-size: 0.9em; }
-@media (max-width: 640px) {
-  #owlet-status-row { flex-direction: column; align-items: stretch; }
-  /* A phone keeps the box and the status line under it on screen with the chat, from the first load (a QA pass
-     found only 50 px of the box on a 390x844 screen under the intro and the empty chat). */
-  #owlet-chat { height: 40vh !important; min-height: 200px !important; }
-  #owlet-intro h1 { font-size: 1.3em; }
-  #owlet-intro p { font-size: 0.85em; margin: 0.3em 0; line-height: 1.35; }
-  #owlet-new { flex-grow: 1 !important; width: 100% !important; }
-}
-#owlet-header h1 { margin-bottom: 0; }
-footer { display: none !important; }
-"""
 BROWSER_ID_KEY = "owlet-browser-id"
 CONVERSATION_KEY = "owlet-conversation"
 
@@ -57,11 +47,11 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         # every browser, so it protects nothing and is not relied on.
         browser_id = gr.BrowserState(None, storage_key=BROWSER_ID_KEY, secret=config.secret)
         last_conversation = gr.BrowserState(None, storage_key=CONVERSATION_KEY, secret=config.secret)
-        session = gr.State(new_session())
-        with gr.Row(elem_id="owlet-header"):
-            gr.Markdown(f"# 🦉 {TITLE}\n{INTRO}\n\n{DEMO_NOTE}", elem_id="owlet-intro")
-        chatbot = gr.Chatbot(elem_id="owlet-chat", height="66vh", min_height=360, editable="user", show_label=False,
-                             buttons=["copy"], feedback_options=None, placeholder="Ask about an image…",
+        tab = gr.State(new_tab_state())
+        gr.HTML(HEADER, elem_id="owlet-intro", padding=False)
+        # Its height at each screen size is the page's CSS (ui.page_style): what the rest of the first view leaves.
+        chatbot = gr.Chatbot(elem_id="owlet-chat", editable="user", show_label=False, buttons=["copy"],
+                             feedback_options=None, placeholder="Pick an example below, or attach a picture, and ask.",
                              autoscroll=True,
                              # Gradio's default, pinned: a real VLM can be made to write HTML (text in a crafted
                              # picture), and this browser holds the visitor's identity token.
@@ -70,9 +60,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         # under the box, or under the examples, was off a phone's screen).
         with gr.Row(elem_id="owlet-status-row"):
             status = gr.Markdown("", elem_id="owlet-status")
-            new_chat = gr.Button("🆕 New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=200)
+            new_chat = gr.Button("New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=170)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
-                                   placeholder="Ask about the image… (attach one with 📎)", show_label=False,
+                                   placeholder="Ask about the picture…", show_label=False,
                                    submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000,
                                    # A long question scrolls inside the box, which stays short on a phone too.
                                    max_lines=6)
@@ -80,47 +70,49 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         if examples:  # clicking one fills the box with the picture and a suggested first question
             gr.Examples(examples, [box], label="Examples: click one, then send", elem_id="owlet-examples",
                         examples_per_page=len(examples))
+        with gr.Accordion("What can it answer?", open=False, elem_id="owlet-about"):
+            gr.Markdown(DEMO_NOTE)
         with gr.Accordion("Settings", open=False, elem_id="owlet-settings"):
             answer_length = gr.Slider(1, config.max_new_tokens_cap, value=config.max_new_tokens, step=1,
                                       label="Longest answer (tokens)", elem_id="owlet-answer-length")
 
-        streamed = [box, chatbot, status, session]
+        streamed = [box, chatbot, status, tab]
         # trigger_mode="multiple": a question sent right after Stop or "New conversation", while the old answer's
         # event has not ended yet (its worker busy), is sent; Gradio's default dropped that Enter silently.
-        chat_event = box.submit(handlers.respond, [box, answer_length, session, browser_id], streamed,
+        chat_event = box.submit(handlers.respond, [box, answer_length, tab, browser_id], streamed,
                                 api_name="chat", concurrency_limit=None, show_progress="hidden",
                                 postprocess=False, trigger_mode="multiple")
-        retry_event = chatbot.retry(handlers.retry, [answer_length, session, browser_id], streamed,
+        retry_event = chatbot.retry(handlers.retry, [answer_length, tab, browser_id], streamed,
                                     api_name="retry", concurrency_limit=None, show_progress="hidden",
                                     postprocess=False)
-        edit_event = chatbot.edit(handlers.edit, [answer_length, session, browser_id], streamed,
+        edit_event = chatbot.edit(handlers.edit, [answer_length, tab, browser_id], streamed,
                                   api_name="edit", concurrency_limit=None, show_progress="hidden",
                                   postprocess=False)
         answering = [chat_event, retry_event, edit_event]
         # No Gradio `cancels` here: Gradio cancels by session_hash, which a client chooses. Stop cancels the
         # caller's own job (owner-checked), and the answering stream then ends by itself with "stopped".
-        box.stop(handlers.stop, [session, browser_id], [box, status, session], api_name="stop", queue=False,
+        box.stop(handlers.stop, [tab, browser_id], [box, status, tab], api_name="stop", queue=False,
                  show_progress="hidden")
-        fresh = [box, chatbot, status, session]
+        fresh = [box, chatbot, status, tab]
         # No Gradio `cancels` either (it would end every stream of the session hash the client names): the
-        # handler ends the caller's own stream (ui.live_streams).
-        new_event = new_chat.click(handlers.new_conversation, [session, browser_id], fresh,
+        # handler ends the caller's own stream (ui.chat.live_streams).
+        new_event = new_chat.click(handlers.new_conversation, [tab, browser_id], fresh,
                                    api_name="new_conversation", queue=False, show_progress="hidden")
         # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
         # history never disagrees with what is shown.
-        clear_event = chatbot.clear(handlers.new_conversation, [session, browser_id], fresh,
+        clear_event = chatbot.clear(handlers.new_conversation, [tab, browser_id], fresh,
                                     api_visibility="private", queue=False, show_progress="hidden")
         # Remember the conversation in the browser after every change, so a reload reopens it.
         for event in (*answering, new_event, clear_event):
-            event.then(handlers.remember_conversation, [session, browser_id], [last_conversation], queue=False,
+            event.then(handlers.remember_conversation, [tab, browser_id], [last_conversation], queue=False,
                        api_visibility="private", show_progress="hidden")
         # A reload during an answer reopens the chat, then goes on streaming that answer.
-        loaded = page.load(handlers.on_load, [browser_id, last_conversation, session],
-                           [browser_id, chatbot, status, session, last_conversation], api_visibility="private",
+        loaded = page.load(handlers.on_load, [browser_id, last_conversation, tab],
+                           [browser_id, chatbot, status, tab, last_conversation], api_visibility="private",
                            show_progress="hidden")
-        loaded.then(handlers.resume, [session, browser_id], streamed, api_visibility="private",
+        loaded.then(handlers.resume, [tab, browser_id], streamed, api_visibility="private",
                     concurrency_limit=None, show_progress="hidden", postprocess=False)
-        # API clients get their identity the way the page does (README: "Running it in public").
+        # API clients get their identity the way the page does (docs/security.md, "Who is who").
         identity_token = gr.Textbox(visible=False)
         identity_token.submit(handlers.identity, [identity_token], [identity_token], api_name="identity",
                               queue=False)

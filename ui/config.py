@@ -53,47 +53,64 @@ class UIConfig:
     max_image_side: int = limits.MAX_SIDE  # larger images are downscaled (keeps vision tokens bounded)
     allowed_formats: tuple[str, ...] = limits.ALLOWED_FORMATS
     max_text_chars: int = 4000
-    # Any request body but an upload: a question's JSON is a few KB, so more is refused unread (ui.body_limits).
+    # Any request body but an upload: a question's JSON is a few KB, so more is refused unread (ui.edge.body_limits).
     max_request_bytes: int = 96 * 1024  # twice the longest question (4,000 emoji, JSON-escaped: 48 KB)
+    # The OpenAI-compatible API (ui.api): a chat completion's body, which carries its pictures as base64 (a third
+    # larger than their bytes) and the whole conversation's text; and the bytes of such bodies, when over
+    # max_request_bytes, that the page reads at once (each client: as many as its uploads arriving at once).
+    api_max_request_bytes: int = 16 * 1024 * 1024
+    api_bodies_max_bytes: int = 256 * 1024 * 1024
+    api_keepalive_s: float = 10.0  # a streamed API answer waiting in the queue sends a keep-alive comment this often
     upload_cache_ttl_s: int = 3600  # Gradio's upload cache: files older than this are deleted, checked as often
-    # Upload budgets (ui.upload_budget): bytes one address may upload per window, and bytes the whole page
+    # Upload budgets (ui.uploads.budget): bytes one address may upload per window, and bytes the whole page
     # accepts over twice the cache TTL (what Gradio's upload cache can hold at most).
     address_upload_bytes: int = 128 * 1024 * 1024
     address_upload_window_s: float = 600.0
     upload_cache_max_bytes: int = 4 * 1024 * 1024 * 1024
+    # Seconds between calls to glibc's malloc_trim(0), which gives the heap's freed pages back (owlet/allocator.py);
+    # 0 = never.
+    malloc_trim_s: float = 30.0
+    # Closed tabs' Gradio state the page keeps (Gradio's own default is 10,000, about 30-60 KB each); open tabs
+    # are never dropped (ui/gradio_adapters/tab_states.py), the least recently used closed ones go first.
+    tab_states_max: int = 1000
     decode_workers: int = 2  # threads of the pool that decodes uploads (never the handlers' shared pool)
-    # Running it in public (see README "Running it in public").
+    # Running it in public (see docs/security.md).
     identity_key: str = ""  # OWLET_UI_IDENTITY_KEY signs anonymous identities; "" = a random key kept in Redis
     trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For names the client address
     ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
-    address_max_waiting_events: int = 8  # events one address may have waiting for a Gradio slot (ui.fair_event_slots)
-    # New Gradio sessions (tabs, page loads, API clients) one address may open per window (ui/session_budget.py):
+    # Events one address may have waiting for a Gradio slot (ui/gradio_adapters/fair_event_slots.py).
+    address_max_waiting_events: int = 8
+    # New Gradio sessions (tabs, page loads, API clients) one address may open per window (ui/edge/tab_budget.py):
     # a flood of them would push other visitors' tab state out of Gradio's 10,000-session memory.
     address_new_sessions: int = 240
     address_new_sessions_window_s: float = 600.0
     address_max_decodes: int = 1  # image decodes one client address may run at once
-    address_max_uploads: int = 4  # uploads one client address may have arriving at once (ui.upload_budget)
+    address_max_uploads: int = 4  # uploads one client address may have arriving at once (ui.uploads.budget)
     # Requests that stay open (heartbeat, event and result streams, POSTs) one address may hold at once, and
-    # how long a POST's body (an upload above all) may take to arrive (ui/held_connections.py).
+    # how long a POST's body (an upload above all) may take to arrive (ui/edge/held_connections.py).
     address_max_connections: int = 32
     upload_timeout_s: float = 120.0
     # Other GETs (the page's files, served pictures) one address may be downloading at once; a page load
-    # fetches dozens of files, so this is higher (ui/held_connections.py).
+    # fetches dozens of files, so this is higher (ui/edge/held_connections.py).
     address_max_downloads: int = 128
-    # With --auth: sign-in attempts one address may make per account per window, right or wrong (ui/ops.py).
+    # With --auth: sign-in attempts one address may make per account per window, right or wrong (ui/ops/endpoints.py).
     address_logins: int = 20
     address_logins_window_s: float = 600.0
+    # Serve even when the installed Gradio is not the one Owlet's adaptations of its internals were verified with,
+    # or one of them does not apply: the page then runs without the defences named in its start-up log
+    # (ui/gradio_adapters/registry.py). Off: such a page refuses to start.
+    allow_unverified_gradio: bool = False
     # Generation requested per turn.
     max_new_tokens: int = 256  # the default answer length
     max_new_tokens_cap: int = 1024  # the most a user may ask for with the "answer length" slider
     temperature: float = 0.0
     # A stream with no event for this long is reported as a lost worker and cancelled: no spinner forever.
     stall_timeout_s: float = 120.0
-    queue_poll_s: float = 1.0  # how often the "queued — position k" line refreshes
+    queue_poll_s: float = 1.0  # how often the "You are 3rd in line" line refreshes
     stream_min_interval_s: float = 0.05  # at most 20 chat updates a second per answer, however fast the model
-    # The page's total streamed-update budget, shared fairly by the answers streaming at once (ui.pacing);
+    # The page's total streamed-update budget, shared fairly by the answers streaming at once (ui.chat.pacing);
     # each still gets at least stream_min_updates_per_s.
     page_max_updates_per_s: float = 400.0
     stream_min_updates_per_s: float = 4.0
@@ -106,6 +123,11 @@ class UIConfig:
         assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
         assert self.max_request_bytes >= 16 * self.max_text_chars, \
             "max_request_bytes must hold a question of max_text_chars (JSON-escaped)"
+        assert self.api_max_request_bytes >= 4 * (self.max_upload_bytes // 3 + 1) + self.max_request_bytes, \
+            "api_max_request_bytes must hold a picture of max_upload_bytes as base64 and a question"
+        assert self.api_bodies_max_bytes >= self.api_max_request_bytes, \
+            "api_bodies_max_bytes must hold one body of api_max_request_bytes"
+        assert self.api_keepalive_s > 0, "api_keepalive_s must be positive"
         assert self.max_image_side >= 32, "max_image_side must be at least 32 px"
         assert self.allowed_formats, "at least one image format must be allowed"
         assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"
@@ -115,6 +137,8 @@ class UIConfig:
         assert self.upload_cache_max_bytes >= self.address_upload_bytes, \
             "upload_cache_max_bytes must allow one address's budget"
         assert self.address_upload_window_s > 0, "address_upload_window_s must be positive"
+        assert self.malloc_trim_s >= 0, "malloc_trim_s must be >= 0 (0: never)"
+        assert self.tab_states_max >= 1, "tab_states_max must be at least 1"
         assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
         assert self.address_max_events >= 1, "address_max_events must be at least 1"
         assert self.address_max_waiting_events >= 1, "address_max_waiting_events must be at least 1"

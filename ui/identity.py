@@ -1,5 +1,5 @@
-"""Who is asking, decided by the server: a login, or an anonymous identity only the server can mint; and from
-which client group (address) they ask.
+"""Who is asking, decided by the server (``Caller``): the user (a login, or an anonymous identity only the server
+can mint), the group whose share of the queue the user draws on, and the network address the request came from.
 
 Anonymous identities are tokens ``v1.<random>.<signature>``, signed with HMAC-SHA256 under a server-only key
 (``OWLET_UI_IDENTITY_KEY``, or one kept in Redis). The key is never sent to a browser, so a client can keep
@@ -7,14 +7,17 @@ and present a token but cannot make one up: a value that does not verify is refu
 trusted. Gradio's ``session_hash`` is chosen by the client and is never an identity.
 
 Browsers get a token on page load (kept in localStorage by ``gr.BrowserState``); API clients call the
-``/identity`` endpoint the same way and pass the token back as ``browser_id`` on every call.
+``/identity`` endpoint the same way and pass the token back as ``browser_id`` on every call. The OpenAI-compatible API
+takes the same token as its bearer key, and with logins a login's key (``l1.<login>.<signature>``, signed with the
+same key), which names the login (``ui.api.keys``).
 
-The client group is what fairness and per-address limits count: the login for logged-in users, otherwise
-the client's address. The address is the socket's peer, unless that peer is a proxy the operator named in
-``trusted_proxies``; then it is the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy.
-An IPv6 client counts as its whole network prefix (``ipv6_prefix`` bits, a /64 by default): one subscriber is
-handed at least a /64 and may use any address in it, so counting single IPv6 addresses would give one person
-2^64 shares of every per-address limit. An IPv4-mapped IPv6 peer (``::ffff:a.b.c.d``) counts as its IPv4.
+The group is what the worker's fairness and quotas count: the login for logged-in users, otherwise the client's address.
+The address is what the page's own per-address limits count, for everyone (connections, uploads, events, decodes in this
+process). It is the socket's peer, unless that peer is a proxy the operator named in ``trusted_proxies``; then it is the
+right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy. An IPv6 client counts as its whole network
+prefix (``ipv6_prefix`` bits, a /64 by default): one subscriber is handed at least a /64 and may use any address in it,
+so counting single IPv6 addresses would give one person 2^64 shares of every per-address limit. An IPv4-mapped IPv6 peer
+(``::ffff:a.b.c.d``) counts as its IPv4.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import secrets
 from dataclasses import dataclass
 
 TOKEN_VERSION = "v1"
+LOGIN_KEY_VERSION = "l1"  # an API key naming a login (with --auth), signed with the same server-only key
+MAX_LOGIN_KEY_CHARS = 300
 UNKNOWN_ADDRESS = "unknown"
 DEFAULT_IPV6_PREFIX = 64
 
@@ -76,6 +81,29 @@ class IdentityIssuer:
         """``token`` when it verifies, otherwise a fresh one (page load and the /identity endpoint)."""
         return token if self.verify(token) else self.mint()
 
+    def login_key(self, login: str) -> str:
+        """The API key of a login (``l1.<login in hex>.<signature>``): it names the login, and only this server can
+        make one. It stays valid while the identity key does and the login is configured."""
+        name = login.encode().hex()
+        return f"{LOGIN_KEY_VERSION}.{name}.{self._sign_login(name)}"
+
+    def verify_login_key(self, key: object) -> str | None:
+        """The login a key this server made names; None for anything else."""
+        if not isinstance(key, str) or len(key) > MAX_LOGIN_KEY_CHARS:
+            return None
+        parts = key.split(".")
+        if len(parts) != 3 or parts[0] != LOGIN_KEY_VERSION or not parts[1] or not parts[2].isascii():
+            return None
+        if not hmac.compare_digest(parts[2], self._sign_login(parts[1])):
+            return None
+        try:
+            return bytes.fromhex(parts[1]).decode()
+        except ValueError:
+            return None
+
+    def _sign_login(self, name_hex: str) -> str:
+        return hmac.new(self._key, f"{LOGIN_KEY_VERSION}.{name_hex}".encode(), hashlib.sha256).hexdigest()[:32]
+
 
 def parse_networks(spec) -> tuple:
     """``"127.0.0.1, 10.0.0.0/8"`` (or a sequence) -> ip networks; raises ValueError naming a bad entry."""
@@ -100,7 +128,7 @@ def _trusted(address: str, networks) -> bool:
     return any(ip in net for net in networks)
 
 
-def client_group_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
+def counted_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
     """What per-address limits count for `address`: the IPv4 address, or the IPv6 network it belongs to."""
     try:
         ip = ipaddress.ip_address(address)
@@ -127,11 +155,11 @@ class ClientAddresses:
         return cls(parse_networks(config.trusted_proxies), config.ipv6_prefix)
 
     def of(self, request) -> str:
-        """The client's address as limits count it (see client_group_address): the socket peer, or what
+        """The client's address as limits count it (see counted_address): the socket peer, or what
         trusted proxies say in ``X-Forwarded-For``."""
         client = getattr(request, "client", None) if request is not None else None
         peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
-        return client_group_address(self._client_ip(request, peer), self.ipv6_prefix)
+        return counted_address(self._client_ip(request, peer), self.ipv6_prefix)
 
     def _client_ip(self, request, peer: str) -> str:
         if not self.trusted_proxies or not _trusted(peer, self.trusted_proxies):
@@ -173,16 +201,26 @@ def _without_port(hop: str) -> str:
 DIRECT = ClientAddresses()  # no trusted proxies: every client is its socket peer
 
 
+def login_caller(login: str, address: str) -> Caller:
+    """A signed-in user: the login is the identity and the group."""
+    return Caller(f"user:{login}", f"login:{login}", address)
+
+
+def anonymous_caller(ident: str, address: str) -> Caller:
+    """An anonymous identity (from a verified token): its group is its client address."""
+    return Caller(f"anon:{ident}", f"addr:{address}", address)
+
+
 def identify(request, token: object, issuer: IdentityIssuer, addresses: ClientAddresses = DIRECT) -> Caller:
     """The caller of a page event; raises IdentityRequired when an anonymous caller has no valid token."""
     address = addresses.of(request)
     username = getattr(request, "username", None) if request is not None else None
     if username:
-        return Caller(f"user:{username}", f"login:{username}", address)
+        return login_caller(username, address)
     ident = issuer.verify(token)
     if ident is None:
         raise IdentityRequired()
-    return Caller(f"anon:{ident}", f"addr:{address}", address)
+    return anonymous_caller(ident, address)
 
 
 def issuer_for(config, client, log=None) -> IdentityIssuer:

@@ -5,13 +5,14 @@ Gradio's concurrency is configured explicitly here: answer streams have no per-e
 serialised behind each other; ``max_threads`` bounds how many run at once and ``max_size`` how many more
 may wait in Gradio's queue before new ones are told the page is busy.
 
-Public-facing defaults (README "Running it in public"): Gradio's upload limit equals Owlet's own, its upload
-cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.body_limits``), uploads
-have byte budgets per address and in total (``ui.upload_budget``), requests that stay open are limited per address
-and uploads must arrive in time (``ui.held_connections``), only the routes the page uses answer
-(``ui.public_routes``), ``/metrics`` needs a bearer token
-(``ui.ops``), and the client address is the socket peer unless the operator names trusted proxies. Gradio's
-own traffic monitoring (``/monitoring``, public by default) is off.
+Public-facing defaults (docs/security.md): Gradio's upload limit equals Owlet's own, its upload
+cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.edge.body_limits``),
+uploads have byte budgets per address and in total (``ui.uploads.budget``), requests that stay open are limited
+per address and uploads must arrive in time (``ui.edge.held_connections``), only the routes the page uses answer
+(``ui.edge.public_routes``), ``/metrics`` needs a bearer token (``ui.ops.endpoints``), and the client address is
+the socket peer unless the operator names trusted proxies. Gradio's own traffic monitoring (``/monitoring``,
+public by default) is off. Every adaptation of Gradio's internals goes through the registry
+(``ui.gradio_adapters.registry``), which refuses to serve when one does not apply.
 """
 from __future__ import annotations
 
@@ -20,32 +21,44 @@ import gc
 from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
-from ui.app import CSS, build_page
-from ui.body_limits import PageBodyLimits, upload_request_limit
-from ui.chat_files import ChatFiles, check_named_files, example_files
+from owlet.allocator import start_trimming
+from ui.api.routes import api_routes
+from ui.app import build_page
+from ui.chat.handlers import ChatHandlers
 from ui.config import DEV_BROWSER_SECRET
-from ui.fair_event_slots import share_event_slots_fairly
-from ui.cluster_metrics import ClusterCollector
-from ui.gradio_costs import (calm_idle_queue, drop_queue_analytics, forget_replaced_components, share_component_schemas,
-                             skip_missing_matplotlib)
-from ui.handlers import ChatHandlers
-from ui.held_connections import HeldConnections
+from ui.edge.api_errors import ApiErrors
+from ui.edge.body_limits import PageBodyLimits, upload_request_limit
+from ui.edge.held_connections import HeldConnections
+from ui.edge.logins import LoginAttempts, LoginRequired
+from ui.edge.public_routes import PublicRoutes
+from ui.edge.request_errors import RequestErrors
+from ui.edge.tab_budget import NewTabBudget, NewTabLedger
+from ui.edge.tab_guard import TabGuard
+from ui.gradio_adapters.event_costs import (calm_idle_queue, drop_queue_analytics, share_component_schemas,
+                                            skip_missing_matplotlib)
+from ui.gradio_adapters.fair_event_slots import share_event_slots_fairly
+from ui.gradio_adapters.internals import check_event_data, check_login_cookies, check_queue_reads, queue_of
+from ui.gradio_adapters.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
+from ui.gradio_adapters.named_files import NamedFiles, check_named_files, example_files
+from ui.gradio_adapters.registry import (CALM_IDLE_QUEUE, CHAT_EVENT_DATA, FAIR_EVENT_SLOTS, FORGOTTEN_COMPONENTS,
+                                         LOGIN_COOKIES, NAMED_FILES, ONE_FILE_PER_UPLOAD, QUEUE_ANALYTICS_OFF,
+                                         READABLE_INPUT_REFUSALS, SHARED_SCHEMAS, TAB_GUARD, TABS_WITH_ANSWERS,
+                                         GradioAdaptations, keep_with)
+from ui.gradio_adapters.tab_config import forget_replaced_components
+from ui.gradio_adapters.tab_queues import keep_tabs_with_answers
+from ui.gradio_adapters.tab_states import open_tabs_of
+from ui.gradio_adapters.upload_parser import limit_files_per_upload
 from ui.identity import ClientAddresses
-from ui.log_budget import budget_library_warnings
-from ui.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
-from ui.metrics import UIMetrics
-from ui.ops import LoginAttempts, LoginRequired, ops_routes
-from ui.page_launch import launch_page
-from ui.public_routes import PublicRoutes
-from ui.request_errors import RequestErrors
-from ui.session_budget import NewSessionBudget, SessionLedger
-from ui.session_guard import SessionGuard
-from ui.session_queues import keep_sessions_with_answers
-from ui.session_states import open_tabs_of
-from ui.upload_budget import UploadBudget, UploadLedger
-from ui.upload_owners import UploadedPaths, UploadOwners
-from ui.upload_cache import limit_files_per_upload, start_upload_dir_sweeper
-from ui.upload_room import UploadRoom
+from ui.ops.cluster_metrics import ClusterCollector
+from ui.ops.endpoints import ops_routes
+from ui.ops.launch import launch_page
+from ui.ops.log_budget import budget_library_warnings
+from ui.ops.metrics import UIMetrics
+from ui.page_style import CSS
+from ui.uploads.budget import UploadBudget, UploadLedger
+from ui.uploads.cache_dirs import start_upload_dir_sweeper
+from ui.uploads.owners import UploadedPaths, UploadOwners
+from ui.uploads.room import UploadRoom
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
                  "The page is still served locally at {url}")
@@ -69,10 +82,16 @@ def upload_ledger(config) -> UploadLedger:
 
 
 def build(config, client=None):
-    """Return ``(page, launch_kwargs, client, metrics)`` without starting anything."""
+    """Return ``(page, launch_kwargs, client, metrics)`` without starting anything.
+
+    Raises ``GradioNotVerified`` when the installed Gradio is not the one Owlet's adaptations of its internals were
+    verified with, or one of them does not apply (``ui.gradio_adapters.registry``), unless the config allows
+    unverified Gradio.
+    """
+    adaptations = GradioAdaptations(allow_unverified=config.allow_unverified_gradio)
     skip_missing_matplotlib()
-    share_component_schemas()
-    limit_files_per_upload()
+    adaptations.apply(SHARED_SCHEMAS, share_component_schemas)
+    adaptations.apply(ONE_FILE_PER_UPLOAD, limit_files_per_upload)
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
@@ -81,15 +100,11 @@ def build(config, client=None):
     room = UploadRoom(ledger, uploads, get_upload_folder())  # which uploads give way when the budget is full
     handlers = ChatHandlers(client, config, metrics, uploads, room)
     page = build_page(handlers, config)
-    explain_malformed_inputs(page, usage_by_endpoint(config.max_new_tokens_cap))
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
-    share_event_slots_fairly(page, addresses, config.address_max_waiting_events, handlers.answer_time)
-    calm_idle_queue(page)
-    keep_sessions_with_answers(page)
-    drop_queue_analytics(page)
-    forget_replaced_components(page)
-    check_named_files(page, ChatFiles(uploads, addresses, example_files(page)))
+    adapt_page(adaptations, page, config, addresses, handlers, uploads)
+    adaptations.settle()  # a refusal comes here, before anything is served
+    keep_with(page, adaptations)  # launch_page makes the adaptations of a launched page, and reports them all
     launch_kwargs = dict(
         server_name=config.host,
         server_port=config.port,
@@ -97,43 +112,12 @@ def build(config, client=None):
         auth=list(config.auth) or None,
         auth_message="Sign in to Owlet." if config.auth else None,
         max_threads=config.max_threads,
+        state_session_capacity=config.tab_states_max,  # closed tabs' state; open ones stay (tab_states)
         # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
         max_file_size=config.max_upload_bytes,
-        app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token),
-                    # Outermost first: routes the page does not use, oversized bodies, too many held connections
-                    # from one address, then (with --auth) too many sign-in attempts and strangers without a
-                    # login, then upload budgets (so nobody unauthenticated can spend the page's upload budget),
-                    # then new-session budgets (whose body reading is bounded by the body limits), then the
-                    # routes that act on a whole tab by its session hash.
-                    "middleware": [Middleware(PublicRoutes),
-                                   Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
-                                              max_upload_bytes=config.max_upload_bytes),
-                                   Middleware(HeldConnections, per_address=config.address_max_connections,
-                                              upload_timeout_s=config.upload_timeout_s,
-                                              addresses=addresses,
-                                              per_address_downloads=config.address_max_downloads),
-                                   *([Middleware(LoginAttempts,
-                                                 ledger=SessionLedger(config.address_logins,
-                                                                      config.address_logins_window_s),
-                                                 addresses=addresses),
-                                      Middleware(LoginRequired)] if config.auth else []),
-                                   Middleware(UploadBudget, ledger=ledger,
-                                              max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
-                                              addresses=addresses, make_room=room.make_room,
-                                              max_arriving=config.address_max_uploads,
-                                              arrival_timeout_s=config.upload_timeout_s),
-                                   # An uploaded file is served back only to the address that uploaded it.
-                                   Middleware(UploadOwners, addresses=addresses, ledger=uploads,
-                                              on_stored=room.claim),
-                                   Middleware(NewSessionBudget,
-                                              ledger=SessionLedger(config.address_new_sessions,
-                                                                   config.address_new_sessions_window_s),
-                                              addresses=addresses),
-                                   # A session hash is bound to the network that first named it (ui.session_guard).
-                                   Middleware(SessionGuard, queue=page._queue, addresses=addresses,
-                                              heartbeats=open_tabs_of(page)),
-                                   # Innermost: what a request's content makes Gradio raise is a 400, not a 500.
-                                   Middleware(RequestErrors)]},
+        app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token)
+                    + api_routes(handlers, config, metrics, addresses),
+                    "middleware": edge_middleware(config, page, adaptations, addresses, uploads, ledger, room)},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.
@@ -146,9 +130,64 @@ def build(config, client=None):
     return page, launch_kwargs, client, metrics
 
 
+def adapt_page(adaptations: GradioAdaptations, page, config, addresses: ClientAddresses, handlers: ChatHandlers,
+               uploads: UploadedPaths) -> None:
+    """Owlet's adaptations of the built, queued page's Gradio internals, each through the registry."""
+    adaptations.apply(READABLE_INPUT_REFUSALS, explain_malformed_inputs, page,
+                      usage_by_endpoint(config.max_new_tokens_cap))
+    adaptations.apply(NAMED_FILES, check_named_files, page, NamedFiles(uploads, addresses, example_files(page)))
+    adaptations.apply(FORGOTTEN_COMPONENTS, forget_replaced_components, page)
+    adaptations.apply(FAIR_EVENT_SLOTS, share_event_slots_fairly, page, addresses, config.address_max_waiting_events,
+                      handlers.answer_time)
+    adaptations.apply(CALM_IDLE_QUEUE, calm_idle_queue, page)
+    adaptations.apply(QUEUE_ANALYTICS_OFF, drop_queue_analytics, page)
+    adaptations.apply(TABS_WITH_ANSWERS, keep_tabs_with_answers, page)
+    adaptations.apply(TAB_GUARD, check_queue_reads, page)
+    adaptations.apply(CHAT_EVENT_DATA, check_event_data)
+    if config.auth:
+        adaptations.apply(LOGIN_COOKIES, check_login_cookies, page)
+
+
+def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: ClientAddresses, uploads: UploadedPaths,
+                    ledger: UploadLedger, room: UploadRoom) -> list[Middleware]:
+    """The page's ASGI middlewares, outermost first: API refusals as OpenAI error objects (on ``/v1/`` paths only),
+    routes the page does not use, oversized bodies, too many held
+    connections from one address, then (with --auth) too many sign-in attempts and strangers without a login, then
+    upload budgets (so nobody unauthenticated can spend the page's upload budget), then new-tab budgets (whose body
+    reading is bounded by the body limits), then the routes that act on a whole tab by its session hash. A
+    middleware that reads Gradio's internals is left out when its adaptation did not apply (only when unverified
+    Gradio is allowed: the start-up log says so)."""
+    logins = [Middleware(LoginAttempts, ledger=NewTabLedger(config.address_logins, config.address_logins_window_s),
+                         addresses=addresses)] if config.auth else []
+    if config.auth and adaptations.applied(LOGIN_COOKIES):
+        logins.append(Middleware(LoginRequired))
+    # A session hash is bound to the network that first named it (ui.edge.tab_guard).
+    tab_guard = [Middleware(TabGuard, queue=queue_of(page), addresses=addresses, heartbeats=open_tabs_of(page))
+                 ] if adaptations.applied(TAB_GUARD) else []
+    return [Middleware(ApiErrors, max_body_bytes=config.api_max_request_bytes),  # API clients read errors as JSON
+            Middleware(PublicRoutes),
+            Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
+                       max_upload_bytes=config.max_upload_bytes, max_api_bytes=config.api_max_request_bytes),
+            Middleware(HeldConnections, per_address=config.address_max_connections,
+                       upload_timeout_s=config.upload_timeout_s, addresses=addresses,
+                       per_address_downloads=config.address_max_downloads),
+            *logins,
+            Middleware(UploadBudget, ledger=ledger, addresses=addresses, make_room=room.make_room,
+                       max_upload_request_bytes=upload_request_limit(config.max_upload_bytes),
+                       max_arriving=config.address_max_uploads, arrival_timeout_s=config.upload_timeout_s),
+            # An uploaded file is served back only to the address that uploaded it.
+            Middleware(UploadOwners, addresses=addresses, ledger=uploads, on_stored=room.claim),
+            Middleware(NewTabBudget, ledger=NewTabLedger(config.address_new_sessions,
+                                                         config.address_new_sessions_window_s),
+                       addresses=addresses),
+            *tab_guard,
+            # Innermost: what a request's content makes Gradio raise is a 400, not a 500.
+            Middleware(RequestErrors)]
+
+
 def raise_open_files_limit(wanted: int = 65536) -> int:
     """Every open connection is a file descriptor, and many systems give a process 1,024: raise the soft limit
-    toward the hard one, so the per-address caps (ui.held_connections), not the descriptor table, are what a
+    toward the hard one, so the per-address caps (ui.edge.held_connections), not the descriptor table, are what a
     crowd meets first. Returns the soft limit now in force."""
     try:
         import resource
@@ -179,6 +218,7 @@ def serve(config, block: bool = True, client=None):
     launch_page(page, launch_kwargs)
     budget_library_warnings()  # after launch: uvicorn has configured its loggers by then
     start_upload_dir_sweeper(config.upload_cache_ttl_s)
+    start_trimming(config.malloc_trim_s)  # freed heap back to the system (owlet.allocator)
     # Everything built so far lives as long as the page: keep it out of the garbage collector's full passes, which
     # a request allocating many objects would otherwise set off over the whole heap (tens of ms each).
     gc.freeze()

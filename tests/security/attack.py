@@ -10,6 +10,8 @@ import httpx
 from gradio_client import Client, handle_file
 from PIL import Image
 
+from ui.chat import wording
+
 METRICS_TOKEN = "security-metrics-token"
 LIMITS = {"events": 2, "group_jobs": 2, "upload_bytes": 2 * 1024 * 1024}
 LONG = 1500  # tokens: an answer that runs for a while, so it holds its slot during the test
@@ -142,7 +144,7 @@ def assert_can_still_ask(base: str, owlet, token: str, forwarded: str) -> None:
     wrongly); then every job is ended again."""
     honest = Event(base, "chat", [{"text": "hello?", "files": []}, 16, token], forwarded=forwarded)
     try:
-        assert honest.status().startswith("Queued"), "the same caller can still ask a plain question"
+        assert honest.status().startswith(wording.WAITING_STARTS), "the same caller can still ask a plain question"
     finally:
         cancel_jobs(owlet)
         honest.done.wait(30)

@@ -9,18 +9,16 @@ headers count for nothing.
 from __future__ import annotations
 
 import pytest
-import redis
 
 from tests.security.attack import LIMITS, METRICS_TOKEN
 from tests.security.pages import page_without_worker
-from tests.ui.stack import running_stack, tiny_model
+from tests.ui.stack import TEST_STACK_ENV, running_stack, stack_redis, tiny_model
 
 
 @pytest.fixture(scope="session")
 def stack():
     env = {"OWLET_UI_MAX_NEW_TOKENS": "16", "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
-           "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
-           "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "4",
+           **TEST_STACK_ENV, "OWLET_MAX_RUNNING": "4",
            "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
            "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
            "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
@@ -30,9 +28,8 @@ def stack():
 
 @pytest.fixture
 def r(stack):
-    client = redis.Redis.from_url(stack.redis_url)
-    yield client
-    client.close()
+    with stack_redis(stack) as client:
+        yield client
 
 
 @pytest.fixture

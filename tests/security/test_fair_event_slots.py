@@ -1,7 +1,7 @@
-"""Attack: hold every one of Gradio's event slots from a few addresses, so a visitor's question waits behind the
-crowd's resubmitted ones (ui.fair_event_slots).
+"""Holding every one of Gradio's event slots from a few addresses, so a visitor's question waits behind the
+crowd's resubmitted ones (ui.gradio_adapters.fair_event_slots).
 
-A hostile audit (2026-12-03): sixteen addresses at their limit of four answer streams each held all 64 slots, and a
+With Gradio's own pick, sixteen addresses at their limit of four answer streams each held all 64 slots, and a
 new visitor waited 51 s for a first token the worker produced in 0.05 s. Here the page has four slots and each
 address may run two events."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 
 from tests.security.attack import Event, cancel_jobs, http, identity
 from tests.security.pages import page_without_worker
-from ui.fair_event_slots import TOO_MANY_WAITING, SlotUsage
-from worker.lua import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
+from ui.chat import wording
+from ui.gradio_adapters.fair_event_slots import TOO_MANY_WAITING, SlotUsage
+from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,13 +46,14 @@ def test_a_freed_slot_goes_to_the_visitor_not_to_the_crowds_backlog():
             for address in (A1, A2):
                 for _ in range(2):
                     crowd.append(question(url, address, tokens[address]))
-                    assert crowd[-1].status().startswith("Queued"), "the crowd holds the page's four slots"
+                    assert crowd[-1].status().startswith(wording.WAITING_STARTS), \
+                        "the crowd holds the page's four slots"
             backlog = [question(url, address, tokens[address]) for address in (A1, A2) for _ in range(2)]
             visitor = question(url, VISITOR, tokens[VISITOR])
             assert not visitor.first.wait(2), "every slot is taken: the visitor waits"
             cancel_one_job_of(owlet, A1)  # one of A1's answers ends and frees a slot
             assert visitor.first.wait(15), "the freed slot went to the visitor, not to the older backlog"
-            assert visitor.status().startswith("Queued")
+            assert visitor.status().startswith(wording.WAITING_STARTS)
             assert not any(event.first.is_set() for event in backlog), "the backlog still waits"
             with http(forwarded=A2) as client:  # A2 has two waiting: one more waits, the next is refused
                 assert client.post(f"{url}gradio_api/call/chat",
@@ -82,7 +84,8 @@ def test_an_address_whose_answer_just_streamed_waits_behind_a_visitor_among_equa
             for address in (A1, A2):
                 for _ in range(2):
                     crowd.append(question(url, address, tokens[address]))
-                    assert crowd[-1].status().startswith("Queued"), "the crowd holds the page's four slots"
+                    assert crowd[-1].status().startswith(wording.WAITING_STARTS), \
+                        "the crowd holds the page's four slots"
             again = question(url, A3, tokens[A3])  # A3 re-asks before the visitor arrives
             time.sleep(1.0)  # (each event posts from its own thread: let A3's reach the queue first)
             visitor = question(url, VISITOR, tokens[VISITOR])
@@ -110,6 +113,9 @@ def test_slot_usage_decays_caps_and_forgets_idle_addresses():
     assert usage.of("a") == pytest.approx(2.0), "new time adds to the decayed old"
     usage.charge("b", 1000.0)
     assert usage.delay("b") == GROUP_USAGE_CAP_S, "a heavy user's wait stays bounded"
+    assert usage.delay("b", longest_wait_s=3 * GROUP_USAGE_CAP_S) == 3 * GROUP_USAGE_CAP_S, \
+        "past the cap, by the longest wait now: a crowd that waited out the cap stays behind a visitor"
+    assert usage.delay("a", longest_wait_s=3 * GROUP_USAGE_CAP_S) == pytest.approx(GROUP_USAGE_WEIGHT * 2.0)
     for i in range(SlotUsage.MAX_ADDRESSES):
         usage.charge(f"idle-{i}", 0.1)
     assert usage.of("b") > 0 and usage.of("idle-0") == 0.0, "past the bound, addresses under a second are dropped"

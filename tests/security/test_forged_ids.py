@@ -1,4 +1,4 @@
-"""Attack 1: a client picks its own identity. Made-up ids are refused; real ones are free to mint, but
+"""A client picks its own identity. Made-up ids are refused; real ones are free to mint, but
 identities minted at one address share that address's caps and its one turn of the round robin."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from tests.security.attack import LIMITS, Event, cancel_jobs, chat, http, identity, status_of, stored
 from tests.redis_server import running_redis, unique_prefix
+from ui.chat import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.heartbeat import Heartbeat, publish
@@ -39,7 +40,7 @@ def test_identities_minted_at_one_address_share_its_cap(quiet_page):
             held.append(Event(url, "chat", [{"text": f"flood {i}", "files": []}, 16, token], forwarded=attacker))
             held[-1].status()
         statuses = [e.status() for e in held]
-        admitted = [s for s in statuses if s.startswith("Queued")]
+        admitted = [s for s in statuses if s.startswith(wording.WAITING_STARTS)]
         refused = [s for s in statuses if "from your network" in s]
         # ...but they all count against one address: one address's limits, not six users' worth
         assert len(admitted) == min(LIMITS["group_jobs"], LIMITS["events"]), statuses
@@ -49,7 +50,7 @@ def test_identities_minted_at_one_address_share_its_cap(quiet_page):
         with http(forwarded="198.51.100.20") as client:
             honest = Event(url, "chat", [{"text": "Hello?", "files": []}, 16, identity(client, url)],
                            forwarded="198.51.100.20")
-            assert honest.status().startswith("Queued"), honest.status()
+            assert honest.status().startswith(wording.WAITING_STARTS), honest.status()
             held.append(honest)
     finally:
         cancel_jobs(owlet)
@@ -69,14 +70,14 @@ def test_rotating_ipv6_addresses_within_one_network_share_its_cap(quiet_page):
             held.append(Event(url, "chat", [{"text": f"rotate {i}", "files": []}, 16, token], forwarded=address))
             held[-1].status()
         statuses = [e.status() for e in held]
-        admitted = [s for s in statuses if s.startswith("Queued")]
+        admitted = [s for s in statuses if s.startswith(wording.WAITING_STARTS)]
         assert len(admitted) == min(LIMITS["group_jobs"], LIMITS["events"]), statuses
-        assert all("from your network" in s for s in statuses if not s.startswith("Queued")), statuses
+        assert all("from your network" in s for s in statuses if not s.startswith(wording.WAITING_STARTS)), statuses
         neighbour = "2001:db8:77:2::1"  # the next /64 is someone else, admitted at once
         with http(forwarded=neighbour) as client:
             other = Event(url, "chat", [{"text": "Hello?", "files": []}, 16, identity(client, url)], forwarded=neighbour)
         held.append(other)
-        assert other.status().startswith("Queued"), other.status()
+        assert other.status().startswith(wording.WAITING_STARTS), other.status()
     finally:
         cancel_jobs(owlet)
         for e in held:
@@ -92,7 +93,7 @@ def test_a_forwarded_header_from_an_untrusted_peer_counts_for_nothing(quiet_page
     held = [Event(url, "chat", [{"text": f"hold {i}", "files": []}, 16, t], source=direct)
             for i, t in enumerate(tokens[:-1])]
     try:
-        assert all(e.status().startswith("Queued") for e in held)
+        assert all(e.status().startswith(wording.WAITING_STARTS) for e in held)
         with http(source=direct, forwarded="192.0.2.77") as client:
             status = status_of(chat(client, url, tokens[-1], "pretend I am someone else"))
         assert "from your network" in status, status
@@ -125,9 +126,9 @@ def test_a_forwarded_header_from_loopback_counts_for_nothing_without_trusted_pro
     """uvicorn trusts X-Forwarded-For from 127.0.0.1 by default and rewrote the client address before Owlet's
     code ran: behind a tunnel or a TCP-mode TLS terminator, one forged header escaped every per-address limit.
     With no trusted proxies configured, a loopback client naming a new address per call is still one address."""
-    from tests.security.test_session_budget import new_session_page
+    from tests.security.test_tab_budget import new_tab_page
 
-    with new_session_page(trusted_proxies=(), address_new_sessions=2) as url:
+    with new_tab_page(trusted_proxies=(), address_new_sessions=2) as url:
         statuses = []
         for i in range(4):
             with http(source="127.0.0.1", forwarded=f"192.0.2.{i + 1}, nobody-{i}") as client:

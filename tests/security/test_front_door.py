@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.security.attack import LIMITS, Event, cancel_jobs, http, identity
+from ui.chat import wording
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,7 +22,7 @@ def test_one_address_cannot_hold_the_front_door(quiet_page):
     try:
         for i, token in enumerate(tokens[:LIMITS["events"]]):
             held.append(Event(url, "chat", [{"text": f"hold {i}", "files": []}, 16, token], forwarded=attacker))
-            assert held[-1].status().startswith("Queued"), held[-1].status()
+            assert held[-1].status().startswith(wording.WAITING_STARTS), held[-1].status()
         for token in tokens[LIMITS["events"]:]:
             t0 = time.monotonic()
             extra = Event(url, "chat", [{"text": "one more", "files": []}, 16, token], forwarded=attacker)
@@ -32,7 +33,7 @@ def test_one_address_cannot_hold_the_front_door(quiet_page):
             honest = Event(url, "chat", [{"text": "Is anyone there?", "files": []}, 16, identity(client, url)],
                            forwarded="198.51.100.71")
             held.append(honest)
-            assert honest.status(timeout=30).startswith("Queued"), honest.status()
+            assert honest.status(timeout=30).startswith(wording.WAITING_STARTS), honest.status()
     finally:
         cancel_jobs(owlet)
         for e in held:

@@ -1,4 +1,4 @@
-"""Requests that stay open (ui.held_connections): a few per address, and uploads that must arrive in time.
+"""Requests that stay open (ui.edge.held_connections): a few per address, and uploads that must arrive in time.
 
 Heartbeat and event streams cost no page event, so one address could hold thousands of them (each a file
 descriptor and a task on the event loop that streams every answer), and an upload whose body trickled in was
@@ -15,7 +15,7 @@ import pytest
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.held_connections import held_kind
+from ui.edge.held_connections import held_kind
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,6 +25,7 @@ def test_which_requests_count_as_held_and_as_what():
         return held_kind({"type": "http", "method": method, "path": path})
     assert kind("GET", "/gradio_api/heartbeat/abc") == "heartbeat"
     assert kind("GET", "/gradio_api/queue/data") == kind("GET", "/gradio_api/call/chat/0f2c") == "stream"
+    assert kind("POST", "/v1/chat/completions") == "stream", "an API answer is held for as long as it streams"
     for path in ("/gradio_api/upload", "/gradio_api/call/chat", "/gradio_api/queue/join", "/gradio_api/run/chat"):
         assert kind("POST", path) == "body", path  # every body may trickle in
     for path in ("/gradio_api/call/chat", "/config", "/", "/assets/index.js", "/gradio_api/file=/tmp/a.png"):
@@ -34,12 +35,12 @@ def test_which_requests_count_as_held_and_as_what():
 
 
 def test_downloads_that_are_never_read_hold_a_place_of_their_own():
-    """A GET whose response the client never reads holds a descriptor and kernel memory for as long as it likes: a
-    hostile audit held 200 downloads of the page's largest script from one address (400 descriptors, 750 MB of TCP
-    memory). Downloads now have a per-address cap of their own; the places come back as responses are read."""
+    """A GET whose response the client never reads holds a descriptor and kernel memory for as long as it likes:
+    200 downloads of the page's largest script from one address held 400 descriptors and 750 MB of TCP
+    memory. Downloads now have a per-address cap of their own; the places come back as responses are read."""
     import asyncio
 
-    from ui.held_connections import HeldConnections
+    from ui.edge.held_connections import HeldConnections
 
     read = asyncio.Event()
 
@@ -164,7 +165,7 @@ def test_the_page_raises_its_open_files_limit_toward_the_hard_one():
 def test_connections_whose_headers_never_finish_are_closed(monkeypatch):
     """uvicorn timed out nothing before a request reached the page: a connection sending no bytes, or trickling
     its headers, stayed open for ever, out of every per-address limit's sight."""
-    from ui import header_deadline
+    from ui.edge import header_deadline
 
     monkeypatch.setattr(header_deadline, "HEADER_TIMEOUT_S", 1.0)
     with page() as (url, config):

@@ -1,6 +1,6 @@
-"""Attack: API calls whose inputs Gradio cannot read (wrong types, wrong shapes, wrong counts). Each is refused
-before any handler runs, admits nothing, and tells the caller what the endpoint takes (ui.malformed_inputs);
-the page keeps serving."""
+"""API calls whose inputs Gradio cannot read (wrong types, wrong shapes, wrong counts). Each is refused before any
+handler runs, admits nothing, and tells the caller what the endpoint takes (ui.gradio_adapters.malformed_inputs); the
+page keeps serving."""
 from __future__ import annotations
 
 import pytest

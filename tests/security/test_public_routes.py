@@ -1,8 +1,8 @@
-"""Only the routes the page uses answer (ui.public_routes).
+"""Only the routes the page uses answer (ui.edge.public_routes).
 
 Gradio mounts many more: ``/gradio_api/deep_link`` wrote a session's saved inputs to a new file on disk on every
 call (a ~900 KB "input" a call filled the disk, outside every upload budget), ``/gradio_api/component_server``
-made a session entry for any session hash before looking the function up (around the new-session budget), and
+made a session entry for any session hash before looking the function up (around the new-tab budget), and
 run history acts with the host's Hugging Face token."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gradio_client import Client
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.public_routes import is_open, without_upload_id
+from ui.edge.public_routes import is_open, without_upload_id
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,13 +22,15 @@ CLOSED = ["/gradio_api/deep_link?session_hash=abc", "/gradio_api/component_serve
           "/gradio_api/stream/abc", "/gradio_api/vibe-code", "/gradio_api/undo-vibe-edit",
           "/gradio_api/dev/reload", "/gradio_api/token", "/gradio_api/proxy=https://x.hf.space/a",
           "/gradio_api/custom_component/1/client/js/index.js", "/openapi.json", "/gradio_api/openapi.json",
-          "/monitoring", "/gradio_api/some-route-a-later-gradio-adds"]
+          "/monitoring", "/gradio_api/some-route-a-later-gradio-adds", "/v1/completions", "/v1/embeddings",
+          "/v1/models/a/b", "/v1/chat/completions/x"]
 
 
 def test_the_allow_list_opens_what_the_page_uses_and_nothing_else():
     for path in ("/", "/config", "/gradio_api/info", "/gradio_api/queue/join", "/gradio_api/queue/data",
                  "/gradio_api/upload", "/gradio_api/file=/tmp/x.png", "/gradio_api/heartbeat/abc",
-                 "/gradio_api/call/chat", "/gradio_api/run/identity", "/assets/index.js", "/healthz", "/metrics"):
+                 "/gradio_api/call/chat", "/gradio_api/run/identity", "/assets/index.js", "/healthz", "/metrics",
+                 "/v1/chat/completions", "/v1/models", "/v1/models/owlet-shapes-vl", "/v1/key"):
         assert is_open(path), path
     for path in CLOSED:
         assert not is_open(path.split("?")[0]), path

@@ -1,5 +1,5 @@
 """Oversized request bodies: refused unread with 413, so no client can make the page hold and parse
-hundreds of megabytes of JSON on the event loop that streams everyone's answers (ui.body_limits)."""
+hundreds of megabytes of JSON on the event loop that streams everyone's answers (ui.edge.body_limits)."""
 from __future__ import annotations
 
 import json
@@ -94,7 +94,7 @@ def test_the_default_limit_holds_the_longest_question_and_little_more():
 @pytest.mark.parametrize("path", ["gradio_api/queue/join", "gradio_api/call/chat", "gradio_api/run/predict"])
 def test_a_deeply_nested_body_gets_a_sentence_not_a_server_error(page, path):
     """2 KB of nested lists made Python's JSON parser raise RecursionError inside Gradio: 500 and a traceback per
-    request (a hostile audit, 2026-12-03)."""
+    request."""
     deep = b'{"data": ' + b"[" * 2000 + b"]" * 2000 + b', "session_hash": "deepbody"}'
     not_deep_enough_to_fail_python = b'{"data": ' + b"[" * 100 + b"]" * 100 + b', "session_hash": "deepbody"}'
     for body in (deep, not_deep_enough_to_fail_python, b"[1, 2]", b"not json"):
@@ -105,8 +105,8 @@ def test_a_deeply_nested_body_gets_a_sentence_not_a_server_error(page, path):
 
 @pytest.fixture
 def parses(monkeypatch) -> list:
-    """One entry per JSON parse the page's middlewares make (ui.request_body)."""
-    import ui.request_body
+    """One entry per JSON parse the page's middlewares make (ui.edge.request_body)."""
+    import ui.edge.request_body
 
     counted = []
     real_loads = json.loads
@@ -116,12 +116,12 @@ def parses(monkeypatch) -> list:
         def loads(*args, **kwargs):
             counted.append(1)
             return real_loads(*args, **kwargs)
-    monkeypatch.setattr(ui.request_body, "json", CountingJson)
+    monkeypatch.setattr(ui.edge.request_body, "json", CountingJson)
     return counted
 
 
 def test_a_body_is_parsed_once_before_gradio(page, parses):
-    """Every middleware that reads the body shares one parse (ui.request_body.json_object); each used to parse
+    """Every middleware that reads the body shares one parse (ui.edge.request_body.json_object); each used to parse
     it again, four times a request before Gradio's own."""
     response = httpx.post(page + "gradio_api/queue/join", content=join_body("how many shapes?"),
                           headers={"Content-Type": "application/json"}, timeout=30)
@@ -131,9 +131,9 @@ def test_a_body_is_parsed_once_before_gradio(page, parses):
 
 def test_a_body_of_many_small_lists_is_refused_before_it_is_parsed(page, parses):
     """96 KB of "[[[...]]]" nested 61 deep (under the depth limit) made 48k containers: 20-190 ms of the event loop
-    a request, garbage collections included (a hostile audit, 2026-12-03). Past MAX_JSON_CONTAINERS brackets the
+    a request, garbage collections included. Past MAX_JSON_CONTAINERS brackets the
     body is refused from a count of its bytes, never parsed."""
-    from ui.request_body import MAX_JSON_CONTAINERS
+    from ui.edge.request_body import MAX_JSON_CONTAINERS
 
     nest = "[" * 60 + "]" * 60
     body = ('{"data": [' + ",".join([nest] * 790) + '], "fn_index": 1, "session_hash": "manylists"}').encode()

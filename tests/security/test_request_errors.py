@@ -1,5 +1,5 @@
 """Requests whose content makes Gradio's API code raise: 400 and a sentence, not 500 and a traceback a call
-(ui.request_errors). Found by a hostile audit, 2026-12-03."""
+(ui.edge.request_errors)."""
 from __future__ import annotations
 
 import logging
@@ -51,7 +51,7 @@ def test_known_endpoints_still_answer(page):
 
 def test_a_refused_direct_call_is_a_400_and_logs_one_short_line_without_its_inputs(page, caplog):
     """/run/<api> answered every refusal with 500, and the log line carried the refused inputs whole: 90 KB a
-    request, the caller's identity token included (a hostile audit, 2026-12-03)."""
+    request, the caller's identity token included."""
     secret = "v1.secret-looking-token"
     with caplog.at_level(logging.INFO):
         for path in ("gradio_api/run/chat", "gradio_api/api/chat"):
@@ -67,7 +67,7 @@ def test_a_refused_direct_call_is_a_400_and_logs_one_short_line_without_its_inpu
 @pytest.mark.parametrize("path", ["gradio_api/run/chat", "gradio_api/api/chat"])
 def test_an_answer_length_out_of_range_is_refused_without_a_traceback(page, capfd, path):
     """Gradio printed a 2 KB traceback for each out-of-range slider value: 2,000 requests from one address wrote
-    4.4 MB of log in 7 s (a hostile audit, 2026-12-03)."""
+    4.4 MB of log in 7 s."""
     capfd.readouterr()
     for length in (-5, 0, 10**12):
         response = httpx.post(page + path, json={"data": [{"text": "hi", "files": []}, length, None, None],
@@ -80,13 +80,12 @@ def test_an_answer_length_out_of_range_is_refused_without_a_traceback(page, capf
 
 def test_an_event_stream_that_gradio_fails_mid_response_ends_without_a_traceback(caplog):
     """Two connections reading one session's event stream: when one ended the session's messages, Gradio raised a
-    404 inside the other's body and uvicorn logged a 3.4 KB traceback, as often as a client liked (a hostile audit,
-    2026-12-03)."""
+    404 inside the other's body and uvicorn logged a 3.4 KB traceback, as often as a client liked."""
     import asyncio
 
     from starlette.exceptions import HTTPException
 
-    from ui.request_errors import RequestErrors
+    from ui.edge.request_errors import RequestErrors
 
     async def failing_stream(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -115,7 +114,7 @@ def test_only_refusals_worded_for_the_caller_become_400s():
     import asyncio
     import json
 
-    from ui.request_errors import _refusals_as_400
+    from ui.edge.request_errors import _refusals_as_400
 
     def sent_status(status: int, body: dict) -> int:
         out = []
@@ -154,7 +153,7 @@ print("SENT", flush=True)
 
 def test_the_libraries_under_the_page_log_malformed_requests_on_a_budget():
     """uvicorn logged "Invalid HTTP request received." for every request it could not parse (41 B each, as fast as
-    a client could send them; a hostile re-audit, 2026-12-03); now at most 20 such lines a minute."""
+    a client could send them); now at most 20 such lines a minute."""
     import os
     import subprocess
     import sys

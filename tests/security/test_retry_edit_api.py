@@ -12,7 +12,7 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
-from ui import wording
+from ui.chat import wording
 from ui.config import UIConfig
 from ui.identity import IdentityRequired
 
@@ -48,8 +48,8 @@ def test_api_retry_and_edit_without_event_data_get_a_sentence_and_the_page_keeps
     ({"index": 0}, "edit without a value"),
 ])
 def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
-    from ui.handlers import ChatHandlers, new_session
-    from ui.metrics import UIMetrics
+    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
 
@@ -61,7 +61,7 @@ def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
             token = h.issuer.mint()
             user = f"anon:{h.issuer.verify(token)}"
             sub = client.submit(user, None, "short question")
-            session = {**new_session(), "conversation": sub.conv, "job": sub.job}
+            session = {**new_tab_state(), "conversation": sub.conv, "job": sub.job}
             event = gr.EventData(None, data)
 
             async def run(handler):
@@ -81,9 +81,9 @@ def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
 
 def test_a_deeply_nested_edit_value_is_read_after_the_identity_check_and_never_recurses_without_end():
     """A 1.2 KB edit value of 500 nested lists made the page log a 145 KB traceback per call, before any identity
-    or slot check (a hostile audit, 2026-12-03)."""
-    from ui.handlers import ChatHandlers, new_session
-    from ui.metrics import UIMetrics
+    or slot check."""
+    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
 
@@ -100,9 +100,9 @@ def test_a_deeply_nested_edit_value_is_read_after_the_identity_check_and_never_r
             async def run(token, session):
                 return [u async for u in h.edit(16, session, token, event, gr.Request(session_hash="d"))]
 
-            [(_box, _chat, status, _session)] = asyncio.run(run("forged", new_session()))
+            [(_box, _chat, status, _session)] = asyncio.run(run("forged", new_tab_state()))
             assert status == IdentityRequired.user_message, "the stranger is turned away before the value is read"
-            [(_box, _chat, status, _session)] = asyncio.run(run(h.issuer.mint(), new_session()))
+            [(_box, _chat, status, _session)] = asyncio.run(run(h.issuer.mint(), new_tab_state()))
             assert status == wording.NOTHING_TO_RETRY, "an identified caller gets a sentence, not a traceback"
         finally:
             h.decoder.close()

@@ -1,4 +1,4 @@
-"""Upload byte budgets: one address cannot fill the page's disk with uploads (ui.upload_budget).
+"""Upload byte budgets: one address cannot fill the page's disk with uploads (ui.uploads.budget).
 
 Each upload is capped by size, but before these budgets nothing capped how many: a client posting random
 10 MB files as fast as it could would have filled Gradio's upload cache, on disk until the hourly cleaning."""
@@ -15,7 +15,7 @@ from tests.fake_clock import FakeClock
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.upload_budget import UploadLedger
+from ui.uploads.budget import UploadLedger
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -154,14 +154,14 @@ def test_declaring_big_uploads_and_sending_nothing_does_not_spend_the_budget():
 
 
 def test_uploads_held_open_cannot_hold_the_page_budget_from_one_address():
-    """A hostile audit (2026-12-03): twelve addresses each declaring three 10 MB uploads and sending a kilobyte held
+    """Twelve addresses each declaring three 10 MB uploads and sending a kilobyte held
     a 256 MiB page budget for the two minutes a body may take, at no cost, and every other upload then had to
     evict someone's picture. An address may now have four uploads arriving at once."""
     import socket
     from urllib.parse import urlparse
 
     from tests.security.attack import http
-    from ui.upload_budget import ARRIVING_REFUSAL
+    from ui.uploads.budget import ARRIVING_REFUSAL
 
     with running_redis() as redis_url:
         config = UIConfig(port=free_port(), redis_url=redis_url, key_prefix=unique_prefix("upbudget"),
@@ -194,7 +194,7 @@ def test_uploads_held_open_cannot_hold_the_page_budget_from_one_address():
 
 def test_a_page_budget_held_by_uploads_still_arriving_says_to_come_back_when_they_end():
     """Held-open uploads fill the page's budget for at most the upload timeout: a visitor refused meanwhile was told
-    to come back in two hours (Retry-After 7193, a hostile audit, 2026-12-03), now in the upload timeout at most."""
+    to come back in two hours (Retry-After 7193), now in the upload timeout at most."""
     import socket
     from urllib.parse import urlparse
 

@@ -1,4 +1,4 @@
-"""What one upload may leave in Gradio's upload cache (ui.upload_cache): one file per request, every upload
+"""What one upload may leave in Gradio's upload cache (ui.uploads.cache_dirs): one file per request, every upload
 charged at least a minimum of its address's byte budget, and empty directories swept.
 
 Gradio's own route takes up to 1,000 files a request, one directory per distinct file, and its cleaner never
@@ -16,7 +16,7 @@ import pytest
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
 from ui.config import UIConfig
-from ui.upload_cache import MIN_UPLOAD_CHARGE_BYTES, EmptyDirSweeper, sweep_empty_dirs
+from ui.uploads.cache_dirs import MIN_UPLOAD_CHARGE_BYTES, EmptyDirSweeper, sweep_empty_dirs
 
 pytestmark = pytest.mark.timeout(180)
 

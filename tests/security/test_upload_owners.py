@@ -1,8 +1,8 @@
-"""An uploaded file is served back only to the address that uploaded it (ui.upload_owners).
+"""An uploaded file is served back only to the address that uploaded it (ui.uploads.owners).
 
 Gradio's upload folder is named by the bytes alone, so a stranger who uploaded the same picture learnt its folder
 and could ask for the victim's file name there: 200 said someone had uploaded that exact picture, 403 that nobody
-had (a hostile audit, 2026-12-02)."""
+had."""
 from __future__ import annotations
 
 import pytest

@@ -1,10 +1,10 @@
-"""Attack: fill the page's upload budget, so nobody else can upload a picture for hours.
+"""Filling the page's upload budget, so nobody else can upload a picture for hours.
 
-Two hostile audits (2026-12-03), each address within its own limits: 33 addresses uploaded random 10 MB files for
+Two floods, each address within its own limits: 33 addresses uploaded random 10 MB files for
 15 s; 40 addresses uploaded padded 10 MB JPEGs and asked a one-token question about each (so they were "used").
 Either way every upload over a few MB then got 429 for two hours. Now, when the page's budget is full, stored
 uploads are deleted to make room: the oldest file of the address holding the most, unused before used
-(ui.upload_room)."""
+(ui.uploads.room)."""
 from __future__ import annotations
 
 import os
@@ -16,9 +16,10 @@ import pytest
 from tests.fake_clock import FakeClock
 from tests.security.attack import Event, cancel_jobs, http, identity, private_picture, upload
 from tests.security.pages import page_without_worker
-from ui.upload_room import UploadRoom
-from ui.upload_budget import UploadLedger
-from ui.upload_owners import UploadedPaths
+from ui.chat import wording
+from ui.uploads.budget import UploadLedger
+from ui.uploads.owners import UploadedPaths
+from ui.uploads.room import UploadRoom
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,7 +73,7 @@ def test_a_full_budget_deletes_the_biggest_holders_oldest_upload_first(tmp_path)
 
 
 def test_files_marked_used_still_give_way_when_their_address_holds_the_most(tmp_path):
-    """The second audit's pin: every flood file asked about once (a one-token question), so none was "unused",
+    """The second flood's pin: every flood file asked about once (a one-token question), so none was "unused",
     and the one unused file left, a visitor's waiting picture, was deleted for each newcomer."""
     page = Page(tmp_path)
     waiting = page.upload("visitor", 1 * MB)
@@ -128,7 +129,7 @@ def test_a_picture_uploaded_again_by_its_uploader_holds_the_page_budget_once(tmp
 
 
 def test_one_picture_uploaded_again_from_many_addresses_pins_nothing(tmp_path):
-    """A hostile audit (2026-12-03): one picture, asked about once, uploaded again from nine addresses held the
+    """One picture, asked about once, uploaded again from nine addresses held the
     page's budget 25 times over, and a visitor's waiting picture was deleted for it. Now each copy is its
     uploader's claim and gives way as theirs."""
     page = Page(tmp_path)
@@ -168,8 +169,8 @@ def test_an_upload_used_once_is_still_used_when_uploaded_again(tmp_path):
 
 
 def test_whether_someone_asked_about_a_picture_does_not_change_how_anothers_copy_gives_way(tmp_path):
-    """Audit 7 (from the code): "used" was per file, so a stranger who uploaded a victim's picture again got a used
-    claim if the victim had asked about it, and could tell by which of its own files went first."""
+    """A claim, not a file, is marked used: were it the file, a stranger who uploaded a victim's picture again would
+    get a used claim if the victim had asked about it, and could tell by which of its own files went first."""
     page = Page(tmp_path)
     shared = page.upload("victim", 1 * MB, name="same-bytes")
     page.room.mark_used(str(shared), "victim")
@@ -225,7 +226,7 @@ def test_a_flood_of_unused_uploads_gives_way_to_a_visitors_picture():
         try:
             waiting = upload(url, VISITOR, private_picture(), "waiting.png")
             asked = upload(url, ASKER, private_picture(), "asked.png")
-            assert ask(url, ASKER, asked).startswith("Queued")
+            assert ask(url, ASKER, asked).startswith(wording.WAITING_STARTS)
             flood = [upload(url, address, os.urandom(int(1.9 * MB)), "noise.png") for address in FLOODERS]
             with http(forwarded=NEWCOMER) as client:
                 answer = client.post(url + "gradio_api/upload",
@@ -234,7 +235,8 @@ def test_a_flood_of_unused_uploads_gives_way_to_a_visitors_picture():
             assert not Path(flood[0]).exists(), "the flood's oldest upload made the room"
             assert all(Path(p).exists() for p in flood[1:])
             assert Path(waiting).exists() and Path(asked).exists()
-            assert ask(url, VISITOR, waiting).startswith("Queued"), "the waiting visitor's picture still works"
+            assert ask(url, VISITOR, waiting).startswith(wording.WAITING_STARTS), \
+                "the waiting visitor's picture still works"
             with http(forwarded=ASKER) as client:
                 assert client.get(url + f"gradio_api/file={asked}").status_code == 200, "shown in the asker's chat"
             with http(forwarded=FLOODERS[0]) as client:
@@ -260,7 +262,7 @@ def noise_png(side: int) -> bytes:
 
 
 def test_a_flood_of_pictures_asked_about_once_still_gives_way():
-    """The second audit's pin: each flood picture asked about once (admitted, so "used"). Before, only unused files
+    """The second flood's pin: each flood picture asked about once (admitted, so "used"). Before, only unused files
     could go, so the visitor's waiting picture was deleted and then uploads were refused for two hours; now the
     biggest holders' files go, and the visitor's picture stays."""
     with page_without_worker("upload-pin", max_upload_bytes=2 * MB, address_upload_bytes=2 * MB,
@@ -270,15 +272,15 @@ def test_a_flood_of_pictures_asked_about_once_still_gives_way():
             pinned = []
             for address in FLOODERS:
                 pinned.append(upload(url, address, noise_png(800), "pin.png"))
-                assert ask(url, address, pinned[-1]).startswith("Queued")
-            cancel_jobs(owlet)  # asked and cancelled at once, as the audit did: the files stay "used"
+                assert ask(url, address, pinned[-1]).startswith(wording.WAITING_STARTS)
+            cancel_jobs(owlet)  # asked and cancelled at once: the files stay "used"
             with http(forwarded=NEWCOMER) as client:
                 answer = client.post(url + "gradio_api/upload",
                                      files={"files": ("photo.png", noise_png(700), "image/png")})
             assert answer.status_code == 200, answer.text
             assert Path(waiting).exists(), "the visitor holds least: its picture stays"
             assert sum(not Path(p).exists() for p in pinned) == 1, "one pinned picture gave way"
-            assert ask(url, VISITOR, waiting).startswith("Queued")
-            assert ask(url, NEWCOMER, answer.json()[0]).startswith("Queued")
+            assert ask(url, VISITOR, waiting).startswith(wording.WAITING_STARTS)
+            assert ask(url, NEWCOMER, answer.json()[0]).startswith(wording.WAITING_STARTS)
         finally:
             cancel_jobs(owlet)

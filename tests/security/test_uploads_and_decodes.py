@@ -1,4 +1,4 @@
-"""Attacks 4 and 5: decoding as a lever, and the upload endpoint filling the disk.
+"""Decoding as a lever, and the upload endpoint filling the disk.
 
 Gradio refuses a file over the real limit before it keeps it; the upload cache is cleaned on a schedule;
 decodes run in a pool of their own with a per-address limit, so one client's heavy uploads neither hold
@@ -18,9 +18,9 @@ from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 
 from tests.security.attack import LIMITS
-from ui.client_gate import SlotRefused
 from ui.config import UIConfig
-from ui.uploads import DecodePool, UploadLimits, UploadRejected, check_image
+from ui.edge.address_slots import SlotRefused
+from ui.uploads.image_check import DecodePool, UploadLimits, UploadRejected, check_image
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -92,8 +92,8 @@ def test_decodes_are_limited_per_address_and_leave_the_shared_pool_free(tmp_path
 
 
 def test_a_check_waits_a_moment_for_its_address_slot_before_it_is_refused(tmp_path):
-    """Several people behind one address sending pictures at once: each is checked in turn (a QA pass found one of
-    six refused with "still being checked"); only a wait longer than ``slot_wait_s`` is refused."""
+    """Several people behind one address sending pictures at once: each is checked in turn (not one of six refused
+    with "still being checked"); only a wait longer than ``slot_wait_s`` is refused."""
     heavy = tmp_path / "heavy.png"
     heavy.write_bytes(noise_png(2000))
     limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
@@ -146,8 +146,8 @@ def test_pixel_cap_and_reduced_jpeg_decoding(monkeypatch):
 
 
 def test_a_phone_sized_jpeg_is_decoded_small_and_accepted_while_other_formats_keep_the_cap(monkeypatch):
-    """A 24 MP phone photo was refused by the 16 MP cap although it is decoded at a quarter of its pixels anyway
-    (a QA pass, 2026-12-03); the cap now applies to what is decoded. Past 4x the cap, and for every format Pillow
+    """A 24 MP phone photo was refused by the 16 MP cap although it is decoded at a quarter of its pixels anyway;
+    the cap now applies to what is decoded. Past 4x the cap, and for every format Pillow
     must decode whole, it is read from the header and refused as before."""
     limits = UploadLimits(max_bytes=64 * 1024 * 1024, max_pixels=16_000_000, max_side=1024,
                           allowed_formats=("JPEG", "PNG"))
@@ -177,8 +177,8 @@ def test_edit_applies_the_same_text_limit_as_chat():
     import gradio as gr
 
     from tests.redis_server import running_redis, unique_prefix
-    from ui.handlers import ChatHandlers, new_session
-    from ui.metrics import UIMetrics
+    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
 
@@ -190,7 +190,7 @@ def test_edit_applies_the_same_text_limit_as_chat():
         try:
             token = h.issuer.mint()
             sub = client.submit(f"anon:{h.issuer.verify(token)}", None, "short question")
-            session = {**new_session(), "conversation": sub.conv}
+            session = {**new_tab_state(), "conversation": sub.conv}
             edit = gr.EditData(None, {"index": 0, "value": "x" * 101, "previous_value": "short question"})
 
             async def run():
@@ -380,12 +380,12 @@ def test_run_length_bmps_are_refused_before_pillow_decodes_them():
 
 def test_an_upload_is_decoded_once_however_often_it_is_named(tmp_path, monkeypatch):
     """A refused turn costs no quota and no rate, and a client can name one uploaded file in any number of
-    questions (or upload the same bytes under other names): each made the page decode it again (a hostile audit
-    kept the decode pool busy so, with one 680-byte WEBP of 4000x4000). Verdicts, refusals and checked images, are
+    questions (or upload the same bytes under other names): each made the page decode it again (one 680-byte
+    WEBP of 4000x4000 kept the decode pool busy so). Verdicts, refusals and checked images, are
     remembered by content; a file changed in place is checked afresh."""
     import shutil
 
-    import ui.uploads as uploads
+    import ui.uploads.image_check as uploads
 
     good = io.BytesIO()
     Image.new("RGB", (64, 64), (1, 2, 3)).save(good, format="PNG")
@@ -432,8 +432,8 @@ def test_an_upload_is_decoded_once_however_often_it_is_named(tmp_path, monkeypat
 
 
 def test_a_picture_padded_with_megabytes_of_comments_is_stored_re_encoded():
-    """A hostile audit (2026-12-03) filled the whole picture store, so every new picture of everyone was refused
-    for a day, from a few addresses: 1024x1024 JPEGs padded with 8 MB of comment segments passed every check and
+    """A few addresses filled the whole picture store, so every new picture of everyone was refused for a day:
+    1024x1024 JPEGs padded with 8 MB of comment segments passed every check and
     were stored, and charged, at 10 MB each."""
     limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG", "JPEG", "WEBP"))
     buf = io.BytesIO()
@@ -464,8 +464,8 @@ def test_a_photo_with_a_long_comment_that_must_be_downscaled_is_stored_without_i
 
 def test_waiting_for_an_address_slot_is_capped_per_address():
     """A reloaded page waits for its address's answer slot; a client making many page loads must not park an
-    unbounded number of waiting events (a hostile re-audit, 2026-12-03)."""
-    from ui.client_gate import AddressSlots, SlotRefused
+    unbounded number of waiting events."""
+    from ui.edge.address_slots import AddressSlots, SlotRefused
 
     slots = AddressSlots(1, "busy", max_waiting=2)
 

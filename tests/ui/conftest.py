@@ -16,3 +16,18 @@ def stack():
            "OWLET_GROUP_JOB_CAP": "16", "OWLET_GROUP_SUBMIT_LIMIT": "500"}
     with running_stack("ui", tiny_model(), env, worker_concurrency=18) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Headless Chromium (the machine's, driven by the pip playwright package); tests open their own tabs in it."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.ui.test_browser import CHROMIUM, LAUNCH_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

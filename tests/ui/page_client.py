@@ -7,6 +7,8 @@ import urllib.request
 
 from gradio_client import Client, handle_file
 
+from ui.chat import wording
+
 STACK_MAX_NEW_TOKENS = 96  # the stack's default answer length (see conftest)
 
 
@@ -41,7 +43,7 @@ def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         outs = job.outputs()
-        if outs and outs[-1][1] and not bubble_text(outs[-1][1][-1]).startswith("⏳"):
+        if outs and outs[-1][1] and not bubble_text(outs[-1][1][-1]).startswith(wording.WAITING_MARK):
             return
         time.sleep(0.02)
     raise AssertionError("no token arrived")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,21 @@ def load_launcher():
 
 
 
+def read_until_served(proc, timeout_s: float) -> list[str]:
+    """The lines a page process printed (stdout, with stderr joined to it) until it said where it serves, it ended,
+    or ``timeout_s`` passed."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if line.startswith("Owlet UI: http"):
+            break
+    return seen
+
+
 def tiny_model() -> Path:
     from training.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -36,6 +52,24 @@ def make_image(path: Path, colour=(200, 30, 30), size=(96, 64)) -> Path:
 
     Image.new("RGB", size, colour).save(path)
     return path
+
+
+# What every test stack sets: a silent stream is a lost worker after a minute, the queue line refreshes twice a
+# second, and a dead worker is noticed within seconds.
+TEST_STACK_ENV = {"OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
+                  "OWLET_HEARTBEAT_TTL_S": "3"}
+
+
+@contextlib.contextmanager
+def stack_redis(stack) -> Iterator:
+    """A Redis client on a running stack's server (for a test's ``r`` fixture)."""
+    import redis
+
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
@@ -71,7 +105,7 @@ def launched_page(config, client=None, purge: bool = True, before_launch=None) -
     """The page for ``config`` built and launched in this process (no worker); yields (url, its OwletClient).
     ``purge``: delete the client's keys afterwards (not possible when its Redis is unreachable).
     ``before_launch(page)``: called with the built Gradio page before it is launched."""
-    from ui.page_launch import launch_page
+    from ui.ops.launch import launch_page
     from ui.server import build
 
     page, launch_kwargs, client, _metrics = build(config, client)

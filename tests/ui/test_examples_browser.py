@@ -39,7 +39,10 @@ def page():
 def test_clicking_an_example_gets_the_right_answer(demo_stack, page):
     page.goto(demo_stack.url)
     page.wait_for_selector("#owlet-input textarea", timeout=60_000)
-    assert "knows only simple pictures of coloured shapes" in page.locator("#owlet-intro").inner_text()
+    assert "knows only coloured shapes" in page.locator("#owlet-how").inner_text(), "said in the first view"
+    page.locator("#owlet-about").click()  # and, on demand, what it can answer
+    page.wait_for_function("document.querySelector('#owlet-about').innerText.includes('simple pictures of coloured "
+                           "shapes')", timeout=10_000)
     samples = page.locator("#owlet-examples .gallery-item, #owlet-examples tr.tr-body, #owlet-examples button.example")
     assert samples.count() == len(EXAMPLES), page.locator("#owlet-examples").inner_html()[:2000]
 

@@ -11,13 +11,14 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import make_image
-from ui import wording
-from ui.chat_view import message_text, render_history
+from ui.chat import wording
+from ui.chat.handlers import ChatHandlers, new_tab_state
+from ui.chat.view import message_text, render_history
 from ui.config import UIConfig
-from ui.handlers import ChatHandlers, new_session
-from ui.metrics import UIMetrics
+from ui.ops.metrics import UIMetrics
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.errors import ConversationCleared
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,7 +36,7 @@ async def drain(agen) -> list:
 
 def ask(handlers, text, session=None, browser=None, files=(), hash_="s"):
     browser = browser or handlers.issuer.mint()  # what the page's load event gives every browser
-    return handlers.respond({"text": text, "files": list(files)}, 24, session or new_session(), browser,
+    return handlers.respond({"text": text, "files": list(files)}, 24, session or new_tab_state(), browser,
                             gr.Request(session_hash=hash_))
 
 
@@ -59,11 +60,11 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
     async def scenario():
         waiting = ask(h, "first question", browser=alice, hash_="a1")
         _box, chat, status, session = await waiting.__anext__()
-        assert status.startswith("Queued") and session["job"], status
-        assert message_text(chat[-1]).startswith("⏳ Queued")
+        assert status.startswith(wording.WAITING_STARTS) and session["job"], status
+        assert message_text(chat[-1]).startswith(wording.waiting("You are "))
         # Same person, a second conversation: the per-user cap (1 waiting job) refuses it, clearly.
         *_, (_b, chat2, status2, _s) = await drain(ask(h, "another chat", browser=alice, hash_="a2"))
-        assert "questions waiting" in status2 and message_text(chat2[-1]).startswith("⚠️")
+        assert "questions waiting" in status2 and message_text(chat2[-1]).startswith(wording.WARNING_MARK)
         # Bob fills the global queue (cap 2); Carol is told the service is busy.
         bob_waiting = ask(h, "bob asks", browser=bob, hash_="b1")
         _b, _c, bob_status, bob_session = await bob_waiting.__anext__()
@@ -88,14 +89,14 @@ def test_user_cap_then_busy_then_stop_while_queued(idle_handlers):
 def test_a_reloaded_page_waits_for_its_address_slot_instead_of_being_refused(idle_handlers):
     """Four people behind one address with answers open; one reloads. The old tab's stream held its slot until
     Gradio noticed it had closed, so the reloaded page was told "Too many answers are open" about the answer it
-    was following, and showed it only after another reload (a QA pass, 2026-12-03)."""
+    was following, and showed it only after another reload."""
     h = idle_handlers
     alice = h.issuer.mint()
 
     async def scenario():
         asking = ask(h, "first question", browser=alice, hash_="tab")
         _box, _chat, status, session = await asking.__anext__()
-        assert status.startswith("Queued"), status
+        assert status.startswith(wording.WAITING_STARTS), status
         address = h._caller(gr.Request(session_hash="tab"), alice).address
         for _ in range(h.config.address_max_events - 1):  # the other people's answers
             h.event_slots.acquire(address)
@@ -109,7 +110,8 @@ def test_a_reloaded_page_waits_for_its_address_slot_instead_of_being_refused(idl
         assert not first.done(), "it waits for the slot (no refusal)"
         await asking.aclose()  # Gradio notices the old tab has gone: its slot comes free
         _box, chat, status, _session = await asyncio.wait_for(first, timeout=5)
-        assert status.startswith("Queued") and message_text(chat[-1]).startswith("⏳ Queued"), status
+        assert status.startswith(wording.WAITING_STARTS), status
+        assert message_text(chat[-1]).startswith(wording.waiting("You are ")), status
         await following.aclose()
         await asyncio.sleep(0.2)  # the inner generators are closed by the loop's finaliser, a step later
 
@@ -124,8 +126,8 @@ def test_a_reloaded_page_waits_for_its_address_slot_instead_of_being_refused(idl
 
 
 def test_the_queued_line_says_when_no_worker_is_running_instead_of_an_eta(idle_handlers):
-    """With the worker dead, every waiting user read "Queued — position 1, about 1 s" for as long as the restart
-    took (a QA pass, 2026-12-03: 9-37 s)."""
+    """With the worker dead, every waiting user read that they were next in line, "about 1 s", for as long as the
+    restart took (9-37 s)."""
     from worker.heartbeat import Heartbeat, publish
 
     h = idle_handlers
@@ -137,23 +139,23 @@ def test_the_queued_line_says_when_no_worker_is_running_instead_of_an_eta(idle_h
             _box, _chat, status, _session = await asyncio.wait_for(asking.__anext__(), timeout=10)
             statuses.append(status)
             return status
-        while "no worker is running" not in await next_status():
+        while wording.NO_WORKER not in await next_status():
             pass
         # A worker comes back (alive, with no free slot yet, so the question stays queued).
         publish(h.client.r, h.client.keys, Heartbeat(worker="back@test", capacity=0), ttl_s=60)
-        while "no worker is running" in await next_status():
+        while wording.NO_WORKER in await next_status():
             pass
         await asking.aclose()
         return statuses
 
     statuses = asyncio.run(scenario())
-    assert statuses[-1].startswith("Queued — position 1") and "no worker" not in statuses[-1], statuses
-    assert not any("about" in s for s in statuses if "no worker" in s), "no ETA while nothing can start it"
+    assert statuses[-1].startswith("You are next in line") and wording.NO_WORKER not in statuses[-1], statuses
+    assert not any("about" in s for s in statuses if wording.NO_WORKER in s), "no ETA while nothing can start it"
 
 
 def test_retry_of_a_refused_question_says_it_was_never_sent(idle_handlers, tmp_path):
     """The chat shows a refused question with its reason under it; its retry button said "Only your own messages
-    can be retried or edited" (a QA pass, 2026-12-03), about the user's own message."""
+    can be retried or edited", about the user's own message."""
     h = idle_handlers
     alice = h.issuer.mint()
     damaged = tmp_path / "damaged.png"
@@ -166,7 +168,8 @@ def test_retry_of_a_refused_question_says_it_was_never_sent(idle_handlers, tmp_p
         *_, (_b, _c, _s, session) = await drain(asking)
         *_, (_b, chat, status, session) = await drain(ask(h, "and this?", session=session, browser=alice,
                                                           files=[str(damaged)], hash_="t"))
-        assert status.startswith("Image rejected") and message_text(chat[-1]).startswith("⚠️")
+        assert status.startswith("The image file is damaged"), status
+        assert message_text(chat[-1]).startswith(wording.WARNING_MARK)
         retried = h.retry(24, session, alice, gr.EventData(None, {"index": len(chat) - 1, "value": "x"}),
                           gr.Request(session_hash="t"))
         [(_box, shown, said, _session)] = await drain(retried)
@@ -188,8 +191,8 @@ def test_a_silent_worker_is_reported_and_the_job_cancelled(idle_handlers):
     updates = asyncio.run(drain(ask(h, "hello?", browser=browser)))
     _box, chat, status, session = updates[-1]
     job = next(u[3]["job"] for u in updates if u[3] is not gr.skip() and isinstance(u[3], dict) and u[3].get("job"))
-    assert status == "⚠️ " + wording.WORKER_LOST
-    assert message_text(chat[-1]) == "⚠️ " + wording.WORKER_LOST
+    assert status == wording.warning(wording.WORKER_LOST)
+    assert message_text(chat[-1]) == wording.warning(wording.WORKER_LOST)
     assert time.monotonic() - start < 10
     assert session["job"] is None
     # ...and cancelled, not only reported: it held a dispatch slot, and its conversation read "still answering".
@@ -217,13 +220,13 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
 
     async def scenario():
         *_, (_b, _c, status, session) = await drain(ask(h, "first question", browser=browser, files=[image]))
-        assert "First token" in status, status
+        assert "Answered in" in status, status
         *_, (_b, chat, status, session) = await drain(ask(h, "second question", session, browser))
         assert len(chat) == 4
 
         retry = gr.RetryData(None, {"index": 2, "value": "second question"})
         *_, (_b, chat, status, session) = await drain(h.retry(24, session, browser, retry, req))
-        assert "First token" in status, status
+        assert "Answered in" in status, status
         turns = h.client.history(f"anon:{h.issuer.verify(browser)}", session["conversation"])
         assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
         assert turns[2]["text"] == "second question"
@@ -249,7 +252,7 @@ def test_redis_down_is_a_clear_message_not_a_traceback():
 
     h = make_handlers(f"redis://127.0.0.1:{free_port()}/0", "owlet-nowhere:")
     *_, (box, chat, status, session) = asyncio.run(drain(ask(h, "anyone there?", browser=h.issuer.mint())))
-    assert status == wording.SERVICE_DOWN and message_text(chat[-1]) == "⚠️ " + wording.SERVICE_DOWN
+    assert status == wording.SERVICE_DOWN and message_text(chat[-1]) == wording.warning(wording.SERVICE_DOWN)
     assert box["interactive"] is True and session["job"] is None
     h.client.close()
 
@@ -286,12 +289,51 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers,
             statuses.append(status)
             if "about" in status:
                 break
-        assert any(s.startswith("Queued — position 1, about 8 s") for s in statuses), statuses
+        assert any(s.startswith("You are next in line, about 8 s") for s in statuses), statuses
         await second.aclose()  # leaving the stream cancels the waiting job, unless a page follows it again soon
         await first.aclose()
         await asyncio.sleep(0.5)  # the grace a reloaded page gets (shortened here)
 
-    import ui.handlers
-    monkeypatch.setattr(ui.handlers, "RELOAD_GRACE_S", 0.1)
+    import ui.chat.handlers
+    monkeypatch.setattr(ui.chat.handlers, "RELOAD_GRACE_S", 0.1)
     asyncio.run(scenario())
     assert h.client.health()["queued"] == 0, "closing the page's streams cancelled both jobs"
+
+
+def test_a_conversation_that_gave_way_says_so_when_reopened_and_the_next_question_starts_afresh(idle_handlers):
+    """The service-wide history budget cleared a visitor's conversation (the least recently used, whole). Reopened
+    (a reload), the page says why it is empty and forgets it; a tab still showing it is told the same when it asks
+    on, and its next question starts a new conversation."""
+    h = idle_handlers
+    alice = h.issuer.mint()
+    cleared = ConversationCleared.user_message
+
+    async def scenario():
+        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
+        _box, _chat, _status, session = await asking.__anext__()
+        h.stop(session, alice, gr.Request(session_hash="tab"))
+        *_, (_b, _c, _s, session) = await drain(asking)
+        conv = session["conversation"]
+        assert h.client.jobs.make_room() > 0  # MAKE_ROOM, as a full Redis has it run: the idle conversation goes
+        assert not h.client.r.exists(h.client.keys.conversation(conv), h.client.keys.turns(conv))
+
+        _id, chat, status, tab, remember = h.on_load(alice, {"conversation": conv}, None,
+                                                     gr.Request(session_hash="reloaded"))
+        assert chat == [] and status == cleared and tab["conversation"] is None
+        assert remember == {"conversation": None}, "the browser forgets it"
+        # Someone else naming it learns nothing.
+        _id, _chat, status, _tab, _remember = h.on_load(h.issuer.mint(), {"conversation": conv}, None,
+                                                        gr.Request(session_hash="stranger"))
+        assert status == ""
+
+        *_, (_b, chat, status, tab) = await drain(ask(h, "and the colours?", session=session, browser=alice,
+                                                      hash_="tab"))
+        assert status == cleared and wording.WARNING_MARK in message_text(chat[-1])
+        assert tab["conversation"] is None, "the next question starts a new conversation"
+        again = ask(h, "what is in this one?", session=tab, browser=alice, hash_="tab")
+        _box, _chat, status, tab = await again.__anext__()
+        assert status.startswith(wording.WAITING_STARTS) and tab["conversation"] not in (None, conv)
+        h.stop(tab, alice, gr.Request(session_hash="tab"))
+        await drain(again)
+
+    asyncio.run(scenario())

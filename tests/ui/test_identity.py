@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from ui.identity import (ClientAddresses, IdentityIssuer, IdentityRequired, client_group_address, identify,
+from ui.identity import (ClientAddresses, IdentityIssuer, IdentityRequired, counted_address, identify,
                          parse_networks)
 
 ISSUER = IdentityIssuer(b"k" * 32)
@@ -74,12 +74,12 @@ def test_every_forwarded_for_line_counts_and_ports_are_dropped():
 def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
     # One subscriber holds a whole /64 and can pick any address in it for every request.
     a, b = "2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:fffe"
-    assert client_group_address(a) == client_group_address(b) == "2001:db8:1:2::/64"
-    assert client_group_address("2001:db8:1:3::1") != client_group_address(a), "the next /64 is someone else"
-    assert client_group_address(a, ipv6_prefix=48) == client_group_address("2001:db8:1:ff::1", ipv6_prefix=48)
-    assert client_group_address("::ffff:198.51.100.9") == "198.51.100.9"
-    assert client_group_address("198.51.100.9") == "198.51.100.9"
-    assert client_group_address("testclient") == "testclient", "not an IP: counted as given"
+    assert counted_address(a) == counted_address(b) == "2001:db8:1:2::/64"
+    assert counted_address("2001:db8:1:3::1") != counted_address(a), "the next /64 is someone else"
+    assert counted_address(a, ipv6_prefix=48) == counted_address("2001:db8:1:ff::1", ipv6_prefix=48)
+    assert counted_address("::ffff:198.51.100.9") == "198.51.100.9"
+    assert counted_address("198.51.100.9") == "198.51.100.9"
+    assert counted_address("testclient") == "testclient", "not an IP: counted as given"
     proxies = ClientAddresses(parse_networks("127.0.0.1"))
     via_proxy = request(host="127.0.0.1", forwarded="2001:DB8:1:2::abcd")
     assert proxies.of(via_proxy) == "2001:db8:1:2::/64"

@@ -5,7 +5,7 @@ from PIL import Image
 from engine import limits
 from engine.config import EngineConfig
 from ui.config import UIConfig
-from ui.uploads import UploadLimits, check_image
+from ui.uploads.image_check import UploadLimits, check_image
 from worker.config import Settings
 
 

@@ -1,8 +1,8 @@
-"""Folding stream events into what the page shows (the pure part of ui.job_follower)."""
+"""Folding stream events into what the page shows (the pure part of ui.chat.job_follower)."""
 from __future__ import annotations
 
-from ui import wording
-from ui.job_follower import Progress, _apply
+from ui.chat import wording
+from ui.chat.job_follower import Progress, _apply
 
 
 def fold(*events) -> Progress:
@@ -18,11 +18,12 @@ def test_a_normal_answer():
              {"type": "done", "text": "a red circle", "finish_reason": "eos", "stats": {"prompt_tokens": 9}})
     assert (p.state, p.answer, p.finish_reason, p.stats) == ("done", "a red circle", "eos", {"prompt_tokens": 9})
     assert p.first_token_s is not None and p.queue_wait_s is not None and p.run_s is not None
+    assert p.total_s is not None and p.total_s >= p.run_s
 
 
 def test_queued_line_shows_position_and_eta():
     p = fold({"type": "queued", "position": 3, "eta_s": 11.6})
-    assert p.status == "Queued — position 3, about 12 s" and not p.finished
+    assert p.status == "You are 3rd in line, about 12 s" and not p.finished
 
 
 def test_a_restart_after_a_lost_worker_discards_the_partial_answer():

@@ -1,7 +1,7 @@
-"""Who may end an answer stream: only the identity that asked, in the session it runs in (ui.live_streams)."""
+"""Who may end an answer stream: only the identity that asked, in the session it runs in (ui.chat.live_streams)."""
 from __future__ import annotations
 
-from ui.live_streams import LiveStreams
+from ui.chat.live_streams import LiveStreams
 
 
 def test_only_the_asker_can_abandon_its_stream_and_a_newer_question_takes_the_session_over():

@@ -76,10 +76,10 @@ def test_redis_down_gives_503_and_redis_up_zero():
 
 def test_gradios_monitoring_is_off_and_its_per_event_summary_never_built():
     """Gradio's /monitoring endpoints would show any visitor the traffic per endpoint, and its queue rebuilt a
-    pandas summary of up to 10,000 event records at the end of every event (ui.gradio_costs)."""
+    pandas summary of up to 10,000 event records at the end of every event (ui.gradio_adapters.event_costs)."""
     from gradio_client import Client
 
-    from ui.page_launch import launch_page
+    from ui.ops.launch import launch_page
     from ui.server import build
 
     with running_redis() as redis_url:

@@ -1,4 +1,4 @@
-"""The page starts on a slow or proxied machine, and says so clearly when it truly cannot be served (ui.page_launch).
+"""The page starts on a slow or proxied machine, and says so clearly when it truly cannot be served (ui.ops.launch).
 
 Gradio's own start-up check gave up after one 3-second HEAD request and killed a healthy page process with
 "When localhost is not accessible, a shareable link must be created" (seen once in CI under load).
@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 
 from tests.redis_server import running_redis, unique_prefix
-from tests.ui.stack import ROOT, free_port
-from ui.page_launch import PageNotServed, keep_loopback_off_proxies, wait_until_served
+from tests.ui.stack import ROOT, free_port, read_until_served
+from ui.ops.launch import PageNotServed, keep_loopback_off_proxies, wait_until_served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,16 +87,10 @@ def test_python_m_ui_serves_with_an_http_proxy_that_cannot_reach_this_machine():
         proc = subprocess.Popen([sys.executable, "-m", "ui", "--port", str(port), "--redis-url", redis_url],
                                 cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            seen = []
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                line = proc.stdout.readline()
-                if not line and proc.poll() is not None:
-                    break
-                seen.append(line)
-                if line.startswith("Owlet UI: http"):
-                    break
+            seen = read_until_served(proc, timeout_s=90)
             assert any(line.startswith("Owlet UI: http") for line in seen), "".join(seen)
+            # The start-up report of Owlet's adaptations of Gradio (ui.gradio_adapters.registry), all applied.
+            assert any("(verified): every adaptation applied" in line for line in seen), "".join(seen)
             direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
             assert direct.open(f"http://127.0.0.1:{port}/", timeout=30).status == 200
         finally:

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from tests.redis_server import OwnedRedis, running_redis, unique_prefix
-from ui import wording
-from ui.pacing import UpdatePacer, watch_loop_lag
-from ui.stream_hub import UNKNOWN_JOB, StreamHub
+from ui.chat import wording
+from ui.chat.pacing import UpdatePacer, watch_loop_lag
+from ui.chat.stream_hub import UNKNOWN_JOB, StreamHub
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.streams import encode
@@ -80,7 +80,7 @@ def client():
 def test_every_follower_of_one_answer_gets_all_of_it(client):
     """A reloaded page, or a second tab, follows the same answer as the first tab: each gets every event, from the
     start, and ends with the answer. One subscription per stream let the newest take it from the others, which
-    then waited two minutes and told their user the worker was lost (a QA pass, 2026-12-03)."""
+    then waited two minutes and told their user the worker was lost."""
     async def scenario():
         hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3)
         got: dict[str, list] = {"first": [], "reloaded": [], "late": []}
@@ -208,7 +208,7 @@ def test_component_updates_share_one_api_schema_equal_to_pydantics():
     import gradio as gr
     from gradio.components.multimodal_textbox import MultimodalData
 
-    from ui.gradio_costs import share_component_schemas
+    from ui.gradio_adapters.event_costs import share_component_schemas
 
     share_component_schemas()
     share_component_schemas()  # idempotent: the method is wrapped once

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from ui.uploads import UploadLimits, UploadRejected, check_image, read_upload
+from ui.uploads.image_check import UploadLimits, UploadRejected, check_image, read_upload
 
 LIMITS = UploadLimits(max_bytes=2 * 1024 * 1024, max_pixels=4_000_000, max_side=256,
                       allowed_formats=("PNG", "JPEG", "WEBP", "GIF", "BMP"))
@@ -148,3 +148,26 @@ def test_common_formats_not_allowed_are_named_from_their_signature():
     for data, name in ((heic, "HEIC"), (avif, "AVIF"), (b"8BPS\x00\x01" + b"\x00" * 64, "PSD")):
         with pytest.raises(UploadRejected, match=f"^{name} images are not supported. Supported types: PNG"):
             check_image(data, LIMITS)
+
+
+def test_decode_verdicts_are_bounded_in_number_and_bytes():
+    """Every new picture leaves a verdict; small ones never reach the byte bound, so the count bounds them."""
+    from ui.uploads.decode_verdicts import MAX_ENTRIES, DecodeVerdicts, content_key
+    from ui.uploads.image_check import CheckedImage
+
+    verdicts = DecodeVerdicts()
+    for i in range(MAX_ENTRIES + 300):
+        data = i.to_bytes(4, "big") * 500
+        scope = ("limits", f"198.51.100.{i % 200}")
+        verdicts.record((f"/uploads/{i}.png", len(data), i, scope), content_key(data, scope),
+                        CheckedImage(data, "PNG", 32, 32, "PNG", False, True))
+    assert len(verdicts._by_content) == MAX_ENTRIES and len(verdicts._by_file) == MAX_ENTRIES
+    newest = MAX_ENTRIES + 299
+    assert verdicts.by_file((f"/uploads/{newest}.png", 2000, newest, ("limits", f"198.51.100.{newest % 200}")))
+    assert verdicts.by_file(("/uploads/0.png", 2000, 0, ("limits", "198.51.100.0"))) is None, "the oldest stayed"
+
+    small = DecodeVerdicts(max_image_bytes=10_000)
+    for i in range(20):  # 2,000 bytes each: five fit
+        data = bytes([i]) * 2000
+        small.record(None, content_key(data, "s"), CheckedImage(data, "PNG", 1, 1, "PNG", False, True))
+    assert small._image_bytes <= 10_000 and len(small._by_content) == 5

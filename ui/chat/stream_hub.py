@@ -1,0 +1,257 @@
+"""One reader for every answer stream the page follows: one thread, one multi-stream XREAD per tick.
+
+A thread per stream, each blocking on its own XREAD and waking the event loop once per token, costs the
+page a Redis round trip and a thread hop per token: at 64 streams of 40 tokens a second that alone is a
+third of a core. Here one thread asks Redis for all followed streams at once (``XREAD ... STREAMS k1 k2 …``),
+at most once per ``tick_s``, and hands everything it read to the event loop in one call. The tick bounds the
+read rate however many streams are live; while streams are quiet the XREAD blocks, so a token still
+arrives within one round trip.
+
+While a stream is silent, the hub does what ``OwletClient.events`` does for a lone reader: it notices a
+stream that vanished or a job that ended without a terminal event, and runs the reaper sweep (so a dead
+worker or an expired queue slot still ends the stream when no worker is alive to notice).
+
+When Redis goes away (a restart), the answers keep being generated and their streams are kept (append-only
+file), so the hub does not end them at once: it tells each follower the page is reconnecting and keeps trying
+from each stream's last id for ``outage_grace_s``. Once Redis is back, every answer resumes where it stopped and
+ends with its own terminal event — the user is never told "try again" while the job is in fact still running.
+Only an outage longer than the grace ends the streams with a sentence, so no stream waits forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from ui.chat import wording
+from worker.keys import JobField
+from worker.redis_retry import UNREACHABLE
+from worker.streams import TERMINAL, decode
+
+log = logging.getLogger("owlet.ui")
+
+UNKNOWN_JOB = "This answer is no longer available (unknown or expired job)."
+
+# deliver(events, ended): events are decoded stream events in order; ended means no more will come.
+Deliver = Callable[[list, bool], None]
+
+
+@dataclass(eq=False)
+class Subscription:
+    job_id: str
+    key: str
+    loop: asyncio.AbstractEventLoop
+    deliver: Deliver
+    last_id: str = "0"  # replay from the start: a late or reconnecting reader loses nothing
+    last_event_at: float = field(default_factory=time.monotonic)
+    ended: bool = False
+
+
+class StreamHub:
+    def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0,
+                 outage_grace_s: float = 60.0):
+        assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
+        self.client, self.tick_s, self.block_ms, self.idle_check_s = client, tick_s, block_ms, idle_check_s
+        self.outage_grace_s = outage_grace_s
+        # By stream key: every follower of that stream (a reloaded page or a second tab follows the same answer
+        # as the first; one subscription per key let the newest take the stream from the others, which then
+        # waited for the stall timeout and told their user the worker was lost).
+        self._subs: dict[str, list[Subscription]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the event loop's side ----------------------------------------------------------------------------
+    def subscribe(self, job_id: str, deliver: Deliver) -> Subscription:
+        """Follow ``job_id``'s stream from its start; ``deliver`` runs on the calling event loop."""
+        sub = Subscription(job_id, self.client.keys.stream(job_id), asyncio.get_running_loop(), deliver)
+        with self._lock:
+            self._subs.setdefault(sub.key, []).append(sub)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="owlet-stream-hub", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            self._drop(sub)
+
+    def _drop(self, sub: Subscription) -> None:
+        """Forget ``sub`` (the lock held)."""
+        followers = self._subs.get(sub.key, [])
+        if sub in followers:
+            followers.remove(sub)
+            if not followers:
+                del self._subs[sub.key]
+
+    def following(self, job_id: str) -> int:
+        """How many of this page's streams follow ``job_id`` now."""
+        with self._lock:
+            return len(self._subs.get(self.client.keys.stream(job_id), ()))
+
+    @property
+    def live(self) -> int:
+        return sum(len(followers) for followers in self._subs.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- the hub thread -----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        last_idle_check = time.monotonic()
+        down_since = None  # when Redis stopped answering (None: it answers)
+        told: set[str] = set()  # streams already told about this outage
+        while not self._stop.is_set():
+            with self._lock:
+                subs = [sub for followers in self._subs.values() for sub in followers]
+            if not subs:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            started = time.monotonic()
+            try:
+                self._read(subs)
+                if down_since is not None:
+                    log.warning("stream hub: Redis is back after %.1f s", started - down_since)
+                    down_since, told = None, set()
+                if started - last_idle_check >= self.idle_check_s:
+                    last_idle_check = started
+                    self._check_idle(subs)
+            except UNREACHABLE as exc:  # Redis down or restarting: wait for it a while, then end with a sentence
+                if down_since is None:
+                    log.warning("stream hub read failed: %r; waiting up to %.0f s for Redis", exc, self.outage_grace_s)
+                    down_since = started
+                if started - down_since < self.outage_grace_s:
+                    fresh = [s for s in subs if s.key not in told]
+                    told.update(s.key for s in fresh)
+                    self._notify(fresh, {"type": "notice", "message": wording.RECONNECTING})
+                else:
+                    self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
+                self._stop.wait(0.5)
+            except redis.RedisError as exc:  # any other Redis failure: end every stream with a sentence at once
+                log.warning("stream hub read failed: %r", exc)
+                self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
+                self._stop.wait(0.5)
+            except Exception:  # a bug here must not leave every page waiting forever
+                log.exception("stream hub failed")
+                self._end_all(subs, {"type": "error", "message": wording.SERVICE_DOWN})
+            # Coalesce: at most one read per tick, so a burst of tokens crosses to the event loop at once.
+            self._stop.wait(max(0.0, self.tick_s - (time.monotonic() - started)))
+
+    def _read(self, subs: list[Subscription], block: bool = True) -> None:
+        by_key: dict[str, list[Subscription]] = {}
+        for s in subs:
+            if not s.ended:
+                by_key.setdefault(s.key, []).append(s)
+        if not by_key:
+            return
+        # Each stream is read from its least advanced follower; each follower is handed what it has not seen.
+        reply = self.client.r.xread({key: min((s.last_id for s in followers), key=_id_order)
+                                     for key, followers in by_key.items()},
+                                    count=512, block=self.block_ms if block else None)
+        if not reply:
+            return
+        now = time.monotonic()
+        batches: list[tuple[Subscription, list, bool]] = []
+        for key, entries in reply:
+            entries = [(entry_id.decode(), fields) for entry_id, fields in entries]
+            for sub in by_key.get(key.decode() if isinstance(key, bytes) else key, []):
+                events = []
+                for entry_id, fields in entries:
+                    if _id_order(entry_id) <= _id_order(sub.last_id):
+                        continue
+                    sub.last_id = entry_id
+                    event = decode(fields)
+                    events.append(event)
+                    if event["type"] in TERMINAL:
+                        sub.ended = True
+                        break
+                if events:
+                    sub.last_event_at = now
+                    batches.append((sub, events, sub.ended))
+        self._hand_over(batches)
+
+    def _check_idle(self, subs: list[Subscription]) -> None:
+        """Streams silent for a while: vanished, or ended without a terminal event? Also sweep dead workers."""
+        now = time.monotonic()
+        idle = [s for s in subs if not s.ended and now - s.last_event_at >= self.idle_check_s]
+        if not idle:
+            return
+        self.client.reaper.sweep_if_due()  # ends jobs of dead workers and expired queue slots
+        keys = self.client.keys
+        with self.client.r.pipeline(transaction=False) as p:
+            for s in idle:
+                p.exists(s.key)
+                p.hget(keys.job(s.job_id), JobField.state)
+            replies = p.execute()
+        batches, finished = [], []
+        for i, s in enumerate(idle):
+            stream_exists, state = replies[2 * i], replies[2 * i + 1]
+            if not stream_exists:
+                s.ended = True
+                batches.append((s, [{"type": "error", "message": UNKNOWN_JOB, "t": time.time()}], True))
+            elif state is not None and state.decode() in TERMINAL:
+                finished.append(s)
+        self._hand_over(batches)
+        if finished:
+            # The job ended: read once more, since its terminal event may have landed after the last read.
+            self._read(finished, block=False)
+            # Still none (a reader resuming after it was trimmed): nothing more will come. The follower
+            # reports a stream that ends without a terminal event as lost.
+            for s in finished:
+                if not s.ended:
+                    s.ended = True
+                    self._hand_over([(s, [], True)])
+
+    def _notify(self, subs: list[Subscription], event: dict) -> None:
+        """A non-terminal event for each live subscription (the stream goes on)."""
+        self._hand_over([(s, [dict(event, t=time.time())], False) for s in subs if not s.ended])
+
+    def _end_all(self, subs: list[Subscription], event: dict) -> None:
+        batches = []
+        for s in subs:
+            if not s.ended:
+                s.ended = True
+                batches.append((s, [dict(event, t=time.time())], True))
+        self._hand_over(batches)
+
+    def _hand_over(self, batches: list[tuple[Subscription, list, bool]]) -> None:
+        """One hop per event loop for everything read this tick; ended subscriptions are dropped."""
+        if not batches:
+            return
+        with self._lock:
+            for sub, _events, ended in batches:
+                if ended:
+                    self._drop(sub)
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for sub, events, ended in batches:
+            by_loop.setdefault(sub.loop, []).append((sub.deliver, events, ended))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # that event loop closed (server shutting down)
+                pass
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>", or "0" for the start) as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _deliver_all(items: list) -> None:
+    for deliver, events, ended in items:
+        try:
+            deliver(events, ended)
+        except Exception:
+            log.exception("delivering stream events failed")
