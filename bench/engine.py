@@ -9,10 +9,11 @@ Poisson stream. Ways:
    runs until its longest request is done; on the Poisson stream a batch is whatever has arrived
    (at least one request) when the previous batch ends;
 3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``;
-4. ``engine-unpacked`` (only when named in ``--ways``): the same engine with ``cpu_packed_weights``,
-   ``cpu_onednn_linear``, ``cpu_openblas_linear`` and ``cpu_panel_linear`` off (every matmul through the
-   model's own ``nn.Linear``), so the share of the lead that the CPU kernel choice (engine/cpu_linear.py) brings
-   is measured in the same run.
+4. ``engine-unpacked`` (only when named in ``--ways``): the same engine with ``cpu_kernels=off`` (every matmul
+   through the model's own ``nn.Linear``), so the share of the lead that the CPU kernels (engine/cpu/) bring is
+   measured in the same run; ``engine-cpu-<kernels>`` (e.g. ``engine-cpu-onednn``, ``engine-cpu-packed+panel``):
+   the engine on those kernels alone (``cpu_kernels=onednn``, ``packed,panel``), so each kernel's worth is
+   measured side by side.
 
 Fairness: every way loads the same checkpoint in the same dtype, decodes greedily, and produces
 exactly ``max_new_tokens`` tokens per request (checked and printed). Random weights would emit EOS
@@ -33,9 +34,14 @@ out load swings) and sits far from its target. The table's ``steps`` (decode for
 ``useful`` (share of computed rows a request needed) columns count work and carry no timing noise.
 The Poisson rate defaults to 0.7x the engine's burst requests/s, a load the engine keeps up with.
 
+Batched prefill: after the workload, a burst of ``--burst-turns`` (64) new image turns arriving at once is served
+with prefill one prompt at a time and batched (engine/prefill_batch.py), side by side: prefill forwards per burst
+and TTFT p50/p95 (bench/prefill_burst.py; ``--no-prefill-burst`` skips it).
+
 Run: ``python -m bench.engine`` (the "small" 87M-parameter shape, 8-10 minutes on 2 shared CPU cores),
-``--tiny`` (under a minute), ``--shape lfm2-vl-1.6b`` (real LFM2-VL-1.6B text shape, random init;
-meant for a GPU, fp16). The last line is ``RESULT {json}`` with the headline ratios.
+``--quick`` (the tiny shape and short budgets: seconds; ``--tiny`` is the same flag), ``--shape lfm2-vl-1.6b``
+(real LFM2-VL-1.6B text shape, random init; meant for a GPU, fp16). ``--profile`` (with ``--quick`` too) runs
+``bench.step_profile`` instead of the workload. The last line is ``RESULT {json}`` with the headline ratios.
 """
 from __future__ import annotations
 
@@ -56,6 +62,7 @@ from pathlib import Path
 import torch
 
 from bench.machine import machine_line
+from bench.quick import add_quick_flag, parse_with_quick
 
 # Text / vision / processor shapes. "small" has 87M parameters; "lfm2-vl-1.6b" follows the
 # real model's text shape (hidden 2048, 16 layers, attention at 2, 5, 8, 10, 12, 14, 8 KV heads
@@ -165,7 +172,11 @@ def bench_checkpoint(shape: str, cache_dir: Path, image_tokens: tuple[int, int] 
                                 vision_overrides=spec["vision"], projector_hidden_size=spec["projector"],
                                 dtype=spec.get("save_dtype", "float32"))  # 1.5B params: fp16 halves the disk
         _silence_eos(tmp, tokenizer.eos_token_id)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:  # another benchmark built the same checkpoint meanwhile: keep its complete folder
+            if not (final / "config.json").exists():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -303,19 +314,22 @@ def run_engine(engine, requests, arrivals, pattern: str, way: str = "engine") ->
             return decode(batch)
         finally:
             steps.append((time.perf_counter() - t, len(batch)))
-            # What the step's attention read: the slot batch records it (varlen runs or one padded call).
-            padding.append((getattr(batch, "last_attended", 0) or len(batch) * (batch.padded_len + 1), needed))
+            # What the step's attention read, as the batch records it (varlen runs or one padded call).
+            padding.append((batch.last_attended, needed))
     padding: list[tuple[int, int]] = []  # per step: K/V positions attention spans, and those rows really have
     engine.runner.decode = timed_decode
-    prefill, prefill_s = engine.runner.prefill, []
+    prefill_s: list[float] = []
 
-    def timed_prefill(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return prefill(*args, **kwargs)
-        finally:
-            prefill_s.append(time.perf_counter() - t)
-    engine.runner.prefill = timed_prefill
+    def timed(fn):  # a prefill's time, one prompt's or a batched one's (engine/prefill_batch.py), in prefill_s
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                prefill_s.append(time.perf_counter() - t)
+        return run
+    prefill, together = engine.runner.prefill, engine.runner.prefill_together  # put back after the run
+    engine.runner.prefill, engine.runner.prefill_together = timed(prefill), timed(together)
     start = time.perf_counter()
     lags: list[tuple[int, float]] = []
     results, finished = {}, {}
@@ -335,7 +349,7 @@ def run_engine(engine, requests, arrivals, pattern: str, way: str = "engine") ->
         waiters[-1].start()
     for w in waiters:
         w.join()
-    engine.runner.decode, engine.runner.prefill = decode, prefill
+    engine.runner.decode, engine.runner.prefill, engine.runner.prefill_together = decode, prefill, together
     after = engine.stats()
     out = WayResult(way, pattern, decode_steps=after["decode_steps"] - before["decode_steps"],
                     decode_rows=after["decode_rows"] - before["decode_rows"],
@@ -352,6 +366,18 @@ def run_engine(engine, requests, arrivals, pattern: str, way: str = "engine") ->
         out.outcomes.append(Outcome(requests[i].index, arrivals[i], first, finished[i], len(r.token_ids),
                                     tuple(r.token_ids)))
     return out
+
+
+def engine_overrides(way: str) -> dict:
+    """The EngineConfig fields an engine way sets: ``engine`` none, ``engine-unpacked`` no CPU kernels,
+    ``engine-cpu-a+b`` the CPU kernels a and b alone."""
+    if way == "engine-unpacked":
+        return {"cpu_kernels": "off"}
+    if way.startswith("engine-cpu-"):
+        return {"cpu_kernels": way.removeprefix("engine-cpu-").replace("+", ",")}
+    if way != "engine":
+        raise SystemExit(f"unknown way {way!r}")
+    return {}
 
 
 def start_engine(ckpt: Path, dtype: torch.dtype, args, **overrides):
@@ -429,9 +455,13 @@ def check_equal_work(requests, results: list[WayResult]) -> bool:
 # ----------------------------------------------------------------------------- main
 
 
+# --quick (and --tiny): the tiny shape with short budgets, 16 requests, one burst run per way, a shorter profile.
+QUICK = dict(requests=16, burst_repeats=1, profile_context=256, profile_steps=8, burst_turns=16)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny model and short budgets: a quick run")
+    add_quick_flag(p, "--tiny")  # the tiny shape and short budgets
     p.add_argument("--shape", choices=["small", "lfm2-vl-1.6b"], default="small")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -440,7 +470,8 @@ def parse_args(argv=None):
     p.add_argument("--max-running", type=int, default=16, help="engine batch size = static batch size")
     p.add_argument("--patterns", default="burst,poisson", help="comma list of burst, poisson")
     p.add_argument("--ways", default="sequential,static,engine",
-                   help="comma list of sequential, static, engine, engine-unpacked")
+                   help="comma list of sequential, static, engine, engine-unpacked, engine-cpu-<kernels> (e.g. "
+                        "engine-cpu-onednn, engine-cpu-packed+panel)")
     p.add_argument("--burst-repeats", type=int, default=2,
                    help="burst runs of static and engine, alternated; each way's best counts (load on a shared "
                         "machine drifts by tens of percent within minutes). Sequential runs once")
@@ -450,12 +481,17 @@ def parse_args(argv=None):
                    help="torch CPU threads, 0 for torch's choice. Default 1: on a shared 2-core machine two "
                         "intra-op threads spin against other processes (measured 7x slower decode)")
     p.add_argument("--cache-dir", default=None, help="where bench checkpoints are cached (default .cache/bench-models)")
+    p.add_argument("--burst-turns", type=int, default=64,
+                   help="image turns in the batched-prefill burst (bench/prefill_burst.py), run after the workload")
+    p.add_argument("--burst-prefill-budget", type=int, default=4096,
+                   help="max_prefill_tokens of the burst's two engines")
+    p.add_argument("--no-prefill-burst", action="store_true", help="skip the batched-prefill burst")
     p.add_argument("--profile", action="store_true",
                    help="instead of the workload: where one decode step's time goes (see bench/step_profile.py)")
     p.add_argument("--profile-context", type=int, default=1000, help="--profile: prompt tokens per row")
     p.add_argument("--profile-steps", type=int, default=20, help="--profile: decode steps timed per cache")
     p.add_argument("--profile-pool-mb", type=float, default=1024, help="--profile: slot pool budget")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, QUICK)
 
 
 def main(argv=None) -> dict:
@@ -470,8 +506,8 @@ def main(argv=None) -> dict:
     from engine.model_runner import resolve_dtype  # the engine's own "auto" rule, so both sides run one dtype
 
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
-    shape = "tiny" if args.tiny else args.shape
-    min_new, max_new = (4, 16) if args.tiny else (8, 128)
+    shape = "tiny" if args.quick else args.shape
+    min_new, max_new = (4, 16) if args.quick else (8, 128)
     dtype = resolve_dtype(args.dtype, torch.device(args.device))
     cache_dir = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models"
     ckpt = bench_checkpoint(shape, cache_dir)
@@ -499,9 +535,8 @@ def main(argv=None) -> dict:
           f"(mean {statistics.mean(prompts):.0f}), max_new_tokens {min_new}..{max_new}, "
           f"{sum(r.max_new_tokens for r in requests)} tokens to generate, max_running {args.max_running}")
 
-    unpacked = {"engine-unpacked": {"cpu_packed_weights": "off", "cpu_onednn_linear": "off",
-                                    "cpu_openblas_linear": "off", "cpu_panel_linear": "off"}}
-    engines = {way: start_engine(ckpt, dtype, args, **unpacked.get(way, {})) for way in ways if way.startswith("engine")}
+    engines = {way: start_engine(ckpt, dtype, args, **engine_overrides(way))
+               for way in ways if way.startswith("engine")}
     try:
         warm = requests[:2]  # first calls pay one-off costs (allocator, oneDNN, vision tower)
         run_generate(model, processor, warm, [0.0] * len(warm), 2, "warmup", "warmup")
@@ -551,6 +586,11 @@ def main(argv=None) -> dict:
             static = next((s for s in results if s.pattern == r.pattern and s.way == "static"), None)
             if static and r.decode_steps and r.prefill_rows and r.way == "engine":
                 print("  " + work_ceiling(r, static))
+    if not args.no_prefill_burst:  # batched against one-at-a-time prefill (bench/prefill_burst.py)
+        from bench.prefill_burst import compare
+
+        burst = compare(ckpt, dtype, args.device, SHAPES[shape]["image_sides"], args.burst_turns,
+                        args.burst_prefill_budget, answer=8, repeats=args.burst_repeats)
     equal = check_equal_work(requests, results)
     print(f"equal work in every way: {'yes' if equal else 'NO: ratios are not comparable'}")
     same = same_tokens_as_sequential(results)
@@ -568,6 +608,8 @@ def main(argv=None) -> dict:
         if "engine" in by_way:
             headline[f"engine_single_row_tail_pct{suffix}"] = round(
                 100 * by_way["engine"].single_row_s / by_way["engine"].makespan_s, 1)
+    if not args.no_prefill_burst:
+        headline.update(burst)
     print("RESULT " + json.dumps(headline))
     return headline
 

@@ -1,14 +1,16 @@
 """GPU decode benchmark (run by ``bench/gpu.sh``): the LFM2-VL-1.6B text shape in fp16 on one CUDA device.
 
-Measures, for ``decode_graphs`` off and cuda (captured):
+Measures, for ``decode_graphs`` off, cuda (captured) and cuda-compiled (captured, the step's forward through
+``torch.compile``: ``EngineConfig.decode_compile``), or the modes ``--graphs`` names:
 - decode tokens/s with a full batch of 1, 16 and 64 rows (``--batches``), timed over ``--steps`` engine steps after
   the batch is prefilled and warmed up (graph capture happens in the warm-up);
 - B=1 decode rate ÷ the bandwidth limit, the limit being measured copy bandwidth ÷ the weights' bytes (every
   decode step must read every weight once);
 - TTFT of a first turn with an image, and of the follow-up turn in the same session (session cache on);
-- whether the captured step gives the same greedy tokens as the eager one.
+- whether the captured (and the compiled) step gives the same greedy tokens as the eager one, row by row.
 
-Prints a table and ``RESULT {json}``. CPU runs work too (``--tiny --device cpu``, graphs off/static) to test it.
+Prints a table and ``RESULT {json}``. ``--quick`` runs the tiny model on the CPU (graphs off and static, B=1 and 4,
+a few steps) in seconds, to check the benchmark runs; ``--tiny`` is the same flag.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 
-def copy_bandwidth(device: str, gib: float = 1.0) -> float:
+def copy_bandwidth(device: str, gib: float) -> float:
     """Bytes/s of a device-to-device copy (read + write counted)."""
     n = int(gib * 2**30) // 2
     a = torch.empty(n, dtype=torch.float16, device=device)
@@ -50,13 +52,25 @@ def _prompt(words: int, seed: int, image=None):
     return [{"role": "user", "content": content}]
 
 
+def _fill(engine, handles, rows: int) -> None:
+    """Step until ``rows`` requests decode together; stop with the first failure instead of looping forever (a
+    prefill that fails ends its request, so the batch would never fill)."""
+    for _ in range(100 * rows + 100):
+        if len(engine.batch) >= rows:
+            return
+        failed = [h.result(0).error for h in handles if h.finished and h.result(0).error]
+        if failed:
+            raise SystemExit(f"gpu_decode: a request failed before the batch filled: {failed[0]}")
+        engine.step()
+    raise SystemExit(f"gpu_decode: {rows} rows never decoded together (batch holds {len(engine.batch)})")
+
+
 def decode_rate(engine, rows: int, steps: int, sync) -> tuple[float, list[list[int]]]:
     from engine import SamplingParams
 
     handles = [engine.add_request(_prompt(200, i), SamplingParams(max_new_tokens=steps + 12, temperature=0.0,
                                                                   ignore_eos=True)) for i in range(rows)]
-    while len(engine.batch) < rows:
-        engine.step()
+    _fill(engine, handles, rows)
     for _ in range(4):  # warm-up (and graph capture for this shape)
         engine.step()
     sync()
@@ -77,8 +91,7 @@ def trace_steps(engine, rows: int, steps: int, device: str) -> None:
     from engine import SamplingParams
     handles = [engine.add_request(_prompt(200, 1000 + i), SamplingParams(max_new_tokens=steps + 8, temperature=0.0,
                                                                          ignore_eos=True)) for i in range(rows)]
-    while len(engine.batch) < rows:
-        engine.step()
+    _fill(engine, handles, rows)
     engine.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities) as prof:
@@ -109,26 +122,34 @@ def ttft_pair(engine) -> tuple[float, float]:
     return r1.stats.ttft_s, h.result(0).stats.ttft_s
 
 
+# --quick (and --tiny): the tiny model on the CPU, eager and static-shape steps, B=1 and 4, a small bandwidth copy.
+QUICK = dict(device="cpu", batches="1,4", steps=8, graphs="off,static", bandwidth_gib=0.0625)
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--graphs", default="off,cuda", help="decode_graphs settings to compare; 'cuda-shapefree' is "
-                   "'cuda' with the eager steps' attention kernels (cuDNN left out)")
-    p.add_argument("--cache-dir", default=None)
-    p.add_argument("--trace", type=int, default=0, metavar="ROWS",
-                   help="also profile 8 decode steps of ROWS rows in the first --graphs mode and print the top ops")
-    args = p.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from bench.engine import bench_checkpoint
     from bench.machine import machine_line
+    from bench.quick import add_quick_flag, parse_with_quick
     from engine import EngineConfig, LLMEngine
 
-    shape = "tiny" if args.tiny else "lfm2-vl-1.6b"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_quick_flag(p, "--tiny")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--graphs", default="off,cuda,cuda-compiled",
+                   help="decode_graphs settings to compare; 'cuda-shapefree' is 'cuda' with the eager steps' "
+                        "attention kernels (cuDNN left out); '<mode>-compiled' is <mode> with decode_compile (the "
+                        "step's forward through torch.compile, captured in the graph with 'cuda')")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--trace", type=int, default=0, metavar="ROWS",
+                   help="also profile 8 decode steps of ROWS rows in the first --graphs mode and print the top ops")
+    p.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the copy that measures bandwidth")
+    args = parse_with_quick(p, argv, QUICK)
+    shape = "tiny" if args.quick else "lfm2-vl-1.6b"
     dtype = "float16" if args.device.startswith("cuda") else "float32"
     t0 = time.perf_counter()
     ckpt = bench_checkpoint(shape, Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models")
@@ -136,14 +157,15 @@ def main(argv=None) -> dict:
     print(machine_line(args.device, getattr(torch, dtype)))
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     batches = [int(b) for b in args.batches.split(",")]
-    bandwidth = copy_bandwidth(args.device)
+    bandwidth = copy_bandwidth(args.device, args.bandwidth_gib)
     result: dict = {"shape": shape, "device": args.device, "dtype": dtype,
                     "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1)}
     tokens: dict[str, dict[int, list]] = {}
     runner = None
     for graphs in [g for g in args.graphs.split(",") if g]:
         config = EngineConfig(model=str(ckpt), dtype=dtype, device=args.device, max_running=max(batches),
-                              decode_graphs=graphs.split("-")[0], default_deadline_s=None)
+                              decode_graphs=graphs.split("-")[0], decode_compile=graphs.endswith("-compiled"),
+                              default_deadline_s=None)
         engine = LLMEngine(config, runner=runner)
         if graphs.endswith("-shapefree"):  # the captured step with the eager steps' kernels (no cuDNN attention)
             from engine.model_runner import SHAPE_FREE_SDPA
@@ -155,6 +177,8 @@ def main(argv=None) -> dict:
             if args.trace and len(tokens) == 1:
                 trace_steps(engine, args.trace, 8, args.device)
             for rows in batches:
+                if graphs.endswith("-compiled"):  # compile every shape this run meets before timing it
+                    decode_rate(engine, rows, args.steps, sync)
                 rate, toks = decode_rate(engine, rows, args.steps, sync)
                 tokens[graphs][rows] = toks
                 result[f"decode_tok_s_b{rows}_graphs_{graphs}"] = round(rate, 1)

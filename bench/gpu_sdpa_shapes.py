@@ -4,7 +4,10 @@ A decode step attends ``[B, heads, 1, T]`` queries over T cached positions with 
 every step, so an eager decode meets a new shape every step. A kernel that builds a plan per shape (cuDNN
 attention) pays that build every step; the engine's choice (``engine.model_runner.SHAPE_FREE_SDPA``) should not.
 Prints a table and ``RESULT {json}``: median ms of a call on a new T and on a T already seen, per kernel choice.
-Usage: python -m bench.gpu_sdpa_shapes [--device cuda]
+Usage: python -m bench.gpu_sdpa_shapes [--device cuda] [--quick]
+
+``--quick`` times 2 rows over 4 new shapes per choice, on the CPU when no CUDA device is present (the plan cost it
+looks for exists only on CUDA, so there it checks the benchmark runs and measures nothing).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.quick import add_quick_flag, parse_with_quick
 from engine.model_runner import SHAPE_FREE_SDPA
 
 CHOICES = {"torch default": None, "engine (no cuDNN)": SHAPE_FREE_SDPA, "cuDNN only": [SDPBackend.CUDNN_ATTENTION]}
@@ -52,10 +56,15 @@ def measure(backends, device: str, rows: int, t0: int, n: int, dtype) -> tuple[f
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_quick_flag(p)
     p.add_argument("--device", default="cuda")
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--shapes", type=int, default=24, help="new T values per kernel choice")
-    args = p.parse_args(argv)
+    args = parse_with_quick(p, argv, dict(rows=2, shapes=4))
+    if args.quick and args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("note: no CUDA device, so this quick run times SDPA on the CPU: it checks that the benchmark runs; "
+              "the per-shape plan cost it measures exists only on CUDA")
+        args.device = "cpu"
     dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
     result = {"device": args.device, "rows": args.rows}
     print(f"{'kernels':20} {'new T, ms':>10} {'seen T, ms':>11}")

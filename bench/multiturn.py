@@ -9,11 +9,13 @@ each conversation about its own image of about 256 image tokens. In one run it p
 It ends with ``RESULT {json}`` holding followup_ttft_ratio, int8_bytes_ratio and int4_bytes_ratio.
 
     .venv/bin/python -m bench.multiturn            # small model, 4 conversations x 3 turns
-    .venv/bin/python -m bench.multiturn --tiny     # seconds, for a smoke run
+    .venv/bin/python -m bench.multiturn --quick    # tiny model, seconds (--tiny is the same flag)
     .venv/bin/python -m bench.multiturn --family mplug-owl3 [--owl-shape scaled|2b|tiny]
+                                    [--owl-layout dynamic-gate|static-gate]
 
 With ``--family mplug-owl3`` the model is a random-init mPLUG-Owl3 (hyper attention; each image is one
-``<|image|>`` token plus 729 image K/V per hyper layer at 378 px): the session entry then also holds the image's
+``<|image|>`` token plus 729 image K/V per hyper layer at 378 px) in the weight layout ``--owl-layout`` names
+(engine/mplug_owl3/layout.py; ``dynamic-gate`` is 7B-240728's): the session entry then also holds the image's
 cross-attention K/V, so a follow-up neither re-encodes nor re-projects the image. ``scaled`` keeps the 2B model's
 head_dim, KV heads, hyper-layer spacing and 729 image tokens with fewer, narrower layers; ``2b`` is the full
 mPLUG-Owl3-2B shape (about 8 GB in fp32: too slow for a shared CPU).
@@ -30,8 +32,10 @@ from PIL import Image
 
 from bench.engine import bench_checkpoint
 from bench.machine import machine_line
+from bench.quick import add_quick_flag
 from engine import EngineConfig, LLMEngine, greedy
 from engine.model_runner import ModelRunner
+from engine.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS
 
 QUESTIONS = ["Describe the image.", "What colour is the largest shape?", "Where is it?", "How many shapes?",
              "Is there a red square?"]
@@ -79,21 +83,22 @@ OWL_SHAPES = {
 }
 
 
-def owl_checkpoint(shape: str, cache_dir: Path) -> Path:
-    """A random-init mPLUG-Owl3 checkpoint of ``shape`` in the published layout, built once and cached."""
+def owl_checkpoint(shape: str, layout: str, cache_dir: Path) -> Path:
+    """A random-init mPLUG-Owl3 checkpoint of ``shape`` in weight layout ``layout``, built once and cached."""
     import hashlib
     import shutil
     import tempfile
 
-    from training.tiny_mplug_owl3 import build_tiny_mplug_owl3
+    from training.tiny_mplug_owl3 import LAYOUT_CONFIG, build_tiny_mplug_owl3
 
-    key = hashlib.sha256(json.dumps([shape, OWL_SHAPES[shape]]).encode()).hexdigest()[:10]
-    final = cache_dir / f"bench-mplug-owl3-{shape}-{key}"
+    recipe = [shape, OWL_SHAPES[shape], layout, LAYOUT_CONFIG[layout]]
+    key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:10]
+    final = cache_dir / f"bench-mplug-owl3-{shape}-{layout}-{key}"
     if not (final / "config.json").exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".bench-owl-", dir=cache_dir))
         try:
-            build_tiny_mplug_owl3(tmp, config_overrides=OWL_SHAPES[shape], init_std=0.02)
+            build_tiny_mplug_owl3(tmp, layout=layout, config_overrides=OWL_SHAPES[shape], init_std=0.02)
             tmp.rename(final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -120,14 +125,17 @@ def parked_bytes(runner: ModelRunner, base: dict, side: int) -> dict[str, int]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiny", action="store_true", help="tiny model, for a smoke run")
+    add_quick_flag(ap, "--tiny")  # the tiny shape
     ap.add_argument("--family", choices=("lfm2-vl", "mplug-owl3"), default="lfm2-vl")
     ap.add_argument("--owl-shape", choices=tuple(OWL_SHAPES), default="scaled")
+    ap.add_argument("--owl-layout", choices=tuple(LAYOUTS), default=DYNAMIC_GATE.name,
+                    help="mPLUG-Owl3 weight layout (engine/mplug_owl3/layout.py)")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--budget-mb", type=float, default=64.0, help="fixed budget for the sessions-held table")
-    ap.add_argument("--cache-dir", type=Path, default=Path(".cache/bench"))
+    ap.add_argument("--cache-dir", type=Path, default=Path(__file__).resolve().parents[1] / ".cache" / "bench-models",
+                    help="where bench checkpoints are cached (shared with bench.engine)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (0: torch's choice). 1 by default, as in bench.engine: on a shared "
                          "2-core machine two intra-op threads spin against other processes")
@@ -138,16 +146,16 @@ def main(argv=None) -> dict:
     if args.family == "mplug-owl3":
         from engine.mplug_owl3 import load_runner
 
-        shape = "tiny" if args.tiny else args.owl_shape
+        shape = "tiny" if args.quick else args.owl_shape
         side = 512  # resized to the model's 378 (or tiny 56) px square: 729 (16) image K/V per hyper layer
-        base = dict(model=str(owl_checkpoint(shape, args.cache_dir)), dtype="auto", max_running=8)
+        base = dict(model=str(owl_checkpoint(shape, args.owl_layout, args.cache_dir)), dtype="auto", max_running=8)
         runner = load_runner(EngineConfig(**base))
-        name = f"{shape} mPLUG-Owl3 (hyper layers {runner.hyper_layers})"
+        name = f"{shape} mPLUG-Owl3, {runner.cfg.layout.name} layout (hyper layers {runner.hyper_layers})"
     else:
-        shape = "tiny" if args.tiny else "small"
+        shape = "tiny" if args.quick else "small"
         # ~256 image tokens: a 512 px square at patch 16 and 2x downsampling; the tiny shape caps at 16 tokens.
-        side = 128 if args.tiny else 512
-        ckpt = bench_checkpoint(shape, args.cache_dir, image_tokens=(64, 256) if not args.tiny else None)
+        side = 128 if args.quick else 512
+        ckpt = bench_checkpoint(shape, args.cache_dir, image_tokens=(64, 256) if not args.quick else None)
         base = dict(model=str(ckpt), dtype="auto", max_running=8)
         runner = ModelRunner(EngineConfig(**base))
         name = f"{shape} LFM2-VL"
@@ -194,9 +202,10 @@ def main(argv=None) -> dict:
     print(f"\nsession cache: {hits}/{lookups} follow-ups hit ({stats['session_partial_hits']} partial), "
           f"{stats['reused_tokens']} prompt tokens reused; image feature cache: {ic['hits']} hits, "
           f"{ic['misses']} misses; template prefix hits: {stats['prefix_hits']}")
-    result = dict(family=args.family, shape=shape, followup_ttft_ratio=round(followup_ratio, 3), int8_bytes_ratio=round(int8_ratio, 3),
-                  int4_bytes_ratio=round(int4_ratio, 3), model_dtype=str(runner.dtype).replace("torch.", ""),
-                  session_hit_rate=round(hits / max(lookups, 1), 3),
+    layout = runner.cfg.layout.name if args.family == "mplug-owl3" else None
+    result = dict(family=args.family, shape=shape, layout=layout, followup_ttft_ratio=round(followup_ratio, 3),
+                  int8_bytes_ratio=round(int8_ratio, 3), int4_bytes_ratio=round(int4_ratio, 3),
+                  model_dtype=str(runner.dtype).replace("torch.", ""), session_hit_rate=round(hits / max(lookups, 1), 3),
                   targets_met=followup_ratio <= 0.25 and int8_ratio <= 0.53 and int4_ratio <= 0.30)
     print("RESULT " + json.dumps(result))
     return result

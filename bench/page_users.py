@@ -1,6 +1,6 @@
 """The simulated users of ``bench.page_stream``: N ``gradio_client`` users in a process of their own.
 
-    python -m bench.page_users --url URL --page-pid PID --users N --tokens T --short-turns S --image PNG
+    python -m bench.page_users --url URL --page-pid PID --users N --tokens T --short-turns S --image PNG [--idle-s I]
 
 Phase 1 (short turns): every user asks S questions one after another, the first with an image, each answered in
 2 tokens. Phase 2 (streams): all users, each with that conversation on screen, ask at the same moment for an
@@ -30,6 +30,7 @@ import gradio_client.utils as gc_utils  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 from tests.ui.page_client import bubble_text, submit  # noqa: E402
+from ui.chat import wording  # noqa: E402
 
 CLIENT_POLL_S = 0.02
 WATCH_POLL_S = 0.002
@@ -87,10 +88,13 @@ def chat_of(output) -> list | None:
 
 
 def answer_of(output) -> str | None:
+    """The answer's text so far; "" while the bubble still says where the question waits (its numbers, "3rd in
+    line, about 4 s", are not tokens)."""
     chat = chat_of(output)
     if not chat or chat[-1].get("role") != "assistant":
         return None
-    return bubble_text(chat[-1])
+    text = bubble_text(chat[-1])
+    return "" if text.startswith(wording.WAITING_MARK) else text
 
 
 def short_turns(client: Client, n: int, image: str) -> None:
@@ -147,6 +151,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--short-turns", type=int, default=4)
+    ap.add_argument("--idle-s", type=float, default=2.0, help="how long the page's idle cost is measured")
     ap.add_argument("--image", required=True)
     args = ap.parse_args()
     gc_utils.time = _ShortSleeps()
@@ -159,7 +164,7 @@ def main() -> None:
                                 range(args.users)))
         print("IDLE", flush=True)  # the bench may start its profiler now
         idle0, i0 = page_cpu_s(args.page_pid), time.monotonic()
-        time.sleep(2.0)  # the page's own background cost, with every user connected and idle
+        time.sleep(args.idle_s)  # the page's own background cost, with every user connected and idle
         idle_cores = (page_cpu_s(args.page_pid) - idle0) / (time.monotonic() - i0)
         print("SHORT", flush=True)  # the bench may start its profiler now
         cpu0, t0 = page_cpu_s(args.page_pid), time.monotonic()
@@ -176,8 +181,8 @@ def main() -> None:
         finals = [job.result(timeout=600) for job in jobs]
         watcher.join(timeout=60)
         cpu3, t3 = page_cpu_s(args.page_pid), time.monotonic()
-    for c in clients:
-        c.close()
+        # Each close waits up to 1 s for the client's heartbeat stream to end: all at once, not N seconds.
+        list(pool.map(Client.close, clients))
     users = [stream_stats(a, f) for a, f in zip(watch.arrivals, finals)]
     print(json.dumps({
         "idle_cores": idle_cores,

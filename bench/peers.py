@@ -15,9 +15,10 @@ Fairness:
 - the checkpoint's EOS rows are zeroed (see ``bench.engine``), so every request produces exactly its
   ``max_new_tokens`` in both, and the tokens are compared request by request.
 
-Run: ``python -m bench.peers`` (3-5 minutes on 2 shared cores) or ``--tiny`` (seconds). Last line: ``RESULT {json}``
-with ``vs_hf_cb`` = Owlet tokens/s ÷ peer tokens/s. ``--with-nn-linear`` also times Owlet with every matmul through
-the model's own ``nn.Linear`` (engine/cpu_linear.py off), alternated with the other two (``vs_owlet_nn_linear``).
+Run: ``python -m bench.peers`` (3-5 minutes on 2 shared cores) or ``--quick`` (seconds; ``--tiny`` is the same).
+Last line: ``RESULT {json}`` with ``vs_hf_cb`` = Owlet tokens/s ÷ peer tokens/s. ``--with-nn-linear`` also times
+Owlet with every matmul through the model's own ``nn.Linear`` (``cpu_kernels=off``: engine/cpu/ unused), alternated
+with the other two (``vs_owlet_nn_linear``).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import torch
 
 from bench.engine import _WORDS, SHAPES, _silence_eos
 from bench.machine import machine_line
+from bench.quick import add_quick_flag, parse_with_quick
 
 _CHECKPOINT_VERSION = 1
 
@@ -141,9 +143,13 @@ class HFPeer:
 # ----------------------------------------------------------------------------- main
 
 
+# --quick (and --tiny): the tiny shape with short budgets, 16 requests, one timed burst per way, a two-point sweep.
+QUICK = dict(requests=16, repeats=1, hf_batch_tokens="256,512")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="tiny model, short budgets: a quick check")
+    add_quick_flag(p, "--tiny")  # the tiny shape and short budgets
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-running", type=int, default=16, help="Owlet's batch size = the peer's requests per batch")
     p.add_argument("--repeats", type=int, default=2, help="timed bursts per way, alternated; best counts")
@@ -151,13 +157,11 @@ def parse_args(argv=None):
                    help="comma list of the peer's max_batch_tokens to try on the warm-up; the fastest is used")
     p.add_argument("--page-size", type=int, default=64, help="the peer's KV page size in tokens")
     p.add_argument("--with-nn-linear", action="store_true",
-                   help="also time Owlet with every matmul through the model's own nn.Linear (cpu_packed_weights, "
-                        "cpu_onednn_linear, cpu_openblas_linear and cpu_panel_linear off), alternated with the "
-                        "others: the CPU "
-                        "kernels' share of the lead")
+                   help="also time Owlet with every matmul through the model's own nn.Linear (cpu_kernels=off), "
+                        "alternated with the others: the CPU kernels' share of the lead")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (see bench.engine --threads)")
     p.add_argument("--cache-dir", default=None)
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, QUICK)
 
 
 def main(argv=None) -> dict:
@@ -171,16 +175,14 @@ def main(argv=None) -> dict:
 
     from engine import EngineConfig, LLMEngine
 
-    shape = "tiny" if args.tiny else "small"
-    min_new, max_new = (4, 16) if args.tiny else (8, 128)
+    shape = "tiny" if args.quick else "small"
+    min_new, max_new = (4, 16) if args.quick else (8, 128)
     ckpt = peer_checkpoint(shape, Path(args.cache_dir) if args.cache_dir else root / ".cache" / "bench-models")
     def owlet_engine(**kernels):
         return LLMEngine(EngineConfig(model=str(ckpt), dtype="float32", device="cpu", max_running=args.max_running,
                                       session_cache=False, default_deadline_s=None, **kernels)).start()
     engine = owlet_engine()
-    plain = (owlet_engine(cpu_packed_weights="off", cpu_onednn_linear="off", cpu_openblas_linear="off",
-                          cpu_panel_linear="off")
-             if args.with_nn_linear else None)
+    plain = owlet_engine(cpu_kernels="off") if args.with_nn_linear else None
     lm = LlamaForCausalLM.from_pretrained(ckpt / "lm", dtype=torch.float32, attn_implementation="paged|sdpa").eval()
     prompts = make_prompts(args.requests, min_new, max_new)
     warm = make_prompts(8, min_new, max_new, seed=1)

@@ -8,7 +8,7 @@ added latency is measured per job: the client's time to first token minus the wo
 history, dispatch, Celery delivery, claim, payload checks, XADD and the reader's XREAD. Also reports the
 per-token delivery delay (worker XADD -> client read).
 
-    .venv/bin/python bench/queue_overhead.py [--jobs 30] [--tokens 8]
+    .venv/bin/python bench/queue_overhead.py [--jobs 30] [--tokens 8] [--quick]
 
 Ends with ``RESULT {json}`` holding p50_added_ms.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
 from engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from tests.redis_server import running_redis, unique_prefix  # noqa: E402
 from tests.worker.worker_process import WorkerProcess, worker_env  # noqa: E402
@@ -68,11 +69,12 @@ def queued_ttft(client: OwletClient, tokens: int) -> tuple[float, float, list[fl
     return first, engine_ttft, delays
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick_flag(ap)
     ap.add_argument("--jobs", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=8)
-    args = ap.parse_args()
+    args = parse_with_quick(ap, argv, dict(jobs=4, tokens=4))
     model = ensure_tiny_checkpoint("lfm2vl")
     with running_redis() as url:
         settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("bench-overhead"),

@@ -1,6 +1,7 @@
 """The queue benchmarks' shared setup (``bench/fairness.py``, ``bench/abuse.py``): a real Celery worker with the
 tiny LFM2-VL model on a Redis namespace of its own, with queue caps raised so that every job of the flood really
-waits in the queue, warmed up with full batches; and each job's wait and service time, read from its stream.
+waits in the queue, warmed up with full batches; and each job's wait, first token and service time, read from its
+stream.
 """
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ from worker.config import Settings  # noqa: E402
 
 
 @contextlib.contextmanager
-def queue_worker(redis_url: str, label: str, flood: int, slots: int, log_dir: Path,
-                 **settings) -> Iterator[OwletClient]:
-    """A client on a fresh namespace whose caps admit a ``flood`` of jobs, with one warmed-up worker of
-    ``slots`` engine slots behind it; ``settings`` override the rest (e.g. ``fifo=True``)."""
+def queue_worker(redis_url: str, label: str, flood: int, slots: int, log_dir: Path, threads: int | None = None,
+                 engine_env: dict[str, str] | None = None, **settings) -> Iterator[OwletClient]:
+    """A client on a fresh namespace whose caps admit a ``flood`` of jobs, with one worker of ``slots`` decode rows
+    behind it; ``settings`` override the rest (e.g. ``fifo=True``), ``engine_env`` adds worker variables (e.g.
+    ``OWLET_TIME_SLICE_TOKENS``). ``threads``: the worker's Celery threads; None runs the shipped default (the
+    engine's max_active + 2), as a deployment does."""
     settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix(label), user_queue_cap=flood + 10,
                                  global_queue_cap=flood + 50, group_job_cap=flood + 10,
                                  group_submit_limit=10 * flood, **settings)
     client = OwletClient(settings=settings)
-    worker = WorkerProcess(worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=slots), log_dir,
-                           concurrency=slots + 2)
+    env = worker_env(settings, ensure_tiny_checkpoint("lfm2vl"), max_running=slots, **(engine_env or {}))
+    worker = WorkerProcess(env, log_dir, concurrency=threads)
     try:
         worker.wait_ready(client)
         yield client
@@ -46,9 +49,14 @@ def warm_up(client: OwletClient, slots: int, sampling: dict) -> None:
 
 
 def job_times(client: OwletClient, job: str, submitted_at: float) -> dict:
-    """A finished job's queue wait (submit -> started) and service time (started -> done), from its events."""
-    events = {e["type"]: e for _, e in client.events(job)}
-    assert "done" in events, f"job {job} did not finish: {events}"
+    """A finished job's queue wait (submit -> started), time to its first token, service time (started -> done)
+    and queue position when submitted, from its events."""
+    events: dict[str, dict] = {}
+    for _, event in client.events(job):
+        events.setdefault(event["type"], event)  # the first of each type: the first token, the first position
+    assert "done" in events, f"job {job} did not finish: " + str({k: v for k, v in events.items() if k != "token"})
     started, done = events["started"]["t"], events["done"]["t"]
-    return {"started": started, "wait_s": started - submitted_at, "service_s": done - started,
-            "completion_s": done - submitted_at}
+    first_token = events["token"]["t"] if "token" in events else done
+    return {"started": started, "wait_s": started - submitted_at, "first_token_s": first_token - submitted_at,
+            "service_s": done - started, "completion_s": done - submitted_at,
+            "position": events.get("queued", {}).get("position")}

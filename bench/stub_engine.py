@@ -2,7 +2,7 @@
 
 The real Celery worker loads it through ``OWLET_ENGINE_FACTORY=bench.stub_engine:from_env``, so the job's
 events (queued, started, token, done) reach the job's Redis Stream by the real path (submit and claim
-scripts, the runner's coalesced token writes (``worker.deltas``), the finish script), at almost no CPU cost in
+scripts, the runner's coalesced token writes (``worker.serving.deltas``), the finish script), at almost no CPU cost in
 the worker beyond the real path's own.
 
 Each token's text is the wall-clock millisecond it was due, followed by a space (``"1764464405123 "``), so
@@ -59,8 +59,10 @@ class StubHandle:
         return [], True
 
     def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` (less if aborted); True if the answer is over."""
-        self.aborted.wait(timeout)
+        """Sleep up to ``timeout``, less if aborted or if the answer's last token falls due sooner (as the engine's
+        handle wakes at its request's end); True if the answer is over."""
+        last_due = self._started + (self.n_tokens - 1) * self.interval
+        self.aborted.wait(max(0.0, min(timeout, last_due - time.monotonic())))
         return self._ended()
 
     def result(self, timeout: float | None = None) -> FinalResult:
@@ -81,7 +83,7 @@ class StubEngine:
         self._lock = threading.Lock()
 
     def add_request(self, messages, sampling, *, session_id=None, request_id=None, deadline_s=None,
-                    owner=None) -> StubHandle:
+                    group=None) -> StubHandle:
         handle = StubHandle(request_id or "stub", sampling.max_new_tokens, self.tokens_per_s, deadline_s)
         with self._lock:
             self._live[handle.request_id] = handle

@@ -1,12 +1,12 @@
 """Varlen against padded decode attention, side by side: one batch of rows with very different context lengths.
 
-    python -m bench.varlen [--rows 16] [--shortest 64] [--longest 2000] [--steps 20] [--dtype float32]
+    python -m bench.varlen [--rows 16] [--shortest 64] [--longest 2000] [--steps 20] [--dtype float32] [--quick]
 
 Both ways serve the same ``--rows`` text requests (contexts spread evenly from ``--shortest`` to ``--longest``
-prompt tokens, in a shuffled row order, as arrivals leave them) on the "small" bench checkpoint, one torch
-thread. After the batch is full and warm, ``--steps`` decode steps are timed per way, alternating the two
-ways twice. Printed: ms per step, the share of attended K/V positions that were padding, and whether the
-tokens agree. Ends with ``RESULT {json}``.
+prompt tokens, in a shuffled row order, as arrivals leave them) on the "small" bench checkpoint (``--quick``: the
+tiny one, 4 rows of 16..640 tokens), one torch thread. After the batch is full and warm, ``--steps`` decode steps
+are timed per way, alternating the two ways twice. Printed: ms per step, the share of attended K/V positions that
+were padding, and whether the tokens agree. Ends with ``RESULT {json}``.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 
 from bench.engine import bench_checkpoint
 from bench.machine import machine_line
+from bench.quick import add_quick_flag, parse_with_quick
 from bench.step_profile import _long_prompt
 
 
@@ -54,18 +55,23 @@ def timed_steps(engine, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - start) / steps, 1 - needed / max(1, attended)
 
 
-def main() -> dict:
+QUICK = dict(shape="tiny", rows=4, shortest=16, longest=640, steps=4)  # long enough for a cut to pay
+
+
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick_flag(ap)
+    ap.add_argument("--shape", choices=("small", "tiny"), default="small", help="bench checkpoint (bench.engine)")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--shortest", type=int, default=64)
     ap.add_argument("--longest", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = parse_with_quick(ap, argv, QUICK)
     torch.set_num_threads(args.threads)
     root = Path(__file__).resolve().parents[1]
-    ckpt = bench_checkpoint("small", root / ".cache" / "bench-models")
+    ckpt = bench_checkpoint(args.shape, root / ".cache" / "bench-models")
     engines = {mode: _engine(ckpt, args, mode) for mode in ("padded", "varlen")}
     lengths = [round(args.shortest + i * (args.longest - args.shortest) / max(1, args.rows - 1))
                for i in range(args.rows)]
@@ -92,8 +98,9 @@ def main() -> dict:
         print(f"{mode:<10}{1000 * best[mode]:>10.1f}{100 * padding[mode]:>17.0f}%"
               f"{best[mode] / best['varlen']:>9.2f}x")
     print(f"tokens agree: {agree}")
-    result = {"rows": args.rows, "dtype": args.dtype, "padded_ms": round(1000 * best["padded"], 1),
-              "varlen_ms": round(1000 * best["varlen"], 1), "speedup": round(best["padded"] / best["varlen"], 2),
+    result = {"shape": args.shape, "rows": args.rows, "dtype": args.dtype,
+              "padded_ms": round(1000 * best["padded"], 1), "varlen_ms": round(1000 * best["varlen"], 1),
+              "speedup": round(best["padded"] / best["varlen"], 2),
               "padded_padding_pct": round(100 * padding["padded"], 1),
               "varlen_padding_pct": round(100 * padding["varlen"], 1), "tokens_agree": agree}
     for engine in engines.values():
