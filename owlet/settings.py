@@ -9,7 +9,7 @@ One set of rules, so ``on`` means the same everywhere and a bad value is an erro
 Each settings dataclass (``engine.EngineConfig``, ``worker.config.Settings``, ``ui.config.UIConfig``) calls
 :func:`read_fields` with its prefix; the variable for field ``max_running`` is ``OWLET_MAX_RUNNING``.
 :func:`env_names` lists every variable a dataclass reads, which is what the documentation test compares
-with the README. Standard library only: the engine imports this, and it must stay free of Celery, Redis
+with docs/configuration.md. Standard library only: the engine imports this, and it must stay free of Celery, Redis
 and Gradio.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command local demo: creates the venv if needed, then runs Redis (yours or an embedded one),
+# One-command local demo: creates the venv if needed, then runs its own Redis (or the one --redis-url names),
 # a worker with the bundled model, and the chat page; prints the URL. Ctrl-C stops everything.
 # Arguments go to owlet-demo (owlet/demo.py) (--host, --port, --share, --auth user:pass, --redis-url, --model).
 set -euo pipefail

@@ -85,31 +85,31 @@ DEMO = Recipe(steps=5000, batch_size=16, peak_lr=2e-3, aux_weight=0.5, seed=0,
               type_weights=(("where", 3.0), ("describe", 1.5)),
               ood_image_share=0.10, text_only_share=0.03, mixed_share=0.25)
 # `demo` plus a per-token "where" target: "where" goes to 1.0 and "describe" and "count" drop
-# (the model card has the figures). Kept to be tried again with a wider vision tower.
+# (figures in the comments below). Kept to be tried again with a wider vision tower.
 DEMO_WHERE = replace(DEMO, aux_targets=("kind", "colour", "where"))
 # The same with a vision tower 128 wide instead of 96, so kind and "where" need not share 96 features
 # (0.65 s a step against 0.58 on the AMX Xeon): 0.9715, "where" 1.0 but "describe" 0.894. Not shipped.
 DEMO_WHERE_WIDE = replace(DEMO_WHERE, vision_width=128)
 # ...and each covered token also predicts the cell of its shape's centre, which tells twins apart; "describe"
 # is drawn as often as "where" (the target solves "where"), and 4,800 steps keep the wider tower in the hour.
-# Worse (0.947, "describe" 0.822): each extra target costs shape recognition. Kept so the card's figure can be
+# Worse (0.947, "describe" 0.822): each extra target costs shape recognition. Kept so this figure can be
 # reproduced.
 DEMO_CENTRE_WIDE = replace(DEMO_WHERE_WIDE, steps=4800, type_weights=(("where", 2.0), ("describe", 2.0)),
                            aux_targets=("kind", "colour", "where", "centre_row", "centre_col"))
 # `demo` with only the vision tower widened (128), no "where" target: does width alone help shape
 # recognition ("describe")? Every wide run before it also had the "where" target. 0.9715: "where" 0.995 without
-# the target, "describe" 0.903 (59.7 minutes on an AVX-512 Xeon). Not shipped; kept for the card's figure.
+# the target, "describe" 0.903 (59.7 minutes on an AVX-512 Xeon). Not shipped; kept so this figure can be reproduced.
 DEMO_WIDE = replace(DEMO, vision_width=128)
 # The wide "where" recipe with the "where" target as a scaffold only: it fades out between 40 % and 80 % of the
 # run, once the text side has learnt to read positions, so the vision features can go back to shapes; and
 # "describe", the weakest type with the target, drawn 2.5x. 0.973: "where" stays 1.0 after the target is gone,
-# but "describe" 0.897 (60.5 minutes on an AVX-512 Xeon). Not shipped; kept so the card's figure can be reproduced.
+# but "describe" 0.897 (60.5 minutes on an AVX-512 Xeon). Not shipped; kept so this figure can be reproduced.
 DEMO_WHERE_FADE = replace(DEMO_WHERE_WIDE, fading_targets=("where",), type_weights=(("where", 3.0), ("describe", 2.5)))
 # The 128-wide tower (which gave "where" 0.995 without a "where" target) with "describe" answered "grouped":
 # "two blue stars" instead of "a blue star and a blue star", since twins dropped or repeated are the most common
 # "describe" miss of every recipe before; "describe" drawn 2.5x, "where" 2x. 0.9705, "describe" 0.909: the twins are
 # still missed, now as "a blue star" for "two blue stars" (47.3 minutes on an AVX-512 EPYC). Not shipped; kept so
-# the card's figure can be reproduced.
+# this figure can be reproduced.
 DEMO_GROUPED_WIDE = replace(DEMO_WIDE, describe_style="grouped", type_weights=(("where", 2.0), ("describe", 2.5)))
 # The weights shipped before `demo-present`: `demo` with 30 % of its questions asked in other forms ("What color is the circle?",
 # "how many squares?", "describe this image"), which `demo`'s weights refused (0.213 on them; these 0.9755).
@@ -119,14 +119,14 @@ DEMO_PHRASINGS = replace(DEMO, phrasing_share=0.3)
 # losing count of what it had listed. 0.977, "describe" 0.922, "where" 0.984, count 0.975 (47.1 minutes on an
 # AVX-512 Xeon): no better. 13 of its 25 "describe" misses are scenes the demo-phrasings weights miss too, and those
 # looked at are a small shape touching another or two twins overlapping: the limit is what the 8x8 image tokens
-# show, not the text stack's depth. Not shipped; kept so the card's figure can be reproduced.
+# show, not the text stack's depth. Not shipped; kept so this figure can be reproduced.
 DEMO_DEEP_TEXT = replace(DEMO_PHRASINGS, text_layers=("conv", "full_attention", "conv", "full_attention",
                                                       "full_attention"))
 # `demo-phrasings` with a deeper vision tower: 5 layers instead of 3, in case more depth lets the tower group a
 # small shape's patches apart from its neighbour's. Worse: 0.9575, "describe" 0.922, "exists" 0.909 (in 17 chats
 # both "is there" questions wrong, the yes and the no swapped: each scene has one of each, so an answer can lean on
 # the other one instead of the picture), "where" 0.995 (47.3 minutes on an AVX-512 Xeon). Not shipped; kept so the
-# card's figure can be reproduced.
+# figure can be reproduced.
 DEMO_DEEP_VISION = replace(DEMO_PHRASINGS, vision_layers=5)
 # `demo-phrasings` with its one known shortcut taken away: each scene's two "is there" questions are answered
 # yes or no by independent coins. The demo-phrasings weights answer a chat's second "is there" question as the opposite
@@ -143,27 +143,27 @@ DEMO_EXISTS = replace(DEMO_PHRASINGS, independent_exists=True)
 DEMO_PRESENT = replace(DEMO_EXISTS, aux_targets=("kind", "colour", "present"))
 # `demo-present` answering "describe the image." `counted` ("three shapes: a red circle, ..."; training/dialogues.py):
 # most "describe" misses have one item too many (a well-separated shape written twice) or too few. Worse: 0.963,
-# "describe" 0.9156, "where" 0.849 (36.4 minutes on an AMX Xeon). Not shipped; kept so the card's figure can be
+# "describe" 0.9156, "where" 0.849 (36.4 minutes on an AMX Xeon). Not shipped; kept so this figure can be
 # reproduced.
 DEMO_PRESENT_COUNTED = replace(DEMO_PRESENT, describe_style="counted")
 # `demo-present` with a quarter of its scene pictures made to hold twins (about 9 % of plain 1-4 shape scenes
 # have them): 11 of the shipped weights' 20 "describe" misses are twins written once. Worse: 0.9525, "where" 0.667,
 # "describe" 0.934, count 0.988 (40.5 minutes on an AMX Xeon, its first 10 beside the test suite). Not shipped; kept
-# so the card's figure can be reproduced.
+# so this figure can be reproduced.
 DEMO_PRESENT_TWINS = replace(DEMO_PRESENT, twin_share=0.25)
 # `demo-present` with the multi-label "centres" target too (training/token_targets.py): the cell that holds a
 # shape's centre also names the shape's kind and colour, so twins are two marks in two cells, not one region.
 # Half the shipped weights' "describe" misses are twins written once (10-11 of 20), some 100+ px apart.
 # 49.2 minutes on an Intel Xeon with AVX-512 (no native bf16; CPU family 6 model 106): 0.956, "describe" 0.9437 (twins
 # still written once, and a large lone shape now sometimes written twice), "where" 0.734 (left and right swapped).
-# Not shipped; kept so the card's figure can be reproduced.
+# Not shipped; kept so this figure can be reproduced.
 DEMO_CENTRES = replace(DEMO_PRESENT, aux_targets=("kind", "colour", "present", "centres"))
 # `demo-present` with the per-token "where" target as a scaffold that fades out between 40 % and 80 % of the run
 # ("where" 1.000 in every run that had that target, fading or not; without it "where" is a lottery: 0.667-0.984),
 # and "describe" drawn 2.5x, "where" 2x (the fade recipe's mix). The scaffold cost recognition on the 96-wide tower
 # while it was at full weight (`demo-where`); the fade was meant to give that back, and did not: 0.975, "where" 1.0,
 # exists 1.0, but "describe" 0.919 and count 0.958 (kinds and colours misread, shapes doubled; 54.6 minutes on an
-# Intel Xeon with AVX-512, no native bf16, CPU family 6 model 106). Not shipped; kept for the card's figure.
+# Intel Xeon with AVX-512, no native bf16, CPU family 6 model 106). Not shipped; kept so this figure can be reproduced.
 DEMO_PRESENT_WHERE_FADE = replace(DEMO_PRESENT, aux_targets=("kind", "colour", "present", "where"),
                                   fading_targets=("where",), type_weights=(("where", 2.0), ("describe", 2.5)))
 # `demo-present` from other random weights (the data are the same: example i is seeded with i, not with the

@@ -1,19 +1,21 @@
-"""Build a tiny random-init mPLUG-Owl3 checkpoint offline, in the published layout.
+"""Build a tiny random-init mPLUG-Owl3 checkpoint offline, in one of the layouts Owlet serves.
 
-Same ``config.json`` keys and the same weight names as ``mPLUG/mPLUG-Owl3-2B-241014`` (see
-engine/mplug_owl3/config.py and weights.py), with a few small layers: 4 decoder layers of which 2 are hyper layers,
-a 3-layer SigLIP tower on 56-pixel images (16 image tokens), and a locally trained byte-level BPE tokenizer that
-carries mPLUG-Owl3's special tokens. Loaded back through ``engine.mplug_owl3`` exactly like a downloaded folder.
+Same ``config.json`` keys and the same weight names as a published checkpoint of that layout
+(engine/mplug_owl3/layout.py; ``dynamic-gate`` is ``mPLUG/mPLUG-Owl3-7B-240728``'s: ``self_attn.gate_proj.0.*``,
+``vision2text_model.weight|bias`` and an untied ``language_model.lm_head``), with a few small layers: 4 decoder
+layers of which 2 are hyper layers, a 3-layer SigLIP tower on 56-pixel crops (16 image tokens), and a locally
+trained byte-level BPE tokenizer that carries mPLUG-Owl3's special tokens. Loaded back through
+``engine.mplug_owl3`` exactly like a downloaded folder, which tells the layout from the weight names.
 
-    .venv/bin/python -m training.tiny_mplug_owl3 OUT_DIR        # build one
-    ensure_tiny_mplug_owl3()                                     # cached under .cache/tiny-models (tests)
+    .venv/bin/python -m training.tiny_mplug_owl3 OUT_DIR [--layout static-gate]   # build one
+    ensure_tiny_mplug_owl3(layout)                                               # cached (tests)
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -29,7 +31,10 @@ TINY_CONFIG = dict(
     vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                        num_attention_heads=2, image_size=56, patch_size=14, layer_norm_eps=1e-6),
 )
-_TINY_VERSION = 2
+# Per layout, what its published checkpoints do differently in config.json (7B-240728 unties lm_head).
+LAYOUT_CONFIG = {"dynamic-gate": dict(tie_word_embeddings=False), "static-gate": {}}
+DEFAULT_LAYOUT = "dynamic-gate"
+_TINY_VERSION = 3
 
 
 def train_owl_tokenizer(vocab_size: int = 512):
@@ -46,13 +51,14 @@ def train_owl_tokenizer(vocab_size: int = 512):
                                    additional_special_tokens=["<|im_start|>", "<|image|>"])
 
 
-def build_tiny_mplug_owl3(out_dir: str | Path, *, config_overrides: dict | None = None, seed: int = 0,
-                          init_std: float = 0.2) -> Path:
-    """Write config.json, model.safetensors (published names) and the tokenizer to ``out_dir``."""
+def build_tiny_mplug_owl3(out_dir: str | Path, *, layout: str = DEFAULT_LAYOUT, config_overrides: dict | None = None,
+                          seed: int = 0, init_std: float = 0.2) -> Path:
+    """Write config.json, model.safetensors (the layout's published names) and the tokenizer to ``out_dir``."""
     import torch
     from safetensors.torch import save_file
 
     from engine.mplug_owl3.config import OwlConfig
+    from engine.mplug_owl3.layout import LAYOUTS
     from engine.mplug_owl3.model import OwlModel
     from engine.mplug_owl3.weights import published_state_dict
 
@@ -60,17 +66,18 @@ def build_tiny_mplug_owl3(out_dir: str | Path, *, config_overrides: dict | None 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_owl_tokenizer()
     raw = json.loads(json.dumps(TINY_CONFIG))
+    raw.update(LAYOUT_CONFIG[layout])
     raw.update(config_overrides or {})
     raw["vocab_size"] = len(tokenizer)
     raw["eos_token_id"] = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    cfg = OwlConfig.from_dict(raw)
+    cfg = OwlConfig.from_dict(raw, LAYOUTS[layout])
     torch.manual_seed(seed)
     model = OwlModel(cfg)
     with torch.no_grad():
         # A wide init keeps a random model's greedy output varied and image-dependent (see tiny_checkpoint.py);
-        # random gates make the hyper layers' image attention matter.
+        # gates spread around 0.5 make the hyper layers' image attention matter.
         for name, p in model.language_model.named_parameters():
-            if name.endswith(".gate"):
+            if name.endswith((".self_attn.gate", ".self_attn.gate_proj.0.bias")):
                 p.normal_(0.0, 1.0)
             elif "norm" not in name:
                 p.normal_(0.0, init_std)
@@ -80,19 +87,20 @@ def build_tiny_mplug_owl3(out_dir: str | Path, *, config_overrides: dict | None 
     return out
 
 
-def ensure_tiny_mplug_owl3(cache_dir: str | Path | None = None) -> Path:
-    """The cached tiny checkpoint folder, built once (atomically, like ensure_tiny_checkpoint)."""
+def ensure_tiny_mplug_owl3(layout: str = DEFAULT_LAYOUT, cache_dir: str | Path | None = None) -> Path:
+    """The cached tiny checkpoint folder of ``layout``, built once (atomically, like ensure_tiny_checkpoint)."""
     import transformers
 
-    key = hashlib.sha256(json.dumps([TINY_CONFIG, _TINY_VERSION, transformers.__version__]).encode()).hexdigest()[:10]
+    recipe = [TINY_CONFIG, LAYOUT_CONFIG[layout], layout, _TINY_VERSION, transformers.__version__]
+    key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:10]
     root = Path(cache_dir or default_cache_dir()) / "tiny-models"
-    final = root / f"mplug_owl3-{key}"
+    final = root / f"mplug_owl3-{layout}-{key}"
     if (final / "config.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".mplug_owl3-", dir=root))
     try:
-        build_tiny_mplug_owl3(tmp)
+        build_tiny_mplug_owl3(tmp, layout=layout)
         try:
             tmp.rename(final)
         except OSError:
@@ -103,4 +111,8 @@ def ensure_tiny_mplug_owl3(cache_dir: str | Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    print(build_tiny_mplug_owl3(sys.argv[1] if len(sys.argv) > 1 else "tiny-mplug-owl3"))
+    ap = argparse.ArgumentParser(description="Build a tiny random-init mPLUG-Owl3 checkpoint.")
+    ap.add_argument("out_dir", nargs="?", default="tiny-mplug-owl3")
+    ap.add_argument("--layout", choices=tuple(LAYOUT_CONFIG), default=DEFAULT_LAYOUT)
+    args = ap.parse_args()
+    print(build_tiny_mplug_owl3(args.out_dir, layout=args.layout))

@@ -57,7 +57,7 @@ class Service:
 
 
 def http_get(url: str, timeout_s: float = 5.0, token: str | None = None) -> tuple[int, str]:
-    """GET ``url``; with ``token``, as an operator (``Authorization: Bearer``, see ui/ops.py)."""
+    """GET ``url``; with ``token``, as an operator (``Authorization: Bearer``, see ui/ops/endpoints.py)."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

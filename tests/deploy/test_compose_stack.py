@@ -89,7 +89,7 @@ def test_every_compose_service_starts_answers_is_scraped_and_scales(tmp_path):
         _outputs, (_box, chat, status) = ask(client, "How many shapes are there?",
                                              make_image(tmp_path / "scene.png"), max_new_tokens=8)
         assert [m["role"] for m in chat] == ["user", "assistant"] and bubble_text(chat[-1]).strip(), chat
-        assert "First token" in status, status
+        assert "Answered in" in status, status
 
         assert http_get(url + "metrics")[0] == 401, "a stranger must not read the page's metrics"
         code, page_metrics = http_get(url + "metrics", token=METRICS_TOKEN)

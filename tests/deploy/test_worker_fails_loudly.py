@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.redis_server import redis_url_fixture, unique_prefix
-from worker.startup import EXIT_CANNOT_SERVE
+from worker.serving.startup import EXIT_CANNOT_SERVE
 
 redis_url = redis_url_fixture()
 BIN = Path(sys.executable).parent

@@ -20,7 +20,7 @@ def test_engine_mode_scores_conversations_as_users_meet_them(demo_model_dir, mon
     # Follow-up turns reuse their conversation's cache: the engine served part of their prompts from it.
     assert stats["session_hits"] + stats["session_partial_hits"] >= 24 * (TURNS_PER_SCENE - 1) // 2, stats
     assert stats["mean_batch_occupancy"] > 1.0, "conversations in flight share decode batches"
-    # 96 questions: the shipped weights answer all of them (2026-12-03); two misses are allowed for another CPU's
+    # 96 questions: the shipped weights answer all of them; two misses are allowed for another CPU's
     # rounding, where a near-tie may fall the other way.
     assert report["accuracy"] >= 0.97, f"accuracy {report['accuracy']:.3f}; misses: {report['failures'][:5]}"
     assert report["in_domain_refusal_rate"] <= 0.01

@@ -2,7 +2,7 @@
 
 The quality gate is the fast check: >= 98 % exact match (the overall target) on 100 fresh held-out scenes (4 turns
 each, the image on the first turn only), and as much with every question asked in another form. The shipped weights
-score 0.99 on both (2026-12-03). The full 500-scene figures are in the model card.
+score 0.99 on both. The full 500-scene figures are in the model card.
 """
 
 import torch
