@@ -113,10 +113,13 @@ def test_a_follow_up_this_worker_holds_is_taken_as_an_affinity_hit(client):
     assert other.job == fresh and other.started is not None and not other.affinity_hit
 
 
-def test_finish_folds_the_run_time_into_the_service_average_as_the_readout_does(client):
-    first, _ = submit(client, "ann")
+def test_finish_folds_the_run_time_into_the_service_average(client):
+    earlier, _ = submit(client, "ann")
+    start(client, earlier)
+    assert client.jobs.finish(earlier, JobState.done, service_s=8.0)
+    assert float(client.r.get(client.keys.service_time)) == 8.0, "the first run time is the average"
+    first, _ = submit(client, "bob")
     start(client, first)
-    client.readouts.record_service_time(8.0)
     assert client.jobs.finish(first, JobState.done, service_s=18.0)
     assert float(client.r.get(client.keys.service_time)) == 0.8 * 8.0 + 0.2 * 18.0
     assert not client.jobs.finish(first, JobState.done, service_s=100.0), "already ended: nothing folded in"

@@ -1,7 +1,7 @@
 """Queue read-outs: the one ETA, the service-time average it rests on, and the aggregates /metrics may show.
 
 Nothing here changes a job's state (that is ``worker.queue.job_states``); these are plain reads of the counters the
-Lua scripts keep, plus the moving average of service times that workers fold in as jobs finish.
+Lua scripts keep, among them the moving average of service times that FINISH folds each job's run time into.
 """
 from __future__ import annotations
 
@@ -18,13 +18,6 @@ from worker.keys import Keys, StatField
 class QueueReadouts:
     r: redis.Redis
     keys: Keys
-
-    def record_service_time(self, seconds: float) -> None:
-        """Fold one job's run time into a moving average (a lost update between workers is harmless). Workers fold
-        it in with the job's FINISH (``JobStates.finish``'s ``service_s``), by the same rule."""
-        old = self.r.get(self.keys.service_time)
-        new = seconds if old is None else 0.8 * float(old) + 0.2 * seconds
-        self.r.set(self.keys.service_time, repr(new))
 
     def seconds_per_position(self) -> float | None:
         """Expected seconds each queue position adds: mean service time over the live workers' slots."""
