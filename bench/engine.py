@@ -155,7 +155,7 @@ def bench_checkpoint(shape: str, cache_dir: Path, image_tokens: tuple[int, int] 
     """Build (once, cached) a random-init LFM2-VL checkpoint of ``shape`` whose EOS is never greedy.
 
     ``image_tokens`` overrides the shape's (min, max) image tokens (the multi-turn bench wants ~256)."""
-    from training.tiny_checkpoint import build_lfm2vl_checkpoint, make_lfm2vl_processor, train_tokenizer
+    from training.tiny_checkpoint import build_lfm2vl_checkpoint, make_lfm2vl_processor, silence_eos, train_tokenizer
 
     spec = dict(SHAPES[shape], **({"image_tokens": tuple(image_tokens)} if image_tokens else {}))
     key = hashlib.sha256(json.dumps([shape, _CHECKPOINT_VERSION, repr(spec)]).encode()).hexdigest()[:10]
@@ -171,7 +171,7 @@ def bench_checkpoint(shape: str, cache_dir: Path, image_tokens: tuple[int, int] 
         build_lfm2vl_checkpoint(tmp, tokenizer=tokenizer, processor=processor, text_overrides=spec["text"],
                                 vision_overrides=spec["vision"], projector_hidden_size=spec["projector"],
                                 dtype=spec.get("save_dtype", "float32"))  # 1.5B params: fp16 halves the disk
-        _silence_eos(tmp, tokenizer.eos_token_id)
+        silence_eos(tmp, tokenizer.eos_token_id)
         try:
             tmp.rename(final)
         except OSError:  # another benchmark built the same checkpoint meanwhile: keep its complete folder
@@ -180,18 +180,6 @@ def bench_checkpoint(shape: str, cache_dir: Path, image_tokens: tuple[int, int] 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def _silence_eos(folder: Path, eos_id: int) -> None:
-    """Zero the EOS rows of the input embedding and LM head: its logit becomes exactly 0 while the
-    others are random, so greedy decoding never stops early and every way does the same work."""
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="auto")  # keep the saved dtype
-    with torch.no_grad():
-        model.get_input_embeddings().weight[eos_id].zero_()
-        model.get_output_embeddings().weight[eos_id].zero_()
-    model.save_pretrained(folder)
 
 
 # ----------------------------------------------------------------------------- workload

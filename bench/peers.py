@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bench.engine import _WORDS, SHAPES, _silence_eos
+from bench.engine import _WORDS, SHAPES
 from bench.machine import machine_line
 from bench.quick import add_quick_flag, parse_with_quick
 
@@ -47,7 +47,7 @@ def peer_checkpoint(shape: str, cache_dir: Path) -> Path:
     ``LlamaForCausalLM`` under ``lm/`` (the same tensors)."""
     from transformers import AutoModelForImageTextToText, LlamaForCausalLM
 
-    from training.tiny_checkpoint import build_llava_checkpoint, train_tokenizer
+    from training.tiny_checkpoint import build_llava_checkpoint, silence_eos, train_tokenizer
 
     text = dict(SHAPES[shape]["text"], max_position_embeddings=4096) if shape != "tiny" else {}
     key = hashlib.sha256(json.dumps([shape, _CHECKPOINT_VERSION, repr(text)]).encode()).hexdigest()[:10]
@@ -59,7 +59,7 @@ def peer_checkpoint(shape: str, cache_dir: Path) -> Path:
     try:
         tokenizer = train_tokenizer()
         build_llava_checkpoint(tmp, tokenizer=tokenizer, text_overrides=text)
-        _silence_eos(tmp, tokenizer.eos_token_id)
+        silence_eos(tmp, tokenizer.eos_token_id)
         vlm = AutoModelForImageTextToText.from_pretrained(tmp, dtype=torch.float32)
         lm = LlamaForCausalLM(vlm.config.text_config)
         lm.model.load_state_dict(vlm.model.language_model.state_dict())

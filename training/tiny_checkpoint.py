@@ -212,6 +212,19 @@ _BUILDERS = {
 _TINY_VERSION = 6
 
 
+def silence_eos(folder: str | Path, eos_id: int) -> None:
+    """Zero the EOS rows of a saved checkpoint's input embedding and LM head: its logit becomes exactly 0 while the
+    others are random, so greedy decoding does not stop early and every answer runs to its length limit."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="auto")  # keep the saved dtype
+    with torch.no_grad():
+        model.get_input_embeddings().weight[eos_id].zero_()
+        model.get_output_embeddings().weight[eos_id].zero_()
+    model.save_pretrained(folder)
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("OWLET_CACHE_DIR", Path(__file__).resolve().parent.parent / ".cache"))
 
