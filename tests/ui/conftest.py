@@ -3,18 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ui.page_client import METRICS_TOKEN, STACK_MAX_NEW_TOKENS
+from tests.ui.page_client import STACK_ENV, STACK_WORKER_THREADS
 from tests.ui.stack import running_stack, tiny_model
 
 
 @pytest.fixture(scope="session")
 def stack():
-    env = {"OWLET_UI_MAX_NEW_TOKENS": str(STACK_MAX_NEW_TOKENS), "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
-           "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
-           "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "16",
-           "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN, "OWLET_UI_ADDRESS_MAX_EVENTS": "16",
-           "OWLET_GROUP_JOB_CAP": "16", "OWLET_GROUP_SUBMIT_LIMIT": "500"}
-    with running_stack("ui", tiny_model(), env, worker_concurrency=18) as s:
+    with running_stack("ui", tiny_model(), STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
         yield s
 
 

@@ -9,7 +9,14 @@ from gradio_client import Client, handle_file
 
 from ui.chat import wording
 
-STACK_MAX_NEW_TOKENS = 96  # the stack's default answer length (see conftest)
+STACK_MAX_NEW_TOKENS = 96  # the stack's default answer length
+METRICS_TOKEN = "test-metrics-token"  # the stack's OWLET_UI_METRICS_TOKEN
+STACK_ENV = {  # the settings of the UI tests' stack (conftest), for its worker and its page
+    "OWLET_UI_MAX_NEW_TOKENS": str(STACK_MAX_NEW_TOKENS), "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
+    "OWLET_UI_STALL_TIMEOUT_S": "60", "OWLET_UI_QUEUE_POLL_S": "0.5", "OWLET_HEARTBEAT_INTERVAL_S": "0.25",
+    "OWLET_HEARTBEAT_TTL_S": "3", "OWLET_MAX_RUNNING": "16", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
+    "OWLET_UI_ADDRESS_MAX_EVENTS": "16", "OWLET_GROUP_JOB_CAP": "16", "OWLET_GROUP_SUBMIT_LIMIT": "500"}
+STACK_WORKER_THREADS = 18
 
 
 def bubble_text(message: dict) -> str:
@@ -48,8 +55,6 @@ def wait_for_first_token(job, timeout_s: float = 60.0) -> None:
         time.sleep(0.02)
     raise AssertionError("no token arrived")
 
-
-METRICS_TOKEN = "test-metrics-token"  # the stack's OWLET_UI_METRICS_TOKEN (see conftest)
 
 
 def metrics_text(stack, token: str = METRICS_TOKEN) -> str:
