@@ -164,12 +164,12 @@ class JobRunner:
         if reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
             answer = turn_json("assistant", result.text, job_id=job.job_id)
             return self._end(job.job_id, JobState.done, answer_turn=answer, holder=self.worker, text=result.text,
-                      finish_reason=reason.value, stats=stats, service_s=service_s)
+                             finish_reason=reason.value, stats=stats, service_s=service_s)
         elif reason == FinishReason.CANCELLED:
             return self._end(job.job_id, JobState.cancelled, text=result.text, service_s=service_s)
         elif reason == FinishReason.DEADLINE:
             return self._fail(job.job_id, "Your answer took too long and was stopped. Try a shorter question "
-                                   "or fewer tokens.", "deadline", service_s)
+                              "or fewer tokens.", "deadline", service_s)
         else:
             return self._fail(job.job_id, result.error or INTERNAL_ERROR, "engine", service_s)
 
