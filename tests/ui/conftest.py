@@ -1,5 +1,8 @@
-"""Fixtures for UI tests: one real stack (Redis, worker with a tiny model, page) shared by the session."""
+"""Fixtures for UI tests: one real stack (Redis, worker with a tiny model, page) shared by the session, and one
+beside it, started only for the tests that ask, whose model never says EOS."""
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -10,6 +13,22 @@ from tests.ui.stack import running_stack, tiny_model
 @pytest.fixture(scope="session")
 def stack():
     with running_stack("ui", tiny_model(), STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def endless_stack(tmp_path_factory):
+    """The same stack serving the tiny model with its EOS logit pinned at 0, so every answer runs to its length
+    limit: for tests that need an answer to last (batching, Stop mid-answer). The random model's own answers often
+    end after a few dozen tokens, in well under a second."""
+    from transformers import AutoTokenizer
+
+    from training.tiny_checkpoint import silence_eos
+
+    model = tmp_path_factory.mktemp("models") / "tiny-no-eos"
+    shutil.copytree(tiny_model(), model)
+    silence_eos(model, AutoTokenizer.from_pretrained(model).eos_token_id)
+    with running_stack("endless", model, STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
         yield s
 
 

@@ -2,37 +2,23 @@
 
 Batch occupancy comes from the page's /metrics (``owlet_engine_running``, fed by worker heartbeats),
 sampled while the eight answers stream. The tiny random model often ends an answer after a few dozen tokens, well
-within a heartbeat, so this test's stack serves a copy of it that never says EOS: every answer runs its full length.
-The eight users have their identity tokens before they ask (as a visitor whose page has loaded does) and ask at once.
+within a heartbeat, so this test runs on ``endless_stack``, whose copy of it never says EOS: every answer runs its
+full length. The eight users have their identity tokens before they ask (as a visitor whose page has loaded does)
+and ask at once.
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
 import pytest
 from gradio_client import Client
 
-from tests.ui.page_client import STACK_ENV, STACK_WORKER_THREADS, engine_running, identity, metrics_text, submit
-from tests.ui.stack import running_stack, tiny_model
-from training.tiny_checkpoint import silence_eos
+from tests.ui.page_client import engine_running, identity, metrics_text, submit
 
 pytestmark = pytest.mark.timeout(300)
 USERS = 8
 MAX_NEW_TOKENS = 400  # each answer, EOS silenced: several heartbeats long even when all eight share the engine
-
-
-@pytest.fixture(scope="module")
-def endless_stack(tmp_path_factory):
-    """The UI tests' stack, serving the tiny model with its EOS logit pinned at 0."""
-    from transformers import AutoTokenizer
-
-    model = tmp_path_factory.mktemp("models") / "tiny-no-eos"
-    shutil.copytree(tiny_model(), model)
-    silence_eos(model, AutoTokenizer.from_pretrained(model).eos_token_id)
-    with running_stack("concurrency", model, STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
-        yield s
 
 
 def test_eight_users_at_once_are_all_answered_and_batched_together(endless_stack):
