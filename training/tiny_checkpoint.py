@@ -196,8 +196,20 @@ def _family_builder(name: str, **kw):
     return build
 
 
+def _without_eos(build):
+    """``build``, then ``silence_eos``: a checkpoint whose answers run to their length limit (for tests that need an
+    answer still running when they act on it: the random model otherwise often stops after a few dozen tokens)."""
+    def build_endless(out_dir):
+        from transformers import AutoTokenizer
+
+        build(out_dir)
+        silence_eos(out_dir, AutoTokenizer.from_pretrained(out_dir).eos_token_id)
+    return build_endless
+
+
 _BUILDERS = {
     "lfm2vl": build_lfm2vl_checkpoint, "llava": build_llava_checkpoint,
+    "lfm2vl-endless": _without_eos(build_lfm2vl_checkpoint),
     # The families people bring (training/tiny_families.py), each with its real processor class.
     "qwen2vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2vl"),
     "qwen2_5vl": _family_builder("build_qwen_vl_checkpoint", kind="qwen2_5vl"),

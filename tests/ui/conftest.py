@@ -2,12 +2,10 @@
 beside it, started only for the tests that ask, whose model never says EOS."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.ui.page_client import STACK_ENV, STACK_WORKER_THREADS
-from tests.ui.stack import running_stack, tiny_model
+from tests.ui.stack import endless_tiny_model, running_stack, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -17,18 +15,11 @@ def stack():
 
 
 @pytest.fixture(scope="session")
-def endless_stack(tmp_path_factory):
+def endless_stack():
     """The same stack serving the tiny model with its EOS logit pinned at 0, so every answer runs to its length
     limit: for tests that need an answer to last (batching, Stop mid-answer). The random model's own answers often
     end after a few dozen tokens, in well under a second."""
-    from transformers import AutoTokenizer
-
-    from training.tiny_checkpoint import silence_eos
-
-    model = tmp_path_factory.mktemp("models") / "tiny-no-eos"
-    shutil.copytree(tiny_model(), model)
-    silence_eos(model, AutoTokenizer.from_pretrained(model).eos_token_id)
-    with running_stack("endless", model, STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
+    with running_stack("endless", endless_tiny_model(), STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
         yield s
 
 

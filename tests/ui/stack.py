@@ -47,6 +47,13 @@ def tiny_model() -> Path:
     return ensure_tiny_checkpoint("lfm2vl")
 
 
+def endless_tiny_model() -> Path:
+    """The tiny model with its EOS logit pinned at 0: every answer runs to its length limit."""
+    from training.tiny_checkpoint import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint("lfm2vl-endless")
+
+
 def make_image(path: Path, colour=(200, 30, 30), size=(96, 64)) -> Path:
     from PIL import Image
 

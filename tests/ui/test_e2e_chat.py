@@ -54,9 +54,10 @@ def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_pa
     assert "session cache hit" in status2, status2
 
 
-def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
+def test_stop_cancels_the_answer_and_frees_the_slot(endless_stack, tmp_path):
+    stack = endless_stack
     client = Client(stack.url, verbose=False)
-    # A long answer (the tiny model rarely stops by itself), so Stop lands mid-answer.
+    # A long answer (this stack's model never stops by itself), so Stop lands mid-answer.
     job = submit(client, "Describe everything in detail.", make_image(tmp_path / "blue.png", (20, 20, 220)),
                  max_new_tokens=1500)
     wait_for_first_token(job)
@@ -76,7 +77,8 @@ def test_stop_cancels_the_answer_and_frees_the_slot(stack, tmp_path):
     assert bubble_text(chat2[1]) == "*(no answer)*", "it is marked, not merged with the next question"
 
 
-def test_new_conversation_ends_the_answer_in_progress_and_the_next_question_starts_afresh(stack, tmp_path):
+def test_new_conversation_ends_the_answer_in_progress_and_the_next_question_starts_afresh(endless_stack, tmp_path):
+    stack = endless_stack
     client = Client(stack.url, verbose=False)
     job = submit(client, "Describe everything in detail.", make_image(tmp_path / "green.png", (20, 200, 20)),
                  max_new_tokens=1500)
