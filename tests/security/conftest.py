@@ -12,7 +12,7 @@ import pytest
 
 from tests.security.attack import LIMITS, METRICS_TOKEN
 from tests.security.pages import page_without_worker
-from tests.ui.stack import TEST_STACK_ENV, running_stack, stack_redis, tiny_model
+from tests.ui.stack import TEST_STACK_ENV, endless_tiny_model, running_stack, stack_redis
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,8 @@ def stack():
            "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
            "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
            "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
-    with running_stack("security", tiny_model(), env, worker_concurrency=6) as s:
+    # answers run to their length (no EOS), so a long one is still running when an attack acts on it
+    with running_stack("security", endless_tiny_model(), env, worker_concurrency=6) as s:
         yield s
 
 
