@@ -1,8 +1,9 @@
 """owlet.allocator: glibc holds memory a process freed, and malloc_trim gives it back.
 
-Each check runs in a fresh Python (a subprocess), so what this test process allocated says nothing. Threads
-allocate 200 MB in 2 KB blocks (through malloc, not Python's small-object allocator), then free all but one block
-in 64: the free chunks lie between live ones, so glibc cannot shrink its heaps and the process keeps the pages.
+Each check runs in a fresh Python (a subprocess), so what this test process allocated says nothing. Four threads
+allocate 200 MB in 2 KB blocks (through malloc, not Python's small-object allocator), all of it live at once, then
+free all but one block in 64: the free chunks lie between live ones, so glibc cannot shrink its heaps and the
+process keeps the pages.
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def rss_mb():
         return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmRSS:"))
 
 keep = []
+all_allocated = threading.Barrier(4)
 def work():
     blocks = [bytes(2000) for _ in range(25000)]  # 50 MB per thread
+    all_allocated.wait()  # all 200 MB live at once: no thread reuses another's freed chunks
     keep.extend(blocks[::64])
 
 base = rss_mb()
