@@ -38,13 +38,18 @@ def send(tab, text: str) -> None:
     tab.locator("#owlet-input textarea").press("Enter")
 
 
-def wait_for(condition, timeout: float = 20, what: str = "") -> None:
+def wait_for(condition, timeout: float = 20, what: str = "", tab=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    shown = ""
+    if tab is not None:  # what the page showed instead
+        bots = tab.locator(BOT)
+        shown = (f"; status {tab.locator('#owlet-status').inner_text()!r}, "
+                 f"last answer {bots.last.inner_text()[:200] if bots.count() else None!r}")
+    raise AssertionError(f"timed out waiting for {what}{shown}")
 
 
 @pytest.fixture
@@ -93,7 +98,7 @@ def follow_up_held(context, stack, question: str = "how many shapes?"):
     stays paused for the block (as a busy worker would be)."""
     tab = open_tab(context, stack.url)
     send(tab, "first question")  # the browser remembers a conversation once its first answer is in
-    wait_for(lambda: answered(tab, 1), what="the first answer")
+    wait_for(lambda: answered(tab, 1), timeout=60, what="the first answer", tab=tab)
     with paused(stack.children["worker"].pid):
         send(tab, question)
         wait_for(lambda: queued(tab, 2), what="the follow-up to be queued")
