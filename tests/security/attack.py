@@ -39,6 +39,18 @@ def upload(base: str, address: str, data: bytes, name: str) -> str:
     return path
 
 
+def uploaded_by_both(base: str, victim: str, stranger: str, probe_name: str) -> tuple[bytes, str, str, str]:
+    """The victim uploads a private picture as ``image.png``, then the stranger uploads the same bytes as
+    ``probe_name``: same bytes, same folder, so the stranger can spell the victim's path. Returns the bytes, the
+    victim's path, the stranger's and their folder."""
+    data = private_picture()
+    victims = upload(base, victim, data, "image.png")
+    probe = upload(base, stranger, data, probe_name)
+    folder = probe.rsplit("/", 1)[0]
+    assert victims == f"{folder}/image.png", "same bytes, same folder: the stranger can name the victim's file"
+    return data, victims, probe, folder
+
+
 def call(client: httpx.Client, base: str, api: str, data: list, stream: bool = True) -> list:
     """Run one API event through ``/gradio_api/call``; returns every data payload it streamed, in order."""
     response = client.post(f"{base}gradio_api/call/{api}", json={"data": data})

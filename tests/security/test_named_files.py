@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.security.attack import (Event, assert_can_still_ask, call, cancel_jobs, http, identity, private_picture,
-                                   upload)
+from tests.security.attack import (Event, assert_can_still_ask, call, cancel_jobs, http, identity,
+                                   uploaded_by_both)
 from ui.chat import wording
 
 pytestmark = pytest.mark.timeout(180)
@@ -85,11 +85,7 @@ def test_a_url_is_never_downloaded(quiet_page, monkeypatch):
 
 def test_another_clients_upload_cannot_be_named(quiet_page):
     url, owlet = quiet_page
-    data = private_picture()
-    victims = upload(url, VICTIM, data, "image.png")
-    probe = upload(url, STRANGER, data, "probe.png")
-    folder = probe.rsplit("/", 1)[0]
-    assert victims == f"{folder}/image.png", "same bytes, same folder: the stranger can name the victim's file"
+    _data, victims, probe, folder = uploaded_by_both(url, VICTIM, STRANGER, "probe.png")
     with http(forwarded=STRANGER) as client:
         stranger = identity(client, url)
     with http(forwarded=VICTIM) as client:

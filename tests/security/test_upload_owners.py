@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.security.attack import http, private_picture, upload
+from tests.security.attack import http, uploaded_by_both
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,11 +21,7 @@ def fetch(url: str, address: str, path: str, method: str = "GET"):
 
 def test_a_stranger_cannot_tell_whether_a_picture_was_uploaded(quiet_page):
     url, _owlet = quiet_page
-    data = private_picture()
-    victims = upload(url, VICTIM, data, "image.png")
-    probe = upload(url, STRANGER, data, "zz-probe.png")
-    folder = probe.rsplit("/", 1)[0]
-    assert victims == f"{folder}/image.png", "same bytes, same folder: the stranger can name the victim's file"
+    data, victims, probe, folder = uploaded_by_both(url, VICTIM, STRANGER, "zz-probe.png")
     never_uploaded = f"{folder}/photo.png"
     for method in ("GET", "HEAD"):
         taken, missing = fetch(url, STRANGER, victims, method), fetch(url, STRANGER, never_uploaded, method)
