@@ -125,13 +125,15 @@ class OwletClient:
         return self.submit(user_id, conv, text, image_sha=image_sha, sampling=sampling).job
 
     def submit(self, user_id: str, conv: str | None, text: str, image: bytes | None = None,
-               image_sha: str | None = None, sampling: dict | None = None, group: str | None = None) -> "Submitted":
+               image_sha: str | None = None, sampling: dict | None = None, group: str | None = None,
+               notify: str | None = None) -> "Submitted":
         """Admit one turn: check every limit first, then store the new image (``image`` bytes), create the
         conversation (``conv`` None), append the turn and enqueue the job, all in one atomic step.
 
         ``group`` is the client group for fairness and per-address limits (the page passes the client's
         address, or the login); it defaults to ``user_id``. A refused turn raises an ``OwletError`` and
         leaves nothing stored. ``image_sha`` refers to an image stored by an earlier turn (retry, edit).
+        ``notify``: the stream the job's start is announced on (the following page's ``StreamHub.started_key``).
         """
         _check_caller(user_id, group)
         if not isinstance(text, str) or not text.strip():
@@ -144,10 +146,12 @@ class OwletClient:
         if conv is not None:
             self.convs.check_owner(user_id, conv)
             past = as_messages(self.convs.turns(conv))
-        return self._admit(user_id, group, conv, past, Message("user", text, image_sha), image, image_sha, sampling)
+        return self._admit(user_id, group, conv, past, Message("user", text, image_sha), image, image_sha, sampling,
+                           notify=notify)
 
     def submit_messages(self, user_id: str, messages, images: dict[str, bytes] | None = None,
-                        sampling: dict | None = None, group: str | None = None) -> "Submitted":
+                        sampling: dict | None = None, group: str | None = None,
+                        notify: str | None = None) -> "Submitted":
         """Admit a stateless client's turn: ``messages`` (``worker.jobs.Message``) is the whole conversation, ending
         with the user's new question, and ``images`` the bytes of every picture they name, by sha256.
 
@@ -182,7 +186,7 @@ class OwletClient:
                 submitted = self._admit(user_id, group, conv, earlier, question, image,
                                         to_send[0] if to_send else question.image_sha, sampling,
                                         expect_turns=len(earlier) if conv is not None else None, newest=False,
-                                        index_digest=digest(messages))
+                                        index_digest=digest(messages), notify=notify)
             except (ConversationBusy, NotYourConversation):
                 if conv is None:
                     raise
@@ -196,7 +200,7 @@ class OwletClient:
     def _admit(self, user_id: str, group: str | None, conv: str | None, past: tuple[Message, ...],
                question: Message, image: bytes | None, image_sha: str | None, sampling: dict | None,
                expect_turns: int | None = None, newest: bool = True,
-               index_digest: str | None = None) -> "Submitted":
+               index_digest: str | None = None, notify: str | None = None) -> "Submitted":
         """Check the turn against the history limits and enqueue it (SUBMIT). ``conv`` None: a new conversation
         holding ``past`` before the question; otherwise ``past`` is what ``conv`` holds. ``image``: bytes to store
         with it (sha256 ``image_sha``); without bytes, ``image_sha`` is a stored picture the turn keeps alive.
@@ -223,7 +227,8 @@ class OwletClient:
         try:
             self.jobs.enqueue(job, turn_json("user", question.text, question.image_sha, job_id), group=group,
                               new_conv=new_conv, image=image, image_sha=image_sha, history=history,
-                              expect_turns=expect_turns, index_digest=index_digest, newest=new_conv and newest)
+                              expect_turns=expect_turns, index_digest=index_digest, newest=new_conv and newest,
+                              notify=notify)
         except NotYourConversation:
             if not new_conv:
                 self.convs.check_owner(user_id, conv)  # gone since it was read: ConversationCleared says why
@@ -265,6 +270,10 @@ class OwletClient:
 
     def queue_position(self, job_id: str) -> int | None:
         return self.jobs.position(job_id)
+
+    def queue_positions(self, job_ids: list[str]) -> dict[str, int | None]:
+        """Many queued jobs' positions in one round trip (None for a job not queued)."""
+        return self.jobs.positions(job_ids)
 
     def eta_s(self, position: int | None) -> float | None:
         """Seconds until a job at ``position`` should start (the one queue ETA; None while unknown)."""

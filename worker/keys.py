@@ -68,13 +68,19 @@ class Keys:
         terminal events, the runner the tokens (``worker.streams``)."""
         return f"{self.prefix}stream:{job_id}"
 
+    def started_notices(self, page: str) -> str:
+        """Stream of the jobs a page submitted that started (entry data: the job id), so the page reads a waiting
+        answer's stream again the moment it starts. A page's stream reader names it in SUBMIT (``JobField.notify``),
+        start_job writes it, and the page refreshes its TTL while it runs."""
+        return f"{self.prefix}started:{page}"
+
     def cancel(self, job_id: str) -> str:
         """String flag: the job's user stopped it while it ran (``JobStates.cancel``); its worker relays it."""
         return f"{self.prefix}cancel:{job_id}"
 
-    # -- the fair queue --------------------------------------------------------------------------------------
+    # -- the fair queue (docs/design.md "Fair dispatch"; worker/queue/lua/line.lua) ------------------------------
     def user_queue(self, user: str) -> str:
-        """List of one identity's waiting job ids."""
+        """List of one identity's waiting job ids, oldest first."""
         return f"{self.prefix}uq:{user}"
 
     def group_queue(self, group: str) -> str:
@@ -82,13 +88,42 @@ class Keys:
         return f"{self.prefix}gq:{group}"
 
     @property
-    def ring(self) -> str:
-        """List of client groups with waiting jobs, in round-robin order."""
-        return f"{self.prefix}ring"
+    def line(self) -> str:
+        """Zset of every queued job in the order POP serves them: score = the turns of the ring ahead of it, member =
+        its group's place (``places``) followed by the job id. SUBMIT, POP, REQUEUE and FINISH keep it."""
+        return f"{self.prefix}line"
+
+    @property
+    def places(self) -> str:
+        """Hash group -> its place in the ring (a fixed-width string: tier, key, arrival sequence), while it has queued
+        jobs."""
+        return f"{self.prefix}places"
+
+    @property
+    def line_seq(self) -> str:
+        """Integer: the arrival sequence that breaks ties between places."""
+        return f"{self.prefix}line_seq"
+
+    @property
+    def idle_line(self) -> str:
+        """Zset (all scores 0) of the groups in line with nothing in flight, as "<place><group>": the order POP
+        serves the slots beyond the decode rows."""
+        return f"{self.prefix}idle_line"
+
+    @property
+    def light_line(self) -> str:
+        """Zset of the same groups as ``idle_line`` (same members), scored by their usage (``usage_key`` in
+        usage.lua): the order POP serves the last slots, which go only to groups that used the workers little."""
+        return f"{self.prefix}light_line"
+
+    @property
+    def idle_members(self) -> str:
+        """Hash group -> its member in ``idle_line`` and ``light_line``."""
+        return f"{self.prefix}idle_members"
 
     @property
     def served(self) -> str:
-        """Set of groups with jobs in flight (or served this round): a group that starts waiting goes first."""
+        """Set of groups served in this busy period (until they have nothing queued and nothing in flight)."""
         return f"{self.prefix}served"
 
     @property
@@ -118,16 +153,10 @@ class Keys:
         return f"{self.prefix}group_usage"
 
     @property
-    def ring_keys(self) -> str:
-        """Hash group -> the key it waits in the ring with: when it started waiting plus its capped usage (Redis
-        time, seconds). Written when a group joins the ring, dropped when POP serves it."""
-        return f"{self.prefix}ring_keys"
-
-    @property
-    def ring_since(self) -> str:
-        """Hash group -> when it started waiting (Redis time), for groups that joined the ring with a key: what
-        bounds a heavy group's setback. Written and dropped with ``ring_keys``."""
-        return f"{self.prefix}ring_since"
+    def waiting_since(self) -> str:
+        """Zset group -> when it started waiting (Redis time), for the groups waiting with a key (not yet served):
+        the longest wait bounds a heavy group's setback."""
+        return f"{self.prefix}waiting_since"
 
     @property
     def slots(self) -> str:
@@ -144,6 +173,11 @@ class Keys:
     def inflight(self) -> str:
         """Zset job -> dispatch time: jobs handed to Celery and not finished."""
         return f"{self.prefix}inflight"
+
+    @property
+    def unclaimed(self) -> str:
+        """Zset job -> dispatch time: dispatched jobs no worker has started yet (what Celery still carries)."""
+        return f"{self.prefix}unclaimed"
 
     @property
     def celery_queue(self) -> str:
@@ -278,11 +312,12 @@ class Keys:
         puts this prefix in front of each when it starts (``worker.queue.scripts``)."""
         return {
             # fixed keys
-            "ring": self.ring, "served": self.served, "queued_count": self.queued_count,
+            "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
+            "light_line": self.light_line, "idle_members": self.idle_members, "unclaimed": self.unclaimed,
+            "served": self.served, "queued_count": self.queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
-            "inflight": self.inflight, "group_usage": self.group_usage, "ring_keys": self.ring_keys,
-            "ring_since": self.ring_since, "slots": self.slots, "total_image_quota": self.total_image_quota,
+            "inflight": self.inflight, "group_usage": self.group_usage, "waiting_since": self.waiting_since, "slots": self.slots, "total_image_quota": self.total_image_quota,
             "images_held": self.images_held(), "image_sizes": self.image_sizes(), "service_time": self.service_time,
             "image_holders": self.image_holders(), "image_owners": self.image_owners(),
             "history_total": self.history_total, "conversations_held": self.conversations_held,
@@ -341,6 +376,7 @@ class JobField:
     worker = "worker"  # the worker that claimed it ("" once requeued): CLAIM, REQUEUE
     started_at = "started_at"  # the worker's clock when it claimed it (the reaper's run deadline): CLAIM
     reserved = "reserved"  # history-budget bytes charged for its answer before it exists: SUBMIT (FINISH corrects)
+    notify = "notify"  # the stream (``Keys.started_notices``) its start is announced on ("" = none): SUBMIT
 
 
 class ConvField:

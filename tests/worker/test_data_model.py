@@ -19,7 +19,7 @@ from worker.jobs import Message
 from worker.keys import ConvField, EntryField, JobField, JobState, Keys, SlotsField, StatField, fields_of
 from worker.queue import scripts
 from worker.queue.job_states import ANSWER_BYTES_PER_TOKEN
-from worker.queue.scripts import COMMON, LUA_DIR, SCRIPTS, Scripts, lua_file, lua_tables
+from worker.queue.scripts import COMMON, HELPERS, LUA_DIR, SCRIPTS, Scripts, lua_file, lua_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARATIONS = (JobField, ConvField, SlotsField, StatField, EntryField, JobState)
@@ -49,15 +49,16 @@ def redis_calls(code: str) -> list[str]:
 
 
 def test_the_lua_files_are_the_scripts_and_keep_their_shebangs():
-    assert sorted(p.stem for p in LUA_DIR.glob("*.lua")) == sorted([COMMON, *SCRIPTS])
+    assert sorted(p.stem for p in LUA_DIR.glob("*.lua")) == sorted([COMMON, *HELPERS, *SCRIPTS])
     assert {name: lua_file(name).split("\n", 1)[0] for name in SCRIPTS} == SHEBANGS
-    assert not lua_file(COMMON).startswith("#!"), "common.lua goes after a script's shebang"
+    for helper in (COMMON, *HELPERS):
+        assert not lua_file(helper).startswith("#!"), f"{helper}.lua goes after a script's shebang"
 
 
 def test_the_scripts_use_only_declared_names():
     tables = lua_tables()
     declared_values = {value for name, names in tables.items() if name != "KEY" for value in names.values()}
-    for name in (COMMON, *SCRIPTS):
+    for name in (COMMON, *HELPERS, *SCRIPTS):
         code = code_of(name)
         for table, field in re.findall(r"\b(KEY|JOB|CONV|SLOTS|STATE|ENTRY)\.(\w+)", code):
             assert field in tables[table], f"{name}.lua uses {table}.{field}, which worker.keys does not declare"
@@ -74,7 +75,7 @@ def test_the_scripts_use_only_declared_names():
 
 
 def test_every_declared_name_is_used():
-    lua = "\n".join(code_of(name) for name in (COMMON, *SCRIPTS))
+    lua = "\n".join(code_of(name) for name in (COMMON, *HELPERS, *SCRIPTS))
     python = "\n".join(p.read_text() for p in (ROOT / "worker").rglob("*.py"))
     by_table = {cls: table for table, cls in scripts.LUA_TABLES.items()}
     for cls in DECLARATIONS:
@@ -109,8 +110,8 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
     """A job through its whole life, a lost worker's requeue, affinity counters: every hash field and stream entry
     field Redis then holds is a declared one."""
     conv = client.new_conversation("ann")
-    job = client.submit_turn("ann", conv, "hi")
     r, keys = client.r, client.keys
+    job = client.submit("ann", conv, "hi", notify=keys.started_notices("page1")).job  # as the page submits
     assert hash_fields(r, keys.job(job)) <= set(fields_of(JobField).values())
     assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created, ConvField.pending}
     fake_capacity(4, name="w@x")
@@ -127,6 +128,9 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
     assert r.hget(keys.job(job), JobField.state).decode() == JobState.done
     assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created}, "nothing pending"
     assert hash_fields(r, keys.slots) == set(fields_of(SlotsField).values())
+    notices = r.xrange(keys.started_notices("page1"))
+    assert [fields for _, fields in notices] == [{EntryField.data.encode(): job.encode()}] * 2, \
+        "each start is announced to the page that follows the job"
     follow_up = client.submit_turn("ann", conv, "and then?")  # dispatched at once, to the holder's queue
     assert client.job_state(follow_up) == JobState.dispatched
     assert client.r.hget(keys.job(follow_up), JobField.target) == b"w@x"
@@ -163,7 +167,8 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     first = client.submit_messages("bea", asked)
     client.jobs.finish(first.job, "done", answer_turn=turn_json("assistant", "fine", job_id=first.job), service_s=0.5)
     client.submit_messages("bea", asked + [Message("assistant", "fine"), Message("user", "more?")])
-    client.submit("cy", None, "a new conversation, the page's way")  # SUBMIT with newest
+    client.submit("cy", None, "a new conversation, the page's way",  # SUBMIT with newest, and the page's notices
+                  notify=client.keys.started_notices("page1"))
     client.jobs.make_room()  # MAKE_ROOM
     client.jobs.take(4, 2, "w@x")  # POP with its worker: a worker taking its next job itself
     taken = client.submit_turn("cid", client.new_conversation("cid"), "hi")

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.worker.queue_state import set_waiting_key, waiting_key
 from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UnknownJob, UserCapReached
 from worker.jobs import Job, Message
 from worker.keys import JobField, SlotsField
@@ -270,17 +271,18 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
     now = now[0] + now[1] / 1e6
     client.r.hset(client.keys.group_usage, "heavy", f"{10 * GROUP_USAGE_CAP_S}:{now}")
     heavy = submit(client, "heavy")[0]
-    key = float(client.r.hget(client.keys.ring_keys, "heavy"))
+    key = waiting_key(client, "heavy")
     assert GROUP_USAGE_CAP_S - 1 < key - now <= GROUP_USAGE_CAP_S + 1, "usage counts at most the cap"
     client.r.hset(client.keys.group_usage, "mid", f"2:{now}")
     mid = submit(client, "mid")[0]
-    mid_key = float(client.r.hget(client.keys.ring_keys, "mid"))
+    mid_key = waiting_key(client, "mid")
     assert 2 * GROUP_USAGE_WEIGHT - 1 < mid_key - now < 2 * GROUP_USAGE_WEIGHT + 1, "weighted below the cap"
     assert client.queue_position(mid) == 1
     client.cancel("mid", mid)
     visitor = submit(client, "visitor")[0]
     assert client.queue_position(visitor) == 1, "a newcomer goes ahead while heavy's usage still counts"
-    client.r.hset(client.keys.ring_keys, "heavy", f"{now - 1}")  # as if heavy had waited out its usage
+    # as if heavy's setback had run out just after the visitor came: later arrivals now queue behind it
+    set_waiting_key(client, "heavy", waiting_key(client, "visitor") + 0.001)
     late = submit(client, "late")[0]
     assert [client.queue_position(j) for j in (visitor, heavy, late)] == [1, 2, 3]
     # a group with a job in flight is served: its next job waits behind every waiting group, whatever its usage
@@ -288,7 +290,9 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
     again = submit(client, "visitor", "again")[0]
     assert client.queue_position(again) == 3
     assert pop_all(client) == [heavy, late, again]
-    assert client.r.hlen(client.keys.ring_keys) == 0, "keys are dropped when groups are served"
+    assert client.r.zcard(client.keys.line) == 0, "nothing is left in line once every job is served"
+    assert all(waiting_key(client, g) is None for g in ("heavy", "late", "visitor")), \
+        "keys are dropped when groups are served"
 
 
 def _redis_now(client) -> float:
@@ -303,18 +307,18 @@ def test_a_line_longer_than_the_cap_sets_a_heavy_group_back_to_its_end_and_no_fu
 
     crowd = submit(client, "crowd")[0]
     now = _redis_now(client)
-    client.r.hset(client.keys.ring_since, "crowd", f"{now - 3 * GROUP_USAGE_CAP_S}")  # as if it had waited 90 s
+    client.r.zadd(client.keys.waiting_since, {"crowd": now - 3 * GROUP_USAGE_CAP_S})  # as if it had waited 90 s
     client.r.hset(client.keys.group_usage, "heavy", f"{1000 * GROUP_USAGE_CAP_S}:{now}")
     heavy = submit(client, "heavy")[0]
-    setback = float(client.r.hget(client.keys.ring_keys, "heavy")) - now
+    setback = waiting_key(client, "heavy") - now
     assert 3 * GROUP_USAGE_CAP_S - 1 < setback < 3 * GROUP_USAGE_CAP_S + 1, "set back by the longest wait now"
     client.r.hset(client.keys.group_usage, "moderate", f"{GROUP_USAGE_CAP_S / 2}:{now}")
     moderate = submit(client, "moderate")[0]
-    setback = float(client.r.hget(client.keys.ring_keys, "moderate")) - now
+    setback = waiting_key(client, "moderate") - now
     assert GROUP_USAGE_CAP_S < setback < 3 * GROUP_USAGE_CAP_S - 1, "beyond the cap, by its own weighted usage"
     visitor = submit(client, "visitor")[0]
     assert pop_all(client) == [crowd, visitor, moderate, heavy]
-    assert client.r.hlen(client.keys.ring_since) == 0, "wait starts are dropped when groups are served"
+    assert client.r.zcard(client.keys.waiting_since) == 0, "wait starts are dropped when groups are served"
 
 
 def test_the_last_slots_go_to_light_groups_and_their_position_says_so(client):
@@ -333,7 +337,7 @@ def test_the_last_slots_go_to_light_groups_and_their_position_says_so(client):
         order.append(popped[0])
     assert order == crowd[:4], "rows and newcomer slots, but not the light groups' slots"
     for i in (4, 5):  # as if they had waited out their setback: ahead of anyone arriving now
-        client.r.hset(client.keys.ring_keys, f"crowd{i}", f"{now - 100 + i}")
+        set_waiting_key(client, f"crowd{i}", now - 100 + i)
     visitor = submit(client, "visitor")[0]
     assert [client.queue_position(j) for j in (crowd[4], crowd[5])] == [1, 2]
     assert client.queue_position(visitor) == 1, "it takes the next light slot, whatever the crowd ahead of it"
@@ -355,7 +359,7 @@ def test_the_light_slots_go_to_the_group_that_used_the_workers_least(client):
     for i in range(3):
         client.r.hset(client.keys.group_usage, f"crowd{i}", f"{light_usage * (1 + i / 10)}:{now}")
         crowd.append(submit(client, f"crowd{i}")[0])
-        client.r.hset(client.keys.ring_keys, f"crowd{i}", f"{now - 100 + i}")  # waited out their setback
+        set_waiting_key(client, f"crowd{i}", now - 100 + i)  # waited out their setback
     visitor = submit(client, "visitor")[0]
     assert [client.queue_position(j) for j in (*crowd, visitor)] == [1, 2, 3, 1], \
         "the crowd's walk order, and the visitor first among light groups"
@@ -371,7 +375,7 @@ def test_without_slots_beyond_the_rows_a_position_is_the_round_robin_order(clien
     now = _redis_now(client)
     client.r.hset(client.keys.group_usage, "crowd", f"{GROUP_USAGE_CAP_S}:{now}")
     crowd = submit(client, "crowd")[0]
-    client.r.hset(client.keys.ring_keys, "crowd", f"{now - 100}")  # it has waited out its setback
+    set_waiting_key(client, "crowd", now - 100)  # it has waited out its setback
     client.r.hset(client.keys.slots, mapping={SlotsField.capacity: 1, SlotsField.shared: 1,
                                               SlotsField.light_from: 1})  # as a last POP left it
     visitor = submit(client, "visitor")[0]

@@ -95,7 +95,8 @@ class JobStates:
 
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
-                expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False) -> int:
+                expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
+                notify: str | None = None) -> int:
         """(new) -> queued (SUBMIT): admit ``job`` and store everything it needs in one atomic step; returns its
         queue position.
 
@@ -107,20 +108,22 @@ class JobStates:
         holds before the question (a stateless client's earlier messages). ``expect_turns``: continue only while the
         conversation holds exactly that many turns, else ``ConversationBusy``. ``index_digest``: remember the
         conversation under this digest of a stateless client's messages (``worker.conversation_index``);
-        ``newest``: as its identity's newest conversation (the page reopens that one). Past the history budget,
-        the least recently used conversations give way whole (``worker.history_budget``).
+        ``newest``: as its identity's newest conversation (the page reopens that one). ``notify``: the stream its
+        start is announced on (``Keys.started_notices`` of the page following it). Past the history budget, the least
+        recently used conversations give way whole (``worker.history_budget``).
         """
         answer_tokens = SamplingParams.from_dict(job.sampling).max_new_tokens
         assert not history or new_conv, "only a new conversation is written with earlier turns"
         return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json, group=group,
                                 new_conv=new_conv, image=image, image_sha=image_sha,
                                 answer_bytes=answer_tokens * ANSWER_BYTES_PER_TOKEN, history=history or None,
-                                expect_turns=expect_turns, index_digest=index_digest, newest=newest)
+                                expect_turns=expect_turns, index_digest=index_digest, newest=newest, notify=notify)
 
     def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None,
                     group: str | None = None, new_conv: bool = False, image: bytes | None = None,
                     image_sha: str | None = None, answer_bytes: int = 0, history: list[str] | None = None,
-                    expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False) -> int:
+                    expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
+                    notify: str | None = None) -> int:
         """(new) -> queued with an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests.
 
         A Redis at its maxmemory refuses SUBMIT whole (nothing is written); then MAKE_ROOM clears the least
@@ -140,6 +143,7 @@ class JobStates:
                     expect_turns=expect_turns, seconds_per_position=self.readouts.seconds_per_position(),
                     job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
                     history_total_bytes=self.history_budget, index_digest=index_digest, newest=newest or None,
+                    notify=notify,
                     **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
                 break
             except redis.exceptions.OutOfMemoryError:  # refused whole, nothing written: make room, ask again
@@ -271,6 +275,20 @@ class JobStates:
         return True
 
     def position(self, job_id: str) -> int | None:
-        """A queued job's 1-based position among all waiting jobs (POSITION, read only); None when not queued."""
-        pos = self._scripts.call(self._scripts.position, job=job_id)
-        return int(pos) if pos is not None else None
+        """A queued job's 1-based position in the order the queue serves jobs (POSITION, read only); None when it is
+        not queued."""
+        return self.positions([job_id])[job_id]
+
+    def positions(self, job_ids: list[str]) -> dict[str, int | None]:
+        """The positions of many jobs in one round trip (POSITION); None for a job that is not queued."""
+        return self.places(job_ids)[0]
+
+    def places(self, job_ids: list[str]) -> tuple[dict[str, int | None], float | None]:
+        """Many jobs' positions in one round trip (POSITION: each O(log N) in the N waiting, so a page asks for every
+        waiting tab it follows at once), and the seconds each position adds (the service-time average over the decode
+        rows; None while unknown). A job that is not queued has position None."""
+        if not job_ids:
+            return {}, None
+        reply = self._scripts.call(self._scripts.position, jobs=list(job_ids))
+        per_position = float(reply[0]) if reply[0] else None
+        return {job: (int(p) or None) for job, p in zip(job_ids, reply[1:])}, per_position

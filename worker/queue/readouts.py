@@ -6,26 +6,41 @@ Lua scripts keep, among them the moving average of service times that FINISH fol
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
 from worker import heartbeat
 from worker.keys import Keys, StatField
 
+# How long one reading of the live workers' decode rows serves the ETA: every submit and every waiting tab whose
+# place changed asks for it, and a reading costs a read of every worker's heartbeat.
+ROWS_FRESH_S = 1.0
+
 
 @dataclass(frozen=True)
 class QueueReadouts:
     r: redis.Redis
     keys: Keys
+    _rows: list = field(default_factory=lambda: [0, float("-inf")], compare=False, repr=False)
 
     def seconds_per_position(self) -> float | None:
-        """Expected seconds each queue position adds: mean service time over the live workers' slots."""
+        """Expected seconds each queue position adds: mean service time over the live workers' decode rows (answers
+        served at once), the rows read at most once a second per process while there are any."""
         service = self.r.get(self.keys.service_time)
         if service is None:
             return None
-        rows = sum(w.decode_rows for w in heartbeat.alive(self.r, self.keys).values())  # answers served at once
+        rows = self._live_rows()
         return float(service) / rows if rows else None
+
+    def _live_rows(self) -> int:
+        rows, read_at = self._rows
+        now = time.monotonic()
+        if rows and now - read_at < ROWS_FRESH_S:
+            return rows
+        rows = sum(w.decode_rows for w in heartbeat.alive(self.r, self.keys).values())
+        self._rows[:] = [rows, now]
+        return rows
 
     def eta_s(self, position: int | None) -> float | None:
         """The one queue ETA: seconds until a job at ``position`` should start (None while unknown)."""
@@ -40,7 +55,7 @@ class QueueReadouts:
         now = time.time() if now is None else now
         with self.r.pipeline(transaction=False) as p:
             p.get(self.keys.queued_count)
-            p.llen(self.keys.ring)
+            p.hlen(self.keys.places)
             p.zrange(self.keys.queued_since, 0, 0, withscores=True)
             p.zcard(self.keys.inflight)
             queued, groups, oldest, inflight = p.execute()

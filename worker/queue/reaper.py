@@ -67,27 +67,35 @@ class Reaper:
                 r.srem(keys.workers, worker)
 
     def _reap_inflight(self, alive: dict, now: float, counts: dict) -> None:
-        """Dispatched jobs that nobody started (sent to a dead worker's queue, or lost) and runs past deadline."""
+        """Dispatched jobs that nobody started (sent to a dead worker's queue, or lost) and runs past their deadline.
+        Each sweep reads only the dispatched jobs Celery still carries and the runs old enough to be past it, not
+        everything in flight (a started job on a dead worker is its running set's, ``_reap_dead_workers``)."""
         r, keys, s = self.r, self.keys, self.settings
         grace = 3 * s.heartbeat_ttl_s
-        for raw, dispatched_at in r.zrange(keys.inflight, 0, -1, withscores=True):
+        unclaimed = r.zrange(keys.unclaimed, 0, -1, withscores=True)
+        overdue = r.zrangebyscore(keys.inflight, "-inf", now - s.job_deadline_s - grace)
+        with r.pipeline(transaction=False) as p:
+            for raw, _ in unclaimed:
+                p.hmget(keys.job(raw.decode()), JobField.state, JobField.target)
+            for raw in overdue:
+                p.hmget(keys.job(raw.decode()), JobField.state, JobField.started_at)
+            fields = p.execute()
+        for (raw, dispatched_at), (state, target) in zip(unclaimed, fields):
             job = raw.decode()
-            state, target, worker, started_at = r.hmget(keys.job(job), JobField.state, JobField.target, JobField.worker,
-                                                       JobField.started_at)
-            state = state.decode() if state else None
-            if state == JobState.dispatched:
-                target = target.decode() if target else ""
-                if (target and target not in alive) or now - dispatched_at > grace:
-                    self._requeue(job, now, counts)
-            elif state == JobState.started:
-                worker = worker.decode() if worker else ""
-                if worker not in alive:
-                    self._requeue(job, now, counts)
-                elif started_at and now - float(started_at) > s.job_deadline_s + grace:
-                    if self.jobs.finish(job, JobState.error, message=RUN_TIMEOUT, only_state=JobState.started):
-                        counts["timed_out"] += 1
-            elif state is None:  # the job hash expired under us: nothing to tell anyone
+            if state is None or state.decode() != JobState.dispatched:
+                r.zrem(keys.unclaimed, job)  # started or ended meanwhile
+                continue
+            target = target.decode() if target else ""
+            if (target and target not in alive) or now - dispatched_at > grace:
+                self._requeue(job, now, counts)
+        for raw, (state, started_at) in zip(overdue, fields[len(unclaimed):]):
+            job = raw.decode()
+            if state is None:  # the job hash expired under us: nothing to tell anyone
                 r.zrem(keys.inflight, job)
+            elif state.decode() == JobState.started and started_at and \
+                    now - float(started_at) > s.job_deadline_s + grace:
+                if self.jobs.finish(job, JobState.error, message=RUN_TIMEOUT, only_state=JobState.started):
+                    counts["timed_out"] += 1
 
     def _expire_queued(self, now: float, counts: dict) -> None:
         cutoff = now - self.settings.queue_timeout_s

@@ -5,13 +5,14 @@ without losing or duplicating a job. Each script is one atomic step of the job l
                   ^                                |          |
                   +------------ requeue -----------+----------+   (worker died: once, then finish error)
 
-The queue has two levels. The ring holds client *groups* (a client address, or a login); each group's list
-holds its *identities* with waiting jobs; each identity has its own list of jobs. POP takes the next group,
-its next identity, and that identity's oldest job, so fifty identities made up at one address get one
+The queue is fair between client *groups* (a client address, or a login), then between a group's *identities*:
+every queued job waits in one sorted set, the line, ordered by its virtual tag (the round it is served in, then its
+group's place in a round), so admitting, serving and telling a job its place each cost O(log N) in the N waiting
+(``worker/queue/lua/line.lua``; docs/design.md "Fair dispatch"). Fifty identities made up at one address get one
 address's share.
 
-The scripts live in ``worker/queue/lua``, one file each, plus ``common.lua`` with the helpers they share. What
-Redis runs is put together when ``Scripts`` is built:
+The scripts live in ``worker/queue/lua``, one file each, plus the helper files they share, one per concern
+(``HELPERS``). What Redis runs is put together when ``Scripts`` is built:
 
     the script file's shebang line
     a prelude written here: the data model's names from ``worker.keys`` as the Lua tables KEY (key names and
@@ -19,6 +20,8 @@ Redis runs is put together when ``Scripts`` is built:
         ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the history budget's charges from
         ``worker.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and CLEARED_BYTES
     common.lua (which decodes the named arguments, and puts the key prefix in front of KEY's names)
+    the helpers: usage.lua (a group's recent use), budgets.lua (pictures and history), line.lua (the fair line),
+        lifecycle.lua (a job starts and ends), dispatch.lua (POP's step)
     the rest of the script file
 
 A script takes one JSON object of named arguments as ARGV[1] (its file's header lists them, and ``Scripts.call``
@@ -44,6 +47,8 @@ from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GR
 
 LUA_DIR = Path(__file__).with_name("lua")
 COMMON = "common"
+# The helper files, in the order each may use those before it.
+HELPERS = ("usage", "budgets", "line", "lifecycle", "dispatch")
 SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room")
 # The data model's declarations, by the name of the Lua table that carries each (besides KEY).
 LUA_TABLES = {"JOB": JobField, "CONV": ConvField, "SLOTS": SlotsField, "STATE": JobState, "ENTRY": EntryField}
@@ -77,9 +82,14 @@ def prelude() -> str:
 
 def script_source(name: str) -> str:
     """The text Redis runs for script ``name`` (see the module docstring)."""
-    shebang, body = lua_file(name).split("\n", 1)
-    assert shebang.startswith("#!lua"), f"{name}.lua must start with its #!lua shebang line, not {shebang!r}"
-    return "\n".join([shebang, prelude(), lua_file(COMMON), body])
+    return compose(lua_file(name), name)
+
+
+def compose(text: str, name: str = "script") -> str:
+    """A script's text (its shebang line, then its body) with the prelude and every helper put in between."""
+    shebang, body = text.split("\n", 1)
+    assert shebang.startswith("#!lua"), f"{name} must start with its #!lua shebang line, not {shebang!r}"
+    return "\n".join([shebang, prelude(), lua_file(COMMON), *(lua_file(h) for h in HELPERS), body])
 
 
 class Scripts:

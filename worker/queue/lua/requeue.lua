@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 -- REQUEUE: dispatched | started -> queued, for a job whose worker was lost: back at the front of its identity's
--- queue (and its identity and group at the front of their rings), or failed once max_attempts dispatches were
--- spent, or ended cancelled if its user stopped it meanwhile (the lost worker never read the flag).
+-- queue (and, when its group had nothing else waiting, its group ahead of everyone in line), or failed once
+-- max_attempts dispatches were spent, or ended cancelled if its user stopped it meanwhile (the lost worker never read
+-- the flag).
 -- args: job; max_attempts; now: the caller's clock, as text; error: the error event's JSON; stream_ttl_s,
 --   stream_maxlen
 -- Returns 1 = queued again, 2 = failed, 3 = cancelled, 0 = it was no longer dispatched or started.
@@ -23,18 +24,16 @@ local q, group = f[3] or user, f[4] or user
 local qg = f[5] or group
 if f[2] then redis.call('SREM', KEY.running .. f[2], job) end
 redis.call('ZREM', KEY.inflight, job)
+redis.call('ZREM', KEY.unclaimed, job)
 redis.call('HSET', jk, JOB.state, STATE.queued, JOB.worker, '', JOB.target, '')
 left_flight(group, qg)
-if redis.call('LPUSH', uq(q), job) == 1 then
-  if redis.call('LPUSH', gq(qg), q) == 1 then
-    redis.call('LPUSH', KEY.ring, qg)
-    forget_key(qg)  -- at the front, with no key: nobody overtakes a requeued job
-  end
-end
+local waiting = redis.call('LLEN', gq(qg)) > 0
+if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
+if waiting then rekey(qg) else join_line(qg, true) end
 redis.call('INCR', KEY.queued_count)
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 redis.call('ZADD', KEY.queued_since, now, job)
-local pos = position(job, q) or 1
+local pos = position(job, q, qg, now_s()) or 1
 xadd(job, STATE.queued, '{"position": ' .. pos .. ', "restart": true, "t": ' .. now .. '}', maxlen)
 return 1

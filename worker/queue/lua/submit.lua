@@ -22,6 +22,7 @@
 --   history_total_bytes: the history budget (worker.history_budget)
 --   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
 --   newest: remember it as its identity's newest conversation (absent = not)
+--   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
 -- ARGV[2]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
 -- Returns {position} or {negative code} (see ``worker.queue.job_states.REFUSALS``).
 local job, user, group, conv, now, turn = args.job, args.user, args.group, args.conv, args.now, args.turn
@@ -220,15 +221,14 @@ end
 redis.call('HSET', JK, JOB.payload, args.payload, JOB.user, user, JOB.qkey, q, JOB.group, group, JOB.qgroup, qg,
            JOB.conv, conv, JOB.state, STATE.queued, JOB.enqueued_at, now, JOB.attempts, 0, JOB.dispatch_n, 0)
 if reserve > 0 then redis.call('HSET', JK, JOB.reserved, reserve) end
+if args.notify then redis.call('HSET', JK, JOB.notify, args.notify) end
 redis.call('EXPIRE', JK, args.job_ttl_s)
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
-if redis.call('RPUSH', uq(q), job) == 1 then
-  if redis.call('RPUSH', gq(qg), q) == 1 then join_ring(qg) end
-end
+queue_job(job, q, qg)
 redis.call('INCR', KEY.queued_count)
 redis.call('ZADD', KEY.queued_since, now, job)
-local pos = position(job, q)
+local pos = position(job, q, qg, held_now)
 local eta = 'null'
 if args.seconds_per_position then eta = string.format('%.1f', pos * args.seconds_per_position) end
 xadd(job, STATE.queued, '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', args.stream_maxlen)

@@ -1,0 +1,57 @@
+"""Test-only views and edits of the fair line's state (``worker/queue/lua/line.lua``), through its own helpers.
+
+A test that needs a group "as if it had waited out its setback" rewrites that group's key with the line's own
+``rekey``, so its queued jobs' tags stay consistent; reading a key parses the place the line stores.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from worker.queue.scripts import compose
+
+_SET_KEY = compose("""#!lua
+local qg = args.group
+local old = redis.call('HGET', KEY.places, qg)
+redis.call('HSET', KEY.places, qg, waiting_place(args.key))
+rekey(qg, old)
+return 1
+""", "set_waiting_key")
+
+
+def waiting_key(client, group: str) -> float | None:
+    """The key a waiting (not yet served) group is ordered by in its round: when it started waiting plus its
+    setback, in Redis time; None when it is not waiting with a key."""
+    place = client.r.hget(client.keys.places, group)
+    if place is None or not place.startswith(b"1"):
+        return None
+    return float(place[2:22])
+
+
+def set_waiting_key(client, group: str, key: float) -> None:
+    """Give waiting group ``group`` the key ``key`` (e.g. as if it had waited out its setback)."""
+    script = client.r.register_script(_SET_KEY)
+    script(keys=[], args=[json.dumps({"prefix": client.keys.prefix, "group": group, "key": key})])
+
+_FILL = compose("""#!lua
+for i = 1, args.n do
+  local job, who = args.name .. i, args.name .. i
+  redis.call('HSET', KEY.job .. job, JOB.user, who, JOB.qkey, who, JOB.group, who, JOB.qgroup, who,
+             JOB.state, STATE.queued, JOB.payload, '{}')
+  redis.call('HINCRBY', KEY.queued_by_user, who, 1)
+  redis.call('HINCRBY', KEY.queued_by_group, who, 1)
+  queue_job(job, who, who)
+  redis.call('INCR', KEY.queued_count)
+  redis.call('ZADD', KEY.queued_since, args.now, job)
+end
+return args.n
+""", "fill_line")
+
+
+def fill_line(client, n: int, name: str = "v") -> list[str]:
+    """Queue ``n`` jobs at once, each its own identity and client group (``<name>1`` ... ``<name>n``, the job ids
+    too), through the line's own ``queue_job``: the state SUBMIT leaves for a visitor's first question, without its
+    conversation. Returns the job ids."""
+    script = client.r.register_script(_FILL)
+    script(keys=[], args=[json.dumps({"prefix": client.keys.prefix, "n": n, "name": name, "now": repr(time.time())})])
+    return [f"{name}{i}" for i in range(1, n + 1)]

@@ -1,0 +1,169 @@
+"""The fair line (worker/queue/lua/line.lua) serves in the order of a rotating ring of client groups, and every
+position it tells is the order POP then serves.
+
+``RingModel`` is that order written plainly, the way a reader would state the policy: a list of groups, waiting
+groups ahead of served ones (by when they started waiting), each group's identities round robin, a served group
+moving to the end of the ring each time it is served, a served group that waits again going first among the
+served, a group put back after a lost worker (with nothing else waiting) going ahead of everyone. Random sequences of submits, pops, finishes,
+cancels and requeues run through the real scripts and through the model side by side; after every step each
+queued job's position must equal the model's, and POP must serve the model's next job.
+
+Setbacks for recent use are turned off here (weight 0), so a group's key is when it started waiting and the model
+needs no clock; tests/worker/test_queue.py covers the setback.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import worker.queue.scripts as scripts
+from tests.redis_server import unique_prefix
+from worker.client import OwletClient
+from worker.config import Settings
+
+
+class RingModel:
+    def __init__(self):
+        self.ring: list[str] = []  # groups with queued jobs, in service order
+        self.tier: dict[str, int] = {}  # group in the ring -> 0 put back first, 1 waiting, 2 served
+        self.served: set[str] = set()  # served in this busy period (queued or in flight)
+        self.identities: dict[str, list[str]] = {}  # group -> its identities with queued jobs, round robin
+        self.jobs: dict[str, list[str]] = {}  # identity -> its queued jobs, oldest first
+        self.in_flight: dict[str, int] = {}  # group -> jobs in flight
+
+    def submit(self, job: str, user: str, group: str) -> None:
+        self.jobs.setdefault(user, []).append(job)
+        who = self.identities.setdefault(group, [])
+        if user not in who:
+            who.append(user)
+        if group not in self.ring:  # starts waiting: behind the waiting, first among the served
+            at = next((i for i, g in enumerate(self.ring) if self.tier[g] == 2), len(self.ring))
+            self.ring.insert(at, group)
+            self.tier[group] = 2 if group in self.served else 1
+
+    def order(self) -> list[str]:
+        """Every queued job in the order the ring serves them."""
+        ring = [(g, [list(self.jobs[u]) for u in self.identities[g]]) for g in self.ring]
+        out = []
+        while ring:
+            group, lists = ring.pop(0)
+            out.append(lists[0].pop(0))
+            lists = lists[1:] + ([lists[0]] if lists[0] else [])
+            if lists:
+                ring.append((group, lists))
+        return out
+
+    def serve(self) -> str | None:
+        if not self.ring:
+            return None
+        group = self.ring.pop(0)
+        user = self.identities[group].pop(0)
+        job = self.jobs[user].pop(0)
+        if self.jobs[user]:
+            self.identities[group].append(user)
+        self.served.add(group)
+        self.in_flight[group] = self.in_flight.get(group, 0) + 1
+        if self.identities[group]:  # to the end of the ring
+            self.ring.append(group)
+            self.tier[group] = 2
+        return job
+
+    def _idle(self, group: str) -> None:
+        if not self.in_flight.get(group) and group not in self.ring:
+            self.served.discard(group)
+
+    def finish(self, group: str) -> None:
+        self.in_flight[group] -= 1
+        self._idle(group)
+
+    def cancel(self, job: str, user: str, group: str) -> None:
+        self.jobs[user].remove(job)
+        if not self.jobs[user]:
+            self.identities[group].remove(user)
+        if not self.identities[group]:
+            self.ring.remove(group)
+            self._idle(group)
+
+    def requeue(self, job: str, user: str, group: str) -> None:
+        """A lost worker's job: first in its identity's queue; its group, if it had nothing waiting, first of all."""
+        self.finish(group)
+        self.jobs.setdefault(user, []).insert(0, job)
+        who = self.identities.setdefault(group, [])
+        if user not in who:
+            who.insert(0, user)
+        if group not in self.ring:
+            self.ring.insert(0, group)
+            self.tier[group] = 0
+
+
+@pytest.fixture
+def unweighted_client(redis_url, monkeypatch):
+    monkeypatch.setattr(scripts, "GROUP_USAGE_WEIGHT", 0)  # no setback: keys are when groups started waiting
+    settings = Settings.from_env(redis_url=redis_url, key_prefix=unique_prefix("line"), user_queue_cap=1000,
+                                 global_queue_cap=10_000, group_job_cap=1000, group_submit_limit=10_000,
+                                 max_attempts=1000)
+    client = OwletClient(settings=settings)
+    yield client
+    client.close(purge=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_line_serves_as_a_rotating_ring_of_groups_and_says_so(unweighted_client, seed):
+    client, model, rng = unweighted_client, RingModel(), random.Random(seed)
+    owner: dict[str, tuple[str, str]] = {}  # job -> (identity, group)
+    queued: list[str] = []
+    flying: list[str] = []
+    for step in range(150):
+        op = rng.random()
+        if op < 0.45:
+            group = f"g{rng.randrange(5)}"
+            user = f"{group}-u{rng.randrange(3)}"
+            job = client.submit(user, None, f"q{step}", group=group).job
+            owner[job] = (user, group)
+            model.submit(job, user, group)
+            queued.append(job)
+        elif op < 0.7:
+            expected = model.serve()
+            popped = client.jobs.pop(10 ** 6)
+            assert (popped and popped[0]) == expected, f"step {step}: POP served another job than the ring"
+            if expected:
+                queued.remove(expected)
+                flying.append(expected)
+        elif op < 0.82 and flying:
+            job = flying.pop(rng.randrange(len(flying)))
+            assert client.jobs.finish(job, "done")
+            model.finish(owner[job][1])
+        elif op < 0.9 and flying:
+            job = flying.pop(rng.randrange(len(flying)))
+            assert client.jobs.requeue(job, "lost") == 1
+            model.requeue(job, *owner[job])
+            queued.append(job)
+        elif queued:
+            job = queued.pop(rng.randrange(len(queued)))
+            assert client.jobs.cancel(job)
+            model.cancel(job, *owner[job])
+        order = model.order()
+        assert client.queue_positions(order) == {job: i + 1 for i, job in enumerate(order)}, f"step {step}"
+
+
+def test_the_job_pop_serves_next_is_the_one_told_it_is_first(client, fake_capacity):
+    """With slots beyond the decode rows (kept for groups with nothing in flight, the last ones for light groups)
+    and real usage setbacks, a job told position 1 is the one POP serves next, at every step."""
+    rng = random.Random(11)
+    queued, flying = [], []
+    for step in range(120):
+        op = rng.random()
+        if op < 0.5:
+            group = f"g{rng.randrange(6)}"
+            queued.append(client.submit(f"{group}-u{rng.randrange(2)}", None, f"q{step}", group=group).job)
+        elif op < 0.8:
+            places = client.queue_positions(queued)
+            first = {job for job, place in places.items() if place == 1}
+            popped = client.jobs.pop(8, 3)
+            if popped:
+                assert popped[0] in first, f"step {step}: POP served a job told {places[popped[0]]}"
+                queued.remove(popped[0])
+                flying.append(popped[0])
+        elif flying:
+            assert client.jobs.finish(flying.pop(rng.randrange(len(flying))), "done")

@@ -1,0 +1,62 @@
+-- A job's life after admission: it starts on a worker (CLAIM, or POP for a worker taking its next job itself), and
+-- it ends exactly once (FINISH, REQUEUE past its attempts).
+
+-- A page's notice stream (Keys.started_notices) keeps about this many starts: it reads them within a tick.
+local NOTICES_MAXLEN = 1000
+
+-- dispatched -> started on `worker`, and what the worker reads to start it, so it needs no further round trip:
+-- {payload, group, cancelled (0/1), conv, conv's owner} ('' for what is missing).
+local function start_job(job, worker, now, maxlen)
+  local jk = KEY.job .. job
+  redis.call('HSET', jk, JOB.state, STATE.started, JOB.worker, worker, JOB.started_at, now)
+  redis.call('SADD', KEY.running .. worker, job)
+  redis.call('ZREM', KEY.unclaimed, job)
+  xadd(job, STATE.started, '{"worker": "' .. worker .. '", "t": ' .. now .. '}', maxlen)
+  local f = redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify)
+  local owner = f[3] and redis.call('HGET', KEY.conv .. f[3], CONV.user)
+  if f[4] and f[4] ~= '' then  -- the page following it reads its stream again now
+    redis.call('XADD', f[4], 'MAXLEN', '~', NOTICES_MAXLEN, '*', ENTRY.data, job)
+  end
+  return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or ''}
+end
+local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl)
+  local jk = KEY.job .. job
+  local f = redis.call('HMGET', jk, JOB.state, JOB.user, JOB.conv, JOB.worker, JOB.qkey, JOB.turn, JOB.group,
+                       JOB.qgroup, JOB.reserved)
+  local state = f[1]
+  if state == STATE.done or state == STATE.error or state == STATE.cancelled then return 0 end
+  local user, group = f[2] or '', f[7] or f[2] or ''
+  local q, qg = f[5] or user, f[8] or f[7] or f[5] or user
+  if state == STATE.queued then unqueue(job, q, qg, user, group) end
+  if state == STATE.dispatched or state == STATE.started then
+    charge_usage(group, job)
+    left_flight(group, qg)
+  end
+  if f[3] then
+    local ck = KEY.conv .. f[3]
+    local tk = ck .. TURNS_SUFFIX
+    -- append only right after this job's own question: never twice, never after a truncate removed it
+    local question = f[6] and redis.call('LINDEX', tk, tonumber(f[6]))
+    local appended = false
+    if etype == STATE.done and answer ~= '' and question and redis.call('LLEN', tk) == tonumber(f[6]) + 1
+       and string.find(question, job, 1, true) then
+      redis.call('RPUSH', tk, answer)
+      appended = true
+      if holder ~= '' then redis.call('SET', KEY.holder .. f[3], holder, 'EX', holder_ttl) end
+    end
+    if redis.call('HGET', ck, CONV.pending) == job then redis.call('HDEL', ck, CONV.pending) end
+    -- the answer's bytes were charged to the history budget at their longest: charge what it stored instead
+    local reserved = tonumber(f[9] or '0')
+    if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end
+  end
+  if f[4] then redis.call('SREM', KEY.running .. f[4], job) end
+  redis.call('ZREM', KEY.inflight, job)
+  redis.call('ZREM', KEY.unclaimed, job)
+  redis.call('ZREM', KEY.queued_since, job)
+  redis.call('DEL', KEY.cancel .. job)
+  redis.call('HSET', jk, JOB.state, etype)
+  redis.call('EXPIRE', jk, stream_ttl)
+  xadd(job, etype, data, maxlen)
+  redis.call('EXPIRE', KEY.stream .. job, stream_ttl)
+  return 1
+end

@@ -1,0 +1,221 @@
+-- The fair line: every queued job in one sorted set, in the order POP serves it, so that admitting, serving and
+-- telling a job its place each cost O(log N) in the N jobs waiting (docs/design.md, "Fair dispatch").
+--
+-- Groups (client addresses or logins) are served round robin, one job a turn of the ring; inside a group its
+-- identities are served round robin too. A job's virtual tag is (turn, place):
+--   turn   how many turns of the ring come before it: its rank k (from 0) in its group's own round robin over its
+--          identities (group_walk);
+--   place  its group's place in the ring (KEY.places), a fixed-width string so that a sorted set orders equal turns
+--          by it: a tier digit, then a number and an arrival sequence that break ties:
+--            0  put back in line after its worker was lost (REQUEUE): ahead of everyone, the latest first;
+--            1  waiting, not served since it last went idle: by its key, the time it started waiting plus a setback
+--               for its recent use of the workers (setback below);
+--            2  served in this busy period: behind every waiting group. Each time a group is served it moves to the
+--               end of the ring (a fresh place after every other), and its jobs move up a turn. A served group that
+--               starts waiting again goes first among the served.
+-- KEY.line holds each queued job as score = turn, member = place .. job; ZRANK is its place in line, and the head of
+-- the line is the job POP serves. That is the order a rotating ring of groups serves, job for job. Only the group
+-- whose state changes (a job of it joins, leaves or is served) has its jobs rewritten: O(m log N) for its m queued
+-- jobs, which the per-group caps bound; the other groups' tags stay as they are.
+--
+-- Beyond the workers' decode rows POP serves only groups with nothing in flight, and in the last slots only such
+-- groups that used the workers little lately (dispatch.lua): KEY.idle_line orders the groups in line with nothing in
+-- flight by their place, and KEY.light_line the same groups by their usage (usage_key), ties by place.
+-- KEY.idle_members holds each such group's member of both (place .. group).
+
+local PLACE_WIDTH = 34  -- tier (1) + sub-tier (1) + number (20) + arrival sequence (12)
+local COUNT_DOWN = 1e12  -- "latest first" places count down from here
+
+local function place_string(tier, sub, value, seq)
+  return string.format('%d%d%020.6f%012d', tier, sub, value, seq)
+end
+local function next_seq() return redis.call('INCR', KEY.line_seq) end
+local function job_of(member) return string.sub(member, PLACE_WIDTH + 1) end
+local function group_of_idle(member) return string.sub(member, PLACE_WIDTH + 1) end
+local function in_line(qg) return redis.call('LLEN', gq(qg)) > 0 end
+local function has_flight(qg) return redis.call('HEXISTS', KEY.inflight_by_group, qg) == 1 end
+-- The places of each tier (the sub-tier orders the served: 0 = starting to wait again, latest first; 1 = at the end).
+local function requeued_place()
+  local seq = next_seq()
+  return place_string(0, 0, COUNT_DOWN - seq, seq)
+end
+local function waiting_place(key) return place_string(1, 0, key, next_seq()) end
+local function served_place_front()
+  local seq = next_seq()
+  return place_string(2, 0, COUNT_DOWN - seq, seq)
+end
+local function served_place_end() return place_string(2, 1, 0, next_seq()) end
+
+-- A group's queued jobs in the order it serves them: round robin over its identities (KEY.group_queue), each
+-- identity's jobs oldest first (KEY.user_queue).
+local function group_walk(qg)
+  local who, lists, total = redis.call('LRANGE', gq(qg), 0, -1), {}, 0
+  for i, q in ipairs(who) do
+    lists[i] = redis.call('LRANGE', uq(q), 0, -1)
+    total = total + #lists[i]
+  end
+  local order, k = {}, 1
+  while #order < total do
+    for i = 1, #who do
+      local job = lists[i][k]
+      if job then table.insert(order, job) end
+    end
+    k = k + 1
+  end
+  return order
+end
+
+-- The slots POP keeps for groups with nothing in flight: (re)index a group in line with nothing in flight, or
+-- forget it.
+local function idle_forget(qg)
+  local member = redis.call('HGET', KEY.idle_members, qg)
+  if member then
+    redis.call('ZREM', KEY.idle_line, member)
+    redis.call('ZREM', KEY.light_line, member)
+    redis.call('HDEL', KEY.idle_members, qg)
+  end
+end
+local function idle_refresh(qg)
+  idle_forget(qg)
+  if has_flight(qg) or not in_line(qg) then return end
+  local member = redis.call('HGET', KEY.places, qg) .. qg
+  redis.call('ZADD', KEY.idle_line, 0, member)
+  redis.call('ZADD', KEY.light_line, usage_key(qg), member)
+  redis.call('HSET', KEY.idle_members, qg, member)
+end
+
+-- Write the tags of every queued job of group qg from its place (old_place: the place they were written with, when
+-- it changed).
+local function rekey(qg, old_place)
+  local place = redis.call('HGET', KEY.places, qg)
+  for k, job in ipairs(group_walk(qg)) do
+    if old_place and old_place ~= place then redis.call('ZREM', KEY.line, old_place .. job) end
+    redis.call('ZADD', KEY.line, k - 1, place .. job)
+  end
+  idle_refresh(qg)
+end
+
+-- How far a group's recent use sets it back when it starts waiting: USAGE_WEIGHT seconds per (decayed) second in
+-- flight, at most USAGE_CAP or, when groups have waited longer than that, at most the longest of their waits now
+-- (KEY.waiting_since holds exactly the groups waiting with a key, by when they started). So a client re-asking the
+-- moment its answer ended is not a newcomer, a newcomer goes ahead of everyone who used the workers lately however
+-- long the line is, and a group that used them a lot queues at worst behind the whole line waiting now, never
+-- behind a stream of later arrivals.
+local function setback(qg, now)
+  local weighted = USAGE_WEIGHT * usage(qg, now)
+  if weighted <= USAGE_CAP then return weighted end
+  local first = redis.call('ZRANGE', KEY.waiting_since, 0, 0, 'WITHSCORES')
+  local longest = USAGE_CAP
+  if first[2] then longest = math.max(longest, now - tonumber(first[2])) end
+  return math.min(weighted, longest)
+end
+
+-- Group qg starts waiting (its first job was just queued in its lists): its place, then its jobs' tags.
+-- front: put back after a lost worker, ahead of everyone.
+local function join_line(qg, front)
+  local place
+  if front then
+    place = requeued_place()
+  elseif redis.call('SISMEMBER', KEY.served, qg) == 1 then
+    place = served_place_front()
+  else
+    local now = now_s()
+    -- rounded as the place stores it; the arrival sequence keeps two groups starting at once in arrival order
+    place = waiting_place(now + setback(qg, now))
+    redis.call('ZADD', KEY.waiting_since, now, qg)
+  end
+  redis.call('HSET', KEY.places, qg, place)
+  rekey(qg)
+end
+
+-- Job `job` of identity q in group qg was just pushed to the end of q's queue (SUBMIT): give it its tag.
+local function queue_job(job, q, qg)
+  if redis.call('RPUSH', uq(q), job) == 1 then redis.call('RPUSH', gq(qg), q) end
+  local identities = redis.call('LLEN', gq(qg))
+  local mine = redis.call('LLEN', uq(q))
+  if identities == 1 and mine == 1 then
+    join_line(qg, false)
+  elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
+    redis.call('ZADD', KEY.line, mine - 1, redis.call('HGET', KEY.places, qg) .. job)
+  else
+    rekey(qg)
+  end
+end
+
+-- A group with nothing in flight and nothing queued is idle: it is no longer served, and waits as a newcomer (with
+-- its setback) when it asks again.
+local function unmark_if_idle(qg)
+  if not has_flight(qg) and not in_line(qg) then redis.call('SREM', KEY.served, qg) end
+end
+-- Group qg has no more queued jobs: it leaves the ring.
+local function leave_line(qg)
+  redis.call('HDEL', KEY.places, qg)
+  redis.call('ZREM', KEY.waiting_since, qg)
+  idle_forget(qg)
+  unmark_if_idle(qg)
+end
+-- A job of group (in line as qg) left flight (it ended, or is put back in line).
+local function left_flight(group, qg)
+  hdecr(KEY.inflight_by_group, group)
+  if in_line(qg) then idle_refresh(qg) else unmark_if_idle(qg) end
+end
+-- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
+local function unqueue(job, q, qg, user, group)
+  if redis.call('LREM', uq(q), 1, job) > 0 then
+    redis.call('DECR', KEY.queued_count)
+    hdecr(KEY.queued_by_user, user)
+    hdecr(KEY.queued_by_group, group)
+    local place = redis.call('HGET', KEY.places, qg)
+    if place then redis.call('ZREM', KEY.line, place .. job) end
+    if redis.call('LLEN', uq(q)) == 0 then redis.call('LREM', gq(qg), 0, q) end
+    if in_line(qg) then rekey(qg) else leave_line(qg) end
+  end
+  redis.call('ZREM', KEY.queued_since, job)
+end
+
+-- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on: it moves
+-- to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the group had none).
+local function serve_group(qg)
+  local q = redis.call('LPOP', gq(qg))
+  local job = q and redis.call('LPOP', uq(q))
+  if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
+  if not job then return nil end
+  local place = redis.call('HGET', KEY.places, qg)
+  if place then redis.call('ZREM', KEY.line, place .. job) end
+  redis.call('ZREM', KEY.waiting_since, qg)  -- served now: its wait no longer bounds anyone's setback
+  redis.call('SADD', KEY.served, qg)
+  if in_line(qg) then
+    redis.call('HSET', KEY.places, qg, served_place_end())
+    rekey(qg, place)
+  else
+    redis.call('HDEL', KEY.places, qg)
+  end
+  return job
+end
+
+-- Where a queued job stands: its place in line, or, for the next job of a group with nothing in flight when the
+-- last POP kept slots for such groups (KEY.slots), its place among the groups competing for them, whichever is
+-- nearer the front.
+local function slot_position(job, q, qg, now)
+  local layout = redis.call('HMGET', KEY.slots, SLOTS.capacity, SLOTS.shared, SLOTS.light_from)
+  local capacity, shared, light_from = tonumber(layout[1]), tonumber(layout[2]), tonumber(layout[3])
+  if not capacity or capacity <= shared then return nil end
+  local member = redis.call('HGET', KEY.idle_members, qg)
+  if not member or redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then return nil end
+  local eligible = redis.call('ZRANK', KEY.idle_line, member) + 1
+  if capacity > light_from then
+    local used = score_number(redis.call('ZSCORE', KEY.light_line, member))
+    if used <= light_bound(now) then  -- every group ahead of it there used less, so is light too
+      return math.min(redis.call('ZRANK', KEY.light_line, member) + 1, eligible)
+    end
+  end
+  return eligible
+end
+-- 1-based position of a queued job in the order the queue will serve it now; false when it is not in line.
+local function position(job, q, qg, now)
+  local place = redis.call('HGET', KEY.places, qg)
+  local rank = place and redis.call('ZRANK', KEY.line, place .. job)
+  if not rank then return false end
+  local slot = slot_position(job, q, qg, now)
+  return slot and math.min(rank + 1, slot) or rank + 1
+end

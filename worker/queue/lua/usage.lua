@@ -1,0 +1,34 @@
+-- A client group's recent use of the workers: its jobs' seconds in flight, halved every HALF_LIFE seconds
+-- (KEY.group_usage holds "seconds:t" per group, t in Redis time). FINISH charges it; a group that starts waiting is
+-- set back by it (line.lua), and the last slots POP keeps go only to groups that used the workers little lately.
+
+local function usage(g, now)
+  local v = redis.call('HGET', KEY.group_usage, g)
+  if not v then return 0 end
+  local seconds, t = string.match(v, '^([^:]+):(.+)$')
+  return tonumber(seconds) * 0.5 ^ ((now - tonumber(t)) / HALF_LIFE)
+end
+-- Usage as a number whose order between groups never changes while their usage decays, for a sorted set:
+-- log2(seconds) + t / HALF_LIFE, since every group's usage decays by the same factor. A group that used nothing has
+-- '-inf'. A group is light (USAGE_WEIGHT x its usage within USAGE_CAP) when its key is at most light_bound(now).
+local LOG2 = math.log(2)
+local function usage_key(g)
+  local v = redis.call('HGET', KEY.group_usage, g)
+  if not v then return '-inf' end
+  local seconds, t = string.match(v, '^([^:]+):(.+)$')
+  seconds = tonumber(seconds)
+  if not seconds or seconds <= 0 then return '-inf' end
+  return math.log(seconds) / LOG2 + tonumber(t) / HALF_LIFE
+end
+local function light_bound(now)
+  return math.log(USAGE_CAP / USAGE_WEIGHT) / LOG2 + now / HALF_LIFE
+end
+-- A job left flight for good (it ended): charge its group the time it held a slot.
+local function charge_usage(group, job)
+  local since = redis.call('HGET', KEY.job .. job, JOB.flight_t)
+  if not since then return end
+  local now = now_s()
+  local total = usage(group, now) + math.max(0, now - tonumber(since))
+  redis.call('HSET', KEY.group_usage, group, string.format('%.3f:%.3f', total, now))
+  redis.call('EXPIRE', KEY.group_usage, math.floor(HALF_LIFE * 20))  -- after 20 half-lives nobody's use matters
+end
