@@ -220,3 +220,66 @@ def test_component_updates_share_one_api_schema_equal_to_pydantics():
     assert unlocked.api_info() == expected
     chat = gr.Chatbot(render=False)
     assert chat.api_info() is not unlocked.api_info() and chat.api_info() == gr.Chatbot(render=False).api_info()
+
+
+def test_a_waiting_answer_costs_no_stream_read_and_is_read_again_the_moment_it_starts(client):
+    """Two answers wait in line (no worker): the hub reads each stream once (its "queued" event), then hands the
+    followers their places from one batched poll, never reading their streams while they wait. One starts: its
+    notice brings it back to the reads at once (the poll is 5 s apart here, so the notice is what did it). An answer
+    submitted without this hub's notice stream (a reloaded tab) is found started by the next poll."""
+    async def scenario():
+        hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3, place_poll_s=5.0)
+        asked: list[set] = []
+        xread = client.r.xread
+
+        def spying_xread(streams, **kwargs):
+            asked.append(set(streams))
+            return xread(streams, **kwargs)
+
+        client.r.xread = spying_xread
+        first = client.submit("ann", None, "first?", group="a", notify=hub.started_key).job
+        second = client.submit("bob", None, "second?", group="b", notify=hub.started_key).job
+        got = {first: [], second: []}
+
+        def deliverer(job):
+            return lambda events, ended: got[job].extend(events)
+
+        subs = [hub.subscribe(job, deliverer(job)) for job in (first, second)]
+        hub.place_poll_s = 0.2
+        await asyncio.sleep(0.8)
+        assert [e["type"] for e in got[first]][:1] == ["queued"] and any(e["type"] == "place" for e in got[first])
+        assert {e["position"] for e in got[second] if e["type"] == "place"} == {2}
+        asked.clear()
+        await asyncio.sleep(0.3)
+        waiting_keys = {client.keys.stream(first), client.keys.stream(second)}
+        assert asked and not any(keys & waiting_keys for keys in asked), "a waiting answer's stream is not read"
+        hub.place_poll_s = 5.0
+        job, n, _ = client.jobs.pop(10)
+        assert job == first
+        started_at = time.monotonic()
+        client.jobs.claim(first, n, "w@test")  # a worker starts it: its start is announced to this hub
+        while not any(e["type"] == "started" for e in got[first]):
+            assert time.monotonic() - started_at < 2, "the started answer was not read again at once"
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started_at < 1.0
+
+        third = client.submit("cy", None, "third?", group="c").job  # no notice stream named: found by the poll
+        got[third] = []
+        subs.append(hub.subscribe(third, deliverer(third)))
+        hub.place_poll_s = 0.2
+        await asyncio.sleep(0.3)
+        job, n, _ = client.jobs.pop(10)
+        assert job == second
+        job, n, _ = client.jobs.pop(10)
+        assert job == third
+        client.jobs.claim(third, n, "w@test")
+        deadline = time.monotonic() + 3
+        while not any(e["type"] == "started" for e in got[third]):
+            assert time.monotonic() < deadline, "an answer that started without a notice was never read again"
+            await asyncio.sleep(0.02)
+        for s in subs:
+            hub.unsubscribe(s)
+        hub.close()
+        client.r.xread = xread
+
+    asyncio.run(scenario())

@@ -124,7 +124,7 @@ class Answer:
     async def submit(self) -> None:
         messages, pictures = await self._pictures()
         sub = await asyncio.to_thread(self.api.client.submit_messages, self.caller.user, messages, pictures,
-                                      self.chat.sampling, self.caller.group)
+                                      self.chat.sampling, self.caller.group, self.api.hub.started_key)
         self.job = sub.job
 
     async def _pictures(self) -> tuple[list[Message], dict[str, bytes]]:

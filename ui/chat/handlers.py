@@ -101,7 +101,7 @@ class ChatHandlers:
         self.answer_time = SlotUsage()
         # One reader for all answer streams, and one update budget they share (ui.chat.stream_hub, ui.chat.pacing).
         self.hub = StreamHub(client, tick_s=config.stream_read_tick_s,
-                             outage_grace_s=client.settings.redis_reconnect_s)
+                             outage_grace_s=client.settings.redis_reconnect_s, place_poll_s=config.queue_poll_s)
         self.pacer = UpdatePacer(config.page_max_updates_per_s, 1.0 / config.stream_min_interval_s,
                                  config.stream_min_updates_per_s)
         self._lag_watch = None  # the task that lets the pacer follow the event loop's load (started on first use)
@@ -453,7 +453,8 @@ class ChatHandlers:
         try:
             conv = None if new_conversation else tab.get("conversation")
             admitted = self.client.submit(caller.user, conv, text, image=checked.data if checked else None,
-                                          image_sha=image_sha, sampling=sampling, group=caller.group)
+                                          image_sha=image_sha, sampling=sampling, group=caller.group,
+                                          notify=self.hub.started_key)
         except ConversationCleared as exc:  # it gave way to newer ones: the next question starts a new one
             tab.update(conversation=None, images={}, has_image=False)
             return shown, None, image_sha, exc

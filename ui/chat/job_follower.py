@@ -1,10 +1,11 @@
 """Follow one job's event stream and turn it into what the page shows, without ever hanging.
 
 The page's ``StreamHub`` reads every followed stream in one thread and hands each tick's events over in one
-batch; this async side folds them into a ``Progress`` and decides when the page is updated. It waits with a
-timeout, which lets it refresh the "You are 3rd in line" line while the job waits and notice a stream that
-went silent (a lost worker). Tokens are coalesced: a stream updates the page at most once per the
-``UpdatePacer``'s interval (a fair share of the page's update budget), and its final update is always sent.
+batch; this async side folds them into a ``Progress`` and decides when the page is updated. While the job waits,
+the hub hands it a "place" event every poll (its position and ETA), which refreshes the "You are 3rd in line"
+line; it waits with a timeout, which lets it notice a stream that went silent (a lost worker). Tokens are
+coalesced: a stream updates the page at most once per the ``UpdatePacer``'s interval (a fair share of the page's
+update budget), and its final update is always sent.
 """
 from __future__ import annotations
 
@@ -77,6 +78,13 @@ def _apply(progress: Progress, event: dict) -> None:
         progress.position, progress.eta_s = event.get("position"), event.get("eta_s")
         progress.restarted = progress.restarted or bool(event.get("restart"))
         progress.status = _queued_line(progress)
+    elif kind == "place":  # the hub's reading of its place in line while it waits (not a stream event)
+        if progress.state == "queued":
+            progress.position, progress.eta_s = event.get("position"), event.get("eta_s")
+            progress.no_worker = bool(event.get("no_worker"))
+            if progress.no_worker:
+                progress.eta_s = None
+            progress.status = _queued_line(progress)
     elif kind == "started":
         progress.state, progress.status = "running", ""
         progress.queue_wait_s = now
@@ -146,31 +154,24 @@ async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s,
                     unsent, last_yield_at = False, time.monotonic()
                     yield progress
                     continue
-                silent_for = time.monotonic() - last_event_at
-                if progress.state == "queued":
-                    position = await asyncio.to_thread(_position, client, job_id)
-                    if position is not None:
-                        last_event_at = time.monotonic()  # still waiting its turn: that is not a stall
-                        no_worker = bool(workers_alive) and not await asyncio.to_thread(workers_alive)
-                        if position != progress.position or no_worker != progress.no_worker:
-                            progress.eta_s = await asyncio.to_thread(eta, position) if eta and not no_worker else None
-                            progress.position, progress.no_worker = position, no_worker
-                            progress.status = _queued_line(progress)
-                            yield progress
-                        continue
-                if silent_for > stall_timeout_s:
+                if time.monotonic() - last_event_at > stall_timeout_s:
                     progress.state, progress.error = "lost", wording.WORKER_LOST
                     yield progress
                     return
                 continue
         events, ended = inbox.take()
         last_event_at = time.monotonic()
+        shown = (progress.state, progress.status)
         for event in events:
             if event.get("type") == "queued" and event.get("eta_s") is None and eta:
                 event = {**event, "eta_s": await asyncio.to_thread(eta, event.get("position"))}
+            elif event.get("type") == "place" and workers_alive is not None:
+                event = {**event, "no_worker": not await asyncio.to_thread(workers_alive)}
             _apply(progress, event)
             if progress.finished:
                 break
+        if events and all(e.get("type") == "place" for e in events) and (progress.state, progress.status) == shown:
+            continue  # still waiting, and the line reads the same: nothing to show
         if ended and not progress.finished:  # the stream ended or vanished without a terminal event
             progress.state, progress.error = "lost", wording.WORKER_LOST
         if progress.finished:
@@ -183,11 +184,4 @@ async def _follow(client, job_id, inbox: _Inbox, pacer, poll_s, stall_timeout_s,
             yield progress
         else:
             unsent = True
-
-
-def _position(client, job_id: str) -> int | None:
-    try:
-        return client.queue_position(job_id)
-    except Exception:  # a failed refresh of the queue line is not worth failing the turn
-        return None
 

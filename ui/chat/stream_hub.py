@@ -7,7 +7,16 @@ at most once per ``tick_s``, and hands everything it read to the event loop in o
 read rate however many streams are live; while streams are quiet the XREAD blocks, so a token still
 arrives within one round trip.
 
-While a stream is silent, the hub does what ``OwletClient.events`` does for a lone reader: it notices a
+A waiting answer costs no read of its stream. Once the last event a stream gave is "queued", the hub stops reading
+it and instead asks Redis for the places in line of every waiting answer it follows at once, once every
+``place_poll_s`` (POSITION: O(log N) each in the N waiting), and hands each follower a "place" event with its
+position and ETA. A job that starts is read again at once: SUBMIT names this hub's notice stream
+(``started_key``), where the job's start is announced, and the hub reads that one stream with the live ones. A
+waiting answer the notice misses (a tab reloaded onto it, a notice from another page) is read again at the next
+place poll, which finds it no longer queued. So a thousand waiting tabs cost one script call a second, not a
+thousand stream reads a tick.
+
+While a live stream is silent, the hub does what ``OwletClient.events`` does for a lone reader: it notices a
 stream that vanished or a job that ended without a terminal event, and runs the reaper sweep (so a dead
 worker or an expired queue slot still ends the stream when no worker is alive to notice).
 
@@ -23,13 +32,14 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
 
 from ui.chat import wording
-from worker.keys import JobField
+from worker.keys import EntryField, JobField, JobState
 from worker.redis_retry import UNREACHABLE
 from worker.streams import TERMINAL, decode
 
@@ -50,14 +60,24 @@ class Subscription:
     last_id: str = "0"  # replay from the start: a late or reconnecting reader loses nothing
     last_event_at: float = field(default_factory=time.monotonic)
     ended: bool = False
+    waiting: bool = False  # its last event is "queued": its place is polled instead of its stream read
+
+
+# How long this hub's notice stream outlives its last refresh (the hub refreshes it every STARTED_REFRESH_S): a page
+# that stopped leaves it behind no longer than this.
+STARTED_TTL_S = 3600
+STARTED_REFRESH_S = 60
 
 
 class StreamHub:
     def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0,
-                 outage_grace_s: float = 60.0):
+                 outage_grace_s: float = 60.0, place_poll_s: float = 1.0):
         assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
         self.client, self.tick_s, self.block_ms, self.idle_check_s = client, tick_s, block_ms, idle_check_s
-        self.outage_grace_s = outage_grace_s
+        self.outage_grace_s, self.place_poll_s = outage_grace_s, place_poll_s
+        # Where the jobs this page submits announce their start (SUBMIT's ``notify``): read with the live streams.
+        self.started_key = client.keys.started_notices(uuid.uuid4().hex)
+        self._started_last_id = "0"
         # By stream key: every follower of that stream (a reloaded page or a second tab follows the same answer
         # as the first; one subscription per key let the newest take the stream from the others, which then
         # waited for the stall timeout and told their user the worker was lost).
@@ -108,7 +128,7 @@ class StreamHub:
 
     # -- the hub thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
-        last_idle_check = time.monotonic()
+        last_idle_check = last_place_poll = last_refresh = time.monotonic()
         down_since = None  # when Redis stopped answering (None: it answers)
         told: set[str] = set()  # streams already told about this outage
         while not self._stop.is_set():
@@ -120,13 +140,21 @@ class StreamHub:
                 continue
             started = time.monotonic()
             try:
-                self._read(subs)
+                live = [s for s in subs if not s.waiting]
+                self._read(live, block=not self._wake.is_set())
+                self._wake.clear()
                 if down_since is not None:
                     log.warning("stream hub: Redis is back after %.1f s", started - down_since)
                     down_since, told = None, set()
+                if started - last_place_poll >= self.place_poll_s:
+                    last_place_poll = started
+                    self._poll_places([s for s in subs if s.waiting and not s.ended])
+                if started - last_refresh >= STARTED_REFRESH_S:
+                    last_refresh = started
+                    self.client.r.expire(self.started_key, STARTED_TTL_S)
                 if started - last_idle_check >= self.idle_check_s:
                     last_idle_check = started
-                    self._check_idle(subs)
+                    self._check_idle(live)
             except UNREACHABLE as exc:  # Redis down or restarting: wait for it a while, then end with a sentence
                 if down_since is None:
                     log.warning("stream hub read failed: %r; waiting up to %.0f s for Redis", exc, self.outage_grace_s)
@@ -153,19 +181,22 @@ class StreamHub:
         for s in subs:
             if not s.ended:
                 by_key.setdefault(s.key, []).append(s)
-        if not by_key:
-            return
-        # Each stream is read from its least advanced follower; each follower is handed what it has not seen.
-        reply = self.client.r.xread({key: min((s.last_id for s in followers), key=_id_order)
-                                     for key, followers in by_key.items()},
-                                    count=512, block=self.block_ms if block else None)
+        # Each stream is read from its least advanced follower; each follower is handed what it has not seen. This
+        # hub's notice stream comes along, so a waiting answer that starts is read at once.
+        streams = {key: min((s.last_id for s in followers), key=_id_order) for key, followers in by_key.items()}
+        streams[self.started_key] = self._started_last_id
+        reply = self.client.r.xread(streams, count=512, block=self.block_ms if block else None)
         if not reply:
             return
         now = time.monotonic()
         batches: list[tuple[Subscription, list, bool]] = []
         for key, entries in reply:
+            key = key.decode() if isinstance(key, bytes) else key
             entries = [(entry_id.decode(), fields) for entry_id, fields in entries]
-            for sub in by_key.get(key.decode() if isinstance(key, bytes) else key, []):
+            if key == self.started_key:
+                self._started(entries)
+                continue
+            for sub in by_key.get(key, []):
                 events = []
                 for entry_id, fields in entries:
                     if _id_order(entry_id) <= _id_order(sub.last_id):
@@ -178,7 +209,37 @@ class StreamHub:
                         break
                 if events:
                     sub.last_event_at = now
+                    sub.waiting = events[-1]["type"] == JobState.queued and not sub.ended
                     batches.append((sub, events, sub.ended))
+        self._hand_over(batches)
+
+    def _started(self, entries: list) -> None:
+        """Jobs that announced their start on this hub's notice stream: their followers are read again."""
+        if entries:
+            self._started_last_id = entries[-1][0]
+        jobs = {(fields.get(EntryField.data.encode()) or b"").decode() for _, fields in entries}
+        with self._lock:
+            for followers in self._subs.values():
+                for sub in followers:
+                    if sub.waiting and sub.job_id in jobs:
+                        sub.waiting = False
+
+    def _poll_places(self, waiting: list[Subscription]) -> None:
+        """Every waiting answer's place in line in one call; a follower gets a "place" event, and an answer no
+        longer queued (started, or ended meanwhile) is read again."""
+        if not waiting:
+            return
+        jobs = sorted({s.job_id for s in waiting})
+        places, per_position = self.client.jobs.places(jobs)
+        now, batches = time.time(), []
+        for sub in waiting:
+            position = places.get(sub.job_id)
+            if position is None:
+                sub.waiting = False
+                self._wake.set()  # read it at once, without blocking for the others
+                continue
+            eta = round(position * per_position, 1) if per_position is not None else None
+            batches.append((sub, [{"type": "place", "position": position, "eta_s": eta, "t": now}], False))
         self._hand_over(batches)
 
     def _check_idle(self, subs: list[Subscription]) -> None:
