@@ -199,6 +199,11 @@ class Keys:
         """Set of job ids started on ``worker``: CLAIM adds, FINISH and REQUEUE remove."""
         return f"{self.prefix}running:{worker}"
 
+    def cancels(self, worker: str) -> str:
+        """Set of the jobs started on ``worker`` whose users stopped them (``JobStates.cancel``), until they end
+        (FINISH, REQUEUE): the worker reads it once a poll for all its jobs, instead of each job's flag."""
+        return f"{self.prefix}cancels:{worker}"
+
     def holder(self, conv: str) -> str:
         """Name of the worker that ran the conversation's last turn (holds its KV cache); FINISH writes it."""
         return f"{self.prefix}holder:{conv}"
@@ -325,7 +330,7 @@ class Keys:
             # prefixes (and the turns suffix)
             "user_queue": self.user_queue(""), "group_queue": self.group_queue(""), "job": self.job(""),
             "stream": self.stream(""), "cancel": self.cancel(""), "conv": self.conversation(""),
-            "running": self.running(""), "holder": self.holder(""),
+            "running": self.running(""), "cancels": self.cancels(""), "holder": self.holder(""),
             "image": self.image(""), "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
             "user_image_quota": self.user_image_quota(""), "group_image_quota": self.group_image_quota(""),
             "user_text_quota": self.user_text_quota(""), "group_text_quota": self.group_text_quota(""),

@@ -41,15 +41,17 @@ def worker_env(settings: Settings, model: Path, max_running: int = 4, **extra: s
 class WorkerProcess:
     """One ``celery worker`` subprocess; ``name`` is its Celery node name (and heartbeat id)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, name: str | None = None, concurrency: int | None = 6):
-        """``concurrency``: Celery threads (``-c``); None leaves Owlet's default (the engine's max_active + 2)."""
+    def __init__(self, env: dict[str, str], log_dir: Path, name: str | None = None, concurrency: int | None = 6,
+                 cwd: Path = ROOT):
+        """``concurrency``: Celery threads (``-c``); None leaves Owlet's default (the engine's max_active + 2).
+        ``cwd``: the source tree it runs from (a benchmark may run an older revision beside this one)."""
         self.name = name or f"w{uuid.uuid4().hex[:6]}@owlet-test"
         self.log_path = log_dir / f"{self.name.split('@')[0]}.log"
         threads = [] if concurrency is None else ["-c", str(concurrency)]
         cmd = [sys.executable, "-m", "celery", "-A", "worker.main", "worker", "-P", "threads", *threads,
                "-n", self.name, "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
     def wait_ready(self, client, timeout_s: float = 90.0) -> None:

@@ -51,6 +51,14 @@ def new_job_id() -> str:
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """What SUBMIT says of an admitted turn: its place in line, and how many jobs were in flight then (a submitter
+    runs a dispatch pass only while that leaves a slot free)."""
+    position: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
 class Started:
     """What a worker reads to start a job it has just claimed, returned by the claiming script itself (no further
     round trip): the stored payload (None if missing), the client group, whether its cancel flag is set, the
@@ -96,9 +104,9 @@ class JobStates:
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
                 expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
-                notify: str | None = None) -> int:
+                notify: str | None = None) -> Admitted:
         """(new) -> queued (SUBMIT): admit ``job`` and store everything it needs in one atomic step; returns its
-        queue position.
+        place in line and the jobs in flight.
 
         Every cap, rate limit and quota is checked before anything is written, so a refused turn leaves
         nothing behind: not its image, not its conversation, not its turn. With ``turn_json`` the user's
@@ -123,7 +131,7 @@ class JobStates:
                     group: str | None = None, new_conv: bool = False, image: bytes | None = None,
                     image_sha: str | None = None, answer_bytes: int = 0, history: list[str] | None = None,
                     expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
-                    notify: str | None = None) -> int:
+                    notify: str | None = None) -> Admitted:
         """(new) -> queued with an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests.
 
         A Redis at its maxmemory refuses SUBMIT whole (nothing is written); then MAKE_ROOM clears the least
@@ -135,7 +143,7 @@ class JobStates:
         quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
         for _ in range(MAKE_ROOM_ROUNDS + 1):
             try:
-                (code,) = self._scripts.call(
+                reply = self._scripts.call(
                     self._scripts.submit, bytes(image) if image else b"",
                     job=job_id, user=user, group=group, conv=conv, queue_user=quser, queue_group=qgroup,
                     new_conv=new_conv, payload=payload, now=repr(time.time()), turn=turn_json or "",
@@ -151,6 +159,7 @@ class JobStates:
                     raise ServiceBusy() from None
         else:
             raise ServiceBusy()
+        code = reply[0]
         if code == -1:
             raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
                                  "finish, then ask again.")
@@ -158,7 +167,7 @@ class JobStates:
             refusal = REFUSALS[code]()
             refusal.retry_after_s = self._retry_after(code, user, group)
             raise refusal
-        return int(code)
+        return Admitted(int(code), int(reply[1]))
 
     def make_room(self, keep: str = "") -> int:
         """Clear the least recently used conversations not being answered (never ``keep``), and if need be the
@@ -270,8 +279,16 @@ class JobStates:
         if state in (JobState.queued, JobState.dispatched) and self.finish(job_id, JobState.cancelled,
                                                                            only_state=state):
             return True
-        # started (or it moved on meanwhile): the worker sees the flag within a poll period
-        self.r.set(self.keys.cancel(job_id), 1, ex=int(self.settings.job_deadline_s + self.settings.queue_timeout_s))
+        # started (or it moved on meanwhile): its worker sees it in its set of stopped jobs within a poll period; the
+        # flag also tells a claim that has not started it yet, and the reaper if that worker is lost
+        ttl = int(self.settings.job_deadline_s + self.settings.queue_timeout_s)
+        worker = self.r.hget(self.keys.job(job_id), JobField.worker)
+        with self.r.pipeline(transaction=False) as p:
+            p.set(self.keys.cancel(job_id), 1, ex=ttl)
+            if worker:
+                p.sadd(self.keys.cancels(worker.decode()), job_id)
+                p.expire(self.keys.cancels(worker.decode()), ttl)
+            p.execute()
         return True
 
     def position(self, job_id: str) -> int | None:

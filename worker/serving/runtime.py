@@ -252,27 +252,25 @@ class WorkerRuntime:
                     log.exception("dispatch failed")
 
     def _cancel_loop(self) -> None:
-        """Relay cancel flags to the engine; polling keeps one Redis round trip per period for all jobs."""
+        """Relay stopped jobs to the engine: one read a period of this worker's set of stopped jobs, however many
+        jobs it runs (a job stays in the set until it ends, so one not handed to the engine yet is seen later)."""
         redis_down = False  # log an outage once, not 20 tracebacks a second
+        key = self.keys.cancels(self.worker)
         while not self._stop.wait(self.settings.cancel_poll_s):
             with self._lock:
-                jobs = sorted(self._active - self._aborted)
-            if not jobs:
-                continue
+                if not self._active - self._aborted:
+                    continue
             try:
-                with self.r.pipeline(transaction=False) as p:
-                    for job in jobs:
-                        p.exists(self.keys.cancel(job))
-                    flags = p.execute()
+                stopped = {raw.decode() for raw in self.r.smembers(key)}
             except redis.RedisError as exc:
                 if not redis_down:
                     log.warning("cancel poll failed (%s); retrying until Redis answers", exc)
                 redis_down = True
                 continue
             redis_down = False
-            for job, flagged in zip(jobs, flags):
-                if flagged:
-                    self.engine.abort(job)
-                    self.metrics.cancels.inc()
-                    with self._lock:
-                        self._aborted.add(job)
+            with self._lock:
+                jobs = sorted((self._active - self._aborted) & stopped)
+                self._aborted.update(jobs)
+            for job in jobs:
+                self.engine.abort(job)
+                self.metrics.cancels.inc()

@@ -25,10 +25,15 @@ end
 local function hdecr(key, field)
   if tonumber(redis.call('HINCRBY', key, field, -1)) <= 0 then redis.call('HDEL', key, field) end
 end
--- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script.
+-- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script. Read once a
+-- script: one atomic step happens at one instant.
+local NOW
 local function now_s()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  end
+  return NOW
 end
 -- A sorted-set score as Redis returns it (a string, possibly "-inf" or "inf"), as a number.
 local function score_number(s)

@@ -55,7 +55,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         redis.call('DECR', KEY.queued_count)
         redis.call('ZREM', KEY.queued_since, job)
         local jk = KEY.job .. job
-        local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv)
+        local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts)
         if f[1] then hdecr(KEY.queued_by_user, f[1]) end
         local group = f[2] or f[1]
         if group then hdecr(KEY.queued_by_group, group) end
@@ -64,10 +64,9 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         else
           redis.call('HINCRBY', KEY.inflight_by_group, group, 1)
           idle_refresh(qg)
-          local n = redis.call('HINCRBY', jk, JOB.dispatch_n, 1)
-          redis.call('HINCRBY', jk, JOB.attempts, 1)
+          local n = tonumber(f[5] or '0') + 1
           redis.call('HSET', jk, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, '',
-                     JOB.flight_t, now_s())
+                     JOB.flight_t, now_s(), JOB.dispatch_n, n, JOB.attempts, tonumber(f[6] or '0') + 1)
           redis.call('ZADD', KEY.inflight, now, job)
           redis.call('ZADD', KEY.unclaimed, now, job)
           local conv = f[4] or ''

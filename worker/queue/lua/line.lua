@@ -75,13 +75,16 @@ local function idle_forget(qg)
     redis.call('HDEL', KEY.idle_members, qg)
   end
 end
+local function idle_index(qg, place, record)
+  local member = place .. qg
+  redis.call('ZADD', KEY.idle_line, 0, member)
+  redis.call('ZADD', KEY.light_line, usage_key_of(record), member)
+  redis.call('HSET', KEY.idle_members, qg, member)
+end
 local function idle_refresh(qg)
   idle_forget(qg)
   if has_flight(qg) or not in_line(qg) then return end
-  local member = redis.call('HGET', KEY.places, qg) .. qg
-  redis.call('ZADD', KEY.idle_line, 0, member)
-  redis.call('ZADD', KEY.light_line, usage_key(qg), member)
-  redis.call('HSET', KEY.idle_members, qg, member)
+  idle_index(qg, redis.call('HGET', KEY.places, qg), usage_record(qg))
 end
 
 -- Write the tags of every queued job of group qg from its place (old_place: the place they were written with, when
@@ -101,8 +104,8 @@ end
 -- moment its answer ended is not a newcomer, a newcomer goes ahead of everyone who used the workers lately however
 -- long the line is, and a group that used them a lot queues at worst behind the whole line waiting now, never
 -- behind a stream of later arrivals.
-local function setback(qg, now)
-  local weighted = USAGE_WEIGHT * usage(qg, now)
+local function setback(record, now)
+  local weighted = USAGE_WEIGHT * usage_at(record, now)
   if weighted <= USAGE_CAP then return weighted end
   local first = redis.call('ZRANGE', KEY.waiting_since, 0, 0, 'WITHSCORES')
   local longest = USAGE_CAP
@@ -110,31 +113,33 @@ local function setback(qg, now)
   return math.min(weighted, longest)
 end
 
--- Group qg starts waiting (its first job was just queued in its lists): its place, then its jobs' tags.
--- front: put back after a lost worker, ahead of everyone.
+-- Group qg starts waiting: its place. front: put back after a lost worker, ahead of everyone. Returns the place and
+-- the group's usage record (read once for the setback and the light index).
+local function join_place(qg, front)
+  if front then return requeued_place() end
+  if redis.call('SISMEMBER', KEY.served, qg) == 1 then return served_place_front() end
+  local now, record = now_s(), usage_record(qg)
+  redis.call('ZADD', KEY.waiting_since, now, qg)
+  -- rounded as the place stores it; the arrival sequence keeps two groups starting at once in arrival order
+  return waiting_place(now + setback(record, now)), record
+end
+-- Group qg starts waiting with the jobs its lists hold now (one, unless it was put back with others): its place,
+-- then its jobs' tags.
 local function join_line(qg, front)
-  local place
-  if front then
-    place = requeued_place()
-  elseif redis.call('SISMEMBER', KEY.served, qg) == 1 then
-    place = served_place_front()
-  else
-    local now = now_s()
-    -- rounded as the place stores it; the arrival sequence keeps two groups starting at once in arrival order
-    place = waiting_place(now + setback(qg, now))
-    redis.call('ZADD', KEY.waiting_since, now, qg)
-  end
+  local place = join_place(qg, front)
   redis.call('HSET', KEY.places, qg, place)
   rekey(qg)
 end
 
--- Job `job` of identity q in group qg was just pushed to the end of q's queue (SUBMIT): give it its tag.
+-- Job `job` of identity q in group qg was just queued (SUBMIT): it goes to the end of q's queue, and gets its tag.
 local function queue_job(job, q, qg)
-  if redis.call('RPUSH', uq(q), job) == 1 then redis.call('RPUSH', gq(qg), q) end
-  local identities = redis.call('LLEN', gq(qg))
-  local mine = redis.call('LLEN', uq(q))
-  if identities == 1 and mine == 1 then
-    join_line(qg, false)
+  local mine = redis.call('RPUSH', uq(q), job)
+  local identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
+  if identities == 1 and mine == 1 then  -- the group starts waiting with this job alone
+    local place, record = join_place(qg, false)
+    redis.call('HSET', KEY.places, qg, place)
+    redis.call('ZADD', KEY.line, 0, place .. job)
+    if not has_flight(qg) then idle_index(qg, place, record or usage_record(qg)) end
   elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
     redis.call('ZADD', KEY.line, mine - 1, redis.call('HGET', KEY.places, qg) .. job)
   else

@@ -22,7 +22,10 @@ local f = redis.call('HMGET', jk, JOB.user, JOB.worker, JOB.qkey, JOB.group, JOB
 local user = f[1] or ''
 local q, group = f[3] or user, f[4] or user
 local qg = f[5] or group
-if f[2] then redis.call('SREM', KEY.running .. f[2], job) end
+if f[2] then
+  redis.call('SREM', KEY.running .. f[2], job)
+  redis.call('SREM', KEY.cancels .. f[2], job)
+end
 redis.call('ZREM', KEY.inflight, job)
 redis.call('ZREM', KEY.unclaimed, job)
 redis.call('HSET', jk, JOB.state, STATE.queued, JOB.worker, '', JOB.target, '')

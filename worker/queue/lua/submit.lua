@@ -24,7 +24,7 @@
 --   newest: remember it as its identity's newest conversation (absent = not)
 --   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
 -- ARGV[2]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
--- Returns {position} or {negative code} (see ``worker.queue.job_states.REFUSALS``).
+-- Returns {position, jobs in flight} or {negative code} (see ``worker.queue.job_states.REFUSALS``).
 local job, user, group, conv, now, turn = args.job, args.user, args.group, args.conv, args.now, args.turn
 local q, qg = args.queue_user, args.queue_group
 local image = ARGV[2]
@@ -69,17 +69,18 @@ if tonumber(redis.call('GET', KEY.queued_count) or '0') >= args.global_queue_cap
 local sent_image = image ~= ''
 local new_image = sent_image and redis.call('EXISTS', IK) == 0
 -- The total is what is held now: images whose TTL has run out give their bytes back (a bounded batch a call; a
--- backlog only over-counts until later calls). A window of new bytes would let images stored late in one window
--- outlive it (twice the total held), and a turn about an old image would keep it alive past any window. Expiry
--- times are Redis's own clock, the one that expires the images (a UI replica's clock may be off).
-local clock = redis.call('TIME')
-local held_now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+-- backlog only over-counts until later calls), when a turn sends a picture, the only time the total is checked.
+-- A window of new bytes would let images stored late in one window outlive it (twice the total held), and a turn
+-- about an old image would keep it alive past any window. Expiry times are Redis's own clock, the one that expires
+-- the images (a UI replica's clock may be off).
+local held_now = now_s()
 local expires = held_now + image_ttl
-redis.call('PERSIST', QT)  -- a counter written as a window with a TTL (older versions) must not expire
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
-  no_longer_held(gone)
+if sent_image then
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
+    no_longer_held(gone)
+  end
+  if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
 end
-if tonumber(redis.call('GET', QT) or '0') < 0 then redis.call('SET', QT, 0) end
 -- Past the total, pictures give way, at most 64 a call, never one a live job needs: otherwise a store filled by
 -- strangers would refuse every new picture of everyone for a day. They go from the client group holding the most
 -- bytes, its least recently used first (every turn about a picture renews it): were the least recently used of
@@ -134,7 +135,6 @@ if tonumber(redis.call('GET', TG) or '0') + text_bytes > args.text_quota_group_b
 -- is being answered is the turn refused (busy), and then nothing gives way.
 local conv_size, conv_before, reserve, clear, notices = 0, 0, 0, {}, {}
 if turn ~= '' then
-  history_expired(held_now)
   reserve = args.answer_bytes + TURN_BYTES
   conv_size = CONV_BYTES + #turn + TURN_BYTES + reserve
   local stored, entries = history, 0
@@ -147,6 +147,11 @@ if turn ~= '' then
   conv_size = conv_size + entries * INDEX_BYTES
   conv_before = tonumber(redis.call('HGET', KEY.conversation_sizes, conv) or '0')
   local total = tonumber(redis.call('GET', KEY.history_total) or '0')
+  if total - conv_before + conv_size > args.history_total_bytes then
+    -- near the budget: conversations whose TTL ran out give their bytes back first (they are charged until then)
+    history_expired(held_now)
+    total = tonumber(redis.call('GET', KEY.history_total) or '0')
+  end
   local left
   clear, notices, left = choose_history(total - conv_before + conv_size - args.history_total_bytes, conv, 64)
   if left > 0 then return {-12} end
@@ -197,6 +202,8 @@ for _, qk in ipairs(charged) do  -- a fixed window from the first charge, as for
     redis.call('EXPIRE', qk, image_ttl)
   end
 end
+local job_fields = {JOB.payload, args.payload, JOB.user, user, JOB.qkey, q, JOB.group, group, JOB.qgroup, qg,
+                    JOB.conv, conv, JOB.state, STATE.queued, JOB.enqueued_at, now, JOB.attempts, 0, JOB.dispatch_n, 0}
 if turn ~= '' then
   for _, gone in ipairs(clear) do clear_conversation(gone, held_now) end
   for _, gone in ipairs(notices) do drop_notice(gone) end
@@ -211,17 +218,26 @@ if turn ~= '' then
     redis.call('EXPIRE', KEY.chat_indexes_of .. conv, ttl)
   end
   if args.newest then redis.call('SET', KEY.newest .. user, conv, 'EX', ttl) end
-  if args.new_conv then redis.call('HSET', CK, CONV.user, user, CONV.created, now) end
-  for _, earlier in ipairs(history) do redis.call('RPUSH', TK, earlier) end
-  redis.call('HSET', JK, JOB.turn, redis.call('RPUSH', TK, turn) - 1)
-  redis.call('HSET', CK, CONV.pending, job)
+  if args.new_conv then
+    redis.call('HSET', CK, CONV.user, user, CONV.created, now, CONV.pending, job)
+  else
+    redis.call('HSET', CK, CONV.pending, job)
+  end
+  if #history > 0 then redis.call('RPUSH', TK, unpack(history)) end
+  table.insert(job_fields, JOB.turn)
+  table.insert(job_fields, redis.call('RPUSH', TK, turn) - 1)
   redis.call('EXPIRE', CK, args.history_ttl_s)
   redis.call('EXPIRE', TK, args.history_ttl_s)
 end
-redis.call('HSET', JK, JOB.payload, args.payload, JOB.user, user, JOB.qkey, q, JOB.group, group, JOB.qgroup, qg,
-           JOB.conv, conv, JOB.state, STATE.queued, JOB.enqueued_at, now, JOB.attempts, 0, JOB.dispatch_n, 0)
-if reserve > 0 then redis.call('HSET', JK, JOB.reserved, reserve) end
-if args.notify then redis.call('HSET', JK, JOB.notify, args.notify) end
+if reserve > 0 then
+  table.insert(job_fields, JOB.reserved)
+  table.insert(job_fields, reserve)
+end
+if args.notify then
+  table.insert(job_fields, JOB.notify)
+  table.insert(job_fields, args.notify)
+end
+redis.call('HSET', JK, unpack(job_fields))
 redis.call('EXPIRE', JK, args.job_ttl_s)
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
@@ -233,4 +249,4 @@ local eta = 'null'
 if args.seconds_per_position then eta = string.format('%.1f', pos * args.seconds_per_position) end
 xadd(job, STATE.queued, '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', args.stream_maxlen)
 redis.call('EXPIRE', SK, args.job_ttl_s)
-return {pos}
+return {pos, redis.call('ZCARD', KEY.inflight)}

@@ -2,24 +2,26 @@
 -- (KEY.group_usage holds "seconds:t" per group, t in Redis time). FINISH charges it; a group that starts waiting is
 -- set back by it (line.lua), and the last slots POP keeps go only to groups that used the workers little lately.
 
-local function usage(g, now)
-  local v = redis.call('HGET', KEY.group_usage, g)
-  if not v then return 0 end
-  local seconds, t = string.match(v, '^([^:]+):(.+)$')
+-- A group's usage as stored ("seconds:t", or nil), read once by whoever needs both of what follows.
+local function usage_record(g) return redis.call('HGET', KEY.group_usage, g) end
+local function usage_at(record, now)
+  if not record then return 0 end
+  local seconds, t = string.match(record, '^([^:]+):(.+)$')
   return tonumber(seconds) * 0.5 ^ ((now - tonumber(t)) / HALF_LIFE)
 end
+local function usage(g, now) return usage_at(usage_record(g), now) end
 -- Usage as a number whose order between groups never changes while their usage decays, for a sorted set:
 -- log2(seconds) + t / HALF_LIFE, since every group's usage decays by the same factor. A group that used nothing has
 -- '-inf'. A group is light (USAGE_WEIGHT x its usage within USAGE_CAP) when its key is at most light_bound(now).
 local LOG2 = math.log(2)
-local function usage_key(g)
-  local v = redis.call('HGET', KEY.group_usage, g)
-  if not v then return '-inf' end
-  local seconds, t = string.match(v, '^([^:]+):(.+)$')
+local function usage_key_of(record)
+  if not record then return '-inf' end
+  local seconds, t = string.match(record, '^([^:]+):(.+)$')
   seconds = tonumber(seconds)
   if not seconds or seconds <= 0 then return '-inf' end
   return math.log(seconds) / LOG2 + tonumber(t) / HALF_LIFE
 end
+local function usage_key(g) return usage_key_of(usage_record(g)) end
 local function light_bound(now)
   return math.log(USAGE_CAP / USAGE_WEIGHT) / LOG2 + now / HALF_LIFE
 end
