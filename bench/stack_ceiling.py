@@ -72,12 +72,13 @@ def parse_env(spec: str) -> dict[str, str]:
     return dict(pairs)
 
 
-def stack_env(url: str, prefix: str, clients: int, extra: dict[str, str]) -> dict[str, str]:
+def stack_env(url: str, prefix: str, clients: int, extra: dict[str, str], root: Path = ROOT) -> dict[str, str]:
     """The worker's (and page's, and clients') environment: limits that let ``clients`` loop (each visitor is its own
-    group; the page trusts 127.0.0.1 to name them), then ``extra`` (the engine's variables, a compared setting)."""
+    group; the page trusts 127.0.0.1 to name them), then ``extra`` (the engine's variables, a compared setting).
+    ``root``: the source tree the processes run (this checkout, or an older revision beside it)."""
     room = str(4 * clients)
     return dict(os.environ, REDIS_URL=url, OWLET_KEY_PREFIX=prefix,
-                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
                 HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                 # a looping client submits several turns a second, for minutes
                 OWLET_GROUP_SUBMIT_LIMIT="1000000", OWLET_GLOBAL_QUEUE_CAP=str(max(200, 4 * clients)),
@@ -93,23 +94,31 @@ def stub_env(args) -> dict[str, str]:
             "OWLET_MAX_RUNNING": str(args.rows)}
 
 
-def run_clients(env: dict, args, tokens: int, pids: dict[str, int], base: str | None, work: Path) -> dict:
-    """One load run at ``tokens`` per answer; returns the clients' turns and each process's CPU over the window."""
-    cmd = [sys.executable, "-m", "bench.stack_clients", "--clients", str(args.clients), "--tokens", str(tokens),
-           "--warm-s", str(args.warm_s), "--seconds", str(args.seconds), "--label", f"t{tokens}-{time.time_ns()}-"]
-    if base:
-        cmd += ["--via", "page", "--page-url", base]
+def run_clients(env: dict, args, tokens: int, pids: dict[str, int], base: str | None, work: Path,
+                root: Path = ROOT, on_window=None) -> dict:
+    """One load run at ``tokens`` per answer; returns the clients' turns and each process's CPU over the window.
+    ``on_window("start" | "end")`` runs as the window opens and closes (another reading of the window's cost)."""
+    # this checkout's load, driving the client code of `root` (OWLET_BENCH_TREE)
+    cmd = [sys.executable, str(ROOT / "bench" / "stack_clients.py"), "--clients", str(args.clients),
+           "--tokens", str(tokens), "--warm-s", str(args.warm_s), "--seconds", str(args.seconds),
+           "--label", f"t{tokens}-{time.time_ns()}-"]
+    cmd += ["--via", "page", "--page-url", base] if base else ["--via", getattr(args, "via", "queue")]
     log = open(work / f"clients-{tokens}.log", "ab")
-    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    driver = subprocess.Popen(cmd, cwd=root, env={**env, "OWLET_BENCH_TREE": str(root)}, stdout=subprocess.PIPE,
+                              stderr=log, text=True)
     pids = {**pids, "clients": driver.pid}
     cpu_start, cpu_end, data, spy = {}, {}, None, None
     for line in driver.stdout:
         if line.startswith("WINDOW_START"):
             cpu_start = {name: cpu_s(pid) for name, pid in pids.items()}
+            if on_window is not None:
+                on_window("start")
             if args.profile:
                 spy = profile(args.profile, pids["worker"], args.seconds, work / f"worker-{tokens}.raw")
         elif line.startswith("WINDOW_END"):
             cpu_end = {name: cpu_s(pid) for name, pid in pids.items()}
+            if on_window is not None:
+                on_window("end")
         elif line.startswith("{"):
             data = json.loads(line)
     if driver.wait(timeout=300) != 0 or data is None:
@@ -181,14 +190,16 @@ def figures(data: dict, args, tokens: int) -> dict:
     return out
 
 
-def measure(url: str, args, extra: dict[str, str], work: Path, lengths: list[int]) -> list[dict]:
-    """Every answer length on one fresh worker (and page) built with ``extra`` variables."""
+def measure(url: str, args, extra: dict[str, str], work: Path, lengths: list[int], root: Path = ROOT,
+            on_window=None) -> list[dict]:
+    """Every answer length on one fresh worker (and page) built with ``extra`` variables, from source tree ``root``;
+    ``on_window(tokens, "start" | "end")`` runs as each length's measured window opens and closes."""
     from bench.page_stream import start_page, wait_healthy
 
     prefix = unique_prefix("bench-ceiling")
-    env = stack_env(url, prefix, args.clients, {**stub_env(args), **extra})
+    env = stack_env(url, prefix, args.clients, {**stub_env(args), **extra}, root)
     client = OwletClient(settings=Settings.from_env(env))
-    worker = WorkerProcess(env, work, concurrency=None)
+    worker = WorkerProcess(env, work, concurrency=None, cwd=root)
     page, base = None, None
     try:
         if args.page:
@@ -199,7 +210,9 @@ def measure(url: str, args, extra: dict[str, str], work: Path, lengths: list[int
         if page is not None:
             wait_healthy(page, port, work / f"page-{prefix}.log")
             base, pids["page"] = f"http://127.0.0.1:{port}/", page.pid
-        return [figures(run_clients(env, args, tokens, pids, base, work), args, tokens) for tokens in lengths]
+        hook = (lambda tokens: None) if on_window is None else (lambda tokens: lambda edge: on_window(tokens, edge))
+        return [figures(run_clients(env, args, tokens, pids, base, work, root, hook(tokens)), args, tokens)
+                for tokens in lengths]
     finally:
         if page is not None:
             page.terminate()

@@ -4,8 +4,10 @@ Run by ``bench/stack_ceiling.py`` in a process of its own, so the clients' CPU i
 its own visitor (its own identity and client group) and asks a new conversation's first question, waits for the
 whole answer, and asks again at once. Two ways in:
 
-- ``queue``: ``worker.client.OwletClient`` straight into the fair queue (submit, dispatch pass, stream read), as the
-  page's handlers do;
+- ``queue``: ``worker.client.OwletClient`` straight into the fair queue (submit, dispatch pass, stream read), each
+  client reading its own answer's stream;
+- ``hub``: the same submits, the answers read as the page reads them: one ``ui.chat.stream_hub.StreamHub`` for all
+  clients (one read of every live stream a tick, waiting answers' places polled at once, starts announced);
 - ``page``: the page's OpenAI-compatible API (``POST /v1/chat/completions``, streamed), each client with its own key
   and its own address (``X-Forwarded-For``, the page trusting 127.0.0.1 as its proxy).
 
@@ -16,13 +18,19 @@ end time, tokens and error, for the parent to cut to the window.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
+import os
+import queue
 import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The source tree whose client (and page reader) this load drives: this checkout, or another revision a benchmark
+# puts beside it (OWLET_BENCH_TREE).
+sys.path.insert(0, os.environ.get("OWLET_BENCH_TREE") or str(Path(__file__).resolve().parents[1]))
 
 from worker.client import OwletClient  # noqa: E402
 from worker.config import Settings  # noqa: E402
@@ -47,6 +55,58 @@ def queue_turn(client: OwletClient, who: str, tokens: int) -> dict:
     dispatched = client.r.hget(client.keys.job(job), "dispatched_at")
     marks["dispatched"] = float(dispatched) if dispatched else None
     return {"t0": t0, "first": first, "end": end, "tokens": words, "error": error, "marks": marks}
+
+
+class HubReader:
+    """The page's one stream reader, run on an event loop of its own, for every client thread of this process."""
+
+    def __init__(self, client: OwletClient):
+        from ui.chat.stream_hub import StreamHub
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="hub-loop", daemon=True).start()
+        self.hub = asyncio.run_coroutine_threadsafe(self._make(StreamHub, client), self.loop).result()
+        # a revision whose SUBMIT takes no notice stream: its hub finds starts by reading every stream
+        self.notify = ({"notify": self.hub.started_key}
+                       if "notify" in inspect.signature(client.submit).parameters else {})
+
+    @staticmethod
+    async def _make(hub_class, client):
+        return hub_class(client)
+
+    def events(self, job: str):
+        """The job's events as the hub delivers them, until its terminal event."""
+        inbox: queue.Queue = queue.Queue()
+
+        async def subscribe():
+            return self.hub.subscribe(job, lambda events, ended: inbox.put((events, ended)))
+
+        sub = asyncio.run_coroutine_threadsafe(subscribe(), self.loop).result()
+        try:
+            while True:
+                events, ended = inbox.get(timeout=120)
+                yield from events
+                if ended:
+                    return
+        finally:
+            self.loop.call_soon_threadsafe(self.hub.unsubscribe, sub)
+
+
+def hub_turn(client: OwletClient, reader: HubReader, who: str, tokens: int) -> dict:
+    """One turn through the fair queue, read through the page's stream reader."""
+    t0 = time.time()
+    first, words, error, marks = None, 0, None, {}
+    job = client.submit(who, None, QUESTION, sampling={"max_new_tokens": tokens, "ignore_eos": True},
+                        **reader.notify).job
+    for event in reader.events(job):
+        marks.setdefault(event["type"], event.get("t"))
+        if event["type"] == "token":
+            if first is None:
+                first = time.time()
+            words += len(event["text"].split())
+        elif event["type"] in ("error", "cancelled"):
+            error = event.get("message") or event["type"]
+    return {"t0": t0, "first": first, "end": time.time(), "tokens": words, "error": error, "marks": marks}
 
 
 class PageAsker:
@@ -98,7 +158,7 @@ class PageAsker:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--via", choices=("queue", "page"), default="queue")
+    ap.add_argument("--via", choices=("queue", "hub", "page"), default="queue")
     ap.add_argument("--page-url", help="the page's base URL (--via page)")
     ap.add_argument("--clients", type=int, default=72)
     ap.add_argument("--tokens", type=int, default=48)
@@ -107,7 +167,8 @@ def main(argv=None) -> None:
     ap.add_argument("--label", default="c")
     ap.add_argument("--image", type=Path, help="a PNG each turn asks about (--via page): image turns")
     args = ap.parse_args(argv)
-    client = OwletClient(settings=Settings.from_env()) if args.via == "queue" else None
+    client = OwletClient(settings=Settings.from_env()) if args.via in ("queue", "hub") else None
+    reader = HubReader(client) if args.via == "hub" else None
     turns: list[dict] = []
     lock = threading.Lock()
     stop_at = time.time() + args.warm_s + args.seconds + 3600  # replaced once the window is set
@@ -122,7 +183,12 @@ def main(argv=None) -> None:
             ready.wait()  # even when the set-up failed: the others must not wait for this one for ever
         while time.time() < stop_at:
             try:
-                turn = asker.turn(args.tokens) if asker else queue_turn(client, who, args.tokens)
+                if asker:
+                    turn = asker.turn(args.tokens)
+                elif reader:
+                    turn = hub_turn(client, reader, who, args.tokens)
+                else:
+                    turn = queue_turn(client, who, args.tokens)
             except Exception as exc:  # a refusal or a broken stream is an error of the run, counted, not fatal
                 turn = {"t0": time.time(), "first": None, "end": time.time(), "tokens": 0,
                         "error": f"{type(exc).__name__}: {exc}"}

@@ -49,7 +49,7 @@ class OwletClient:
         self.keys = Keys(settings.key_prefix)
         self.r = redis.Redis.from_url(settings.redis_url)
         self.readouts = QueueReadouts(self.r, self.keys)
-        self.jobs = JobStates(self.r, self.keys, settings, self.readouts)
+        self.jobs = JobStates(self.r, self.keys, settings)
         self.fair = FairDispatch(self.r, self.keys, self.jobs, create_app(settings))
         self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)

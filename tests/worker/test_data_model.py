@@ -153,7 +153,6 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
         return real_call(self, script, *data, **args)
 
     monkeypatch.setattr(Scripts, "call", recording_call)
-    client.r.set(client.keys.service_time, 1.0)  # so SUBMIT gets its optional seconds_per_position
     fake_capacity(2)
     job = client.submit_turn("ann", client.new_conversation("ann"), "hi")  # SUBMIT, and POP in the dispatch
     client.queue_position(job)

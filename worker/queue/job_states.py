@@ -24,7 +24,6 @@ from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYour
 from worker.history_budget import history_budget, redis_maxmemory, room_bytes
 from worker.jobs import Job
 from worker.keys import ENDED_STATES, JobField, JobState, Keys
-from worker.queue.readouts import QueueReadouts
 from worker.queue.scripts import Scripts
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
@@ -96,8 +95,8 @@ class Taken:
 
 
 class JobStates:
-    def __init__(self, r: redis.Redis, keys: Keys, settings: Settings, readouts: QueueReadouts):
-        self.r, self.keys, self.settings, self.readouts = r, keys, settings, readouts
+    def __init__(self, r: redis.Redis, keys: Keys, settings: Settings):
+        self.r, self.keys, self.settings = r, keys, settings
         self._scripts = Scripts(r, keys)
         self.history_budget = history_budget(settings, redis_maxmemory(r))
 
@@ -148,7 +147,7 @@ class JobStates:
                     job=job_id, user=user, group=group, conv=conv, queue_user=quser, queue_group=qgroup,
                     new_conv=new_conv, payload=payload, now=repr(time.time()), turn=turn_json or "",
                     image_sha=image_sha or "", answer_bytes=answer_bytes, history=history,
-                    expect_turns=expect_turns, seconds_per_position=self.readouts.seconds_per_position(),
+                    expect_turns=expect_turns,
                     job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
                     history_total_bytes=self.history_budget, index_digest=index_digest, newest=newest or None,
                     notify=notify,

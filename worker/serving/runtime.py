@@ -66,7 +66,7 @@ class WorkerRuntime:
         self.keys = Keys(settings.key_prefix)
         self.r = redis.Redis.from_url(settings.redis_url)
         self.readouts = QueueReadouts(self.r, self.keys)
-        self.jobs = JobStates(self.r, self.keys, settings, self.readouts)
+        self.jobs = JobStates(self.r, self.keys, settings)
         self.fair = FairDispatch(self.r, self.keys, self.jobs, celery_app)
         self.reaper = Reaper(self.r, self.keys, settings, self.jobs)
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)

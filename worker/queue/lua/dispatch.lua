@@ -62,22 +62,23 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         if f[3] ~= STATE.queued then
           idle_refresh(qg)
         else
-          redis.call('HINCRBY', KEY.inflight_by_group, group, 1)
-          idle_refresh(qg)
-          local n = tonumber(f[5] or '0') + 1
-          redis.call('HSET', jk, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, '',
+          if redis.call('HINCRBY', KEY.inflight_by_group, group, 1) == 1 and group == qg then
+            idle_forget(qg)  -- it has something in flight now
+          else
+            idle_refresh(qg)
+          end
+          local n, conv = tonumber(f[5] or '0') + 1, f[4] or ''
+          -- a worker taking its next job starts it here, unless another worker holds its conversation's cache
+          local holder = worker and conv ~= '' and redis.call('GET', KEY.holder .. conv)
+          local taker = worker and (not holder or holder == worker) and worker or ''
+          redis.call('HSET', jk, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
                      JOB.flight_t, now_s(), JOB.dispatch_n, n, JOB.attempts, tonumber(f[6] or '0') + 1)
           redis.call('ZADD', KEY.inflight, now, job)
-          redis.call('ZADD', KEY.unclaimed, now, job)
-          local conv = f[4] or ''
-          if worker then
-            local holder = conv ~= '' and redis.call('GET', KEY.holder .. conv)
-            if not holder or holder == worker then
-              redis.call('HSET', jk, JOB.target, worker)
-              local s = start_job(job, worker, now, maxlen)
-              return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0}
-            end
+          if taker ~= '' then
+            local s = start_job(job, worker, now, maxlen)
+            return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0}
           end
+          redis.call('ZADD', KEY.unclaimed, now, job)
           return {job, n, conv}
         end
       end

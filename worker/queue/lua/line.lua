@@ -224,3 +224,17 @@ local function position(job, q, qg, now)
   local slot = slot_position(job, q, qg, now)
   return slot and math.min(rank + 1, slot) or rank + 1
 end
+-- The seconds each place in line adds: the service-time average FINISH keeps over the decode rows the last POP counted
+-- (KEY.slots); nil while either is unknown. What a queued event's and a place's ETA rest on.
+local function seconds_per_place()
+  local service = tonumber(redis.call('GET', KEY.service_time) or '')
+  local rows = tonumber(redis.call('HGET', KEY.slots, SLOTS.shared) or '')
+  if service and rows and rows > 0 then return service / rows end
+  return nil
+end
+-- A queued event's JSON: the job's place, its ETA when known, and the caller's time.
+local function queued_event(pos, now, extra)
+  local per_place = seconds_per_place()
+  local eta = per_place and string.format('%.1f', pos * per_place) or 'null'
+  return '{"position": ' .. pos .. ', "eta_s": ' .. eta .. (extra or '') .. ', "t": ' .. now .. '}'
+end

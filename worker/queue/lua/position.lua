@@ -4,10 +4,8 @@
 -- args: jobs: the job ids
 -- Returns the seconds each place in line adds (the service-time average over the decode rows the last POP counted;
 -- '' while unknown), then one number per job: its position, or 0 when it is not queued (any more).
-local now, out = now_s(), {''}
-local service = tonumber(redis.call('GET', KEY.service_time) or '')
-local rows = tonumber(redis.call('HGET', KEY.slots, SLOTS.shared) or '')
-if service and rows and rows > 0 then out[1] = tostring(service / rows) end
+local now, per_place = now_s(), seconds_per_place()
+local out = {per_place and tostring(per_place) or ''}
 for i, job in ipairs(args.jobs) do
   local f = redis.call('HMGET', KEY.job .. job, JOB.state, JOB.qkey, JOB.qgroup)
   local pos = f[1] == STATE.queued and position(job, f[2], f[3] or f[2], now)

@@ -38,5 +38,5 @@ redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, now_s()) or 1
-xadd(job, STATE.queued, '{"position": ' .. pos .. ', "restart": true, "t": ' .. now .. '}', maxlen)
+xadd(job, STATE.queued, queued_event(pos, now, ', "restart": true'), maxlen)
 return 1

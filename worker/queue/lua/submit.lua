@@ -14,7 +14,6 @@
 --   refused as busy: a stateless client matched its earlier messages to those turns, which must not have changed
 --   image_sha: the sha256 of the image the turn is about ('' = none; ARGV[2] holds its bytes when sent now)
 --   answer_bytes: the answer's share of the text quota, reserved at its longest
---   seconds_per_position: the queue ETA's rate (absent while unknown)
 --   the settings of the same names (worker.config.Settings): user_queue_cap, group_job_cap, global_queue_cap,
 --   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
@@ -245,8 +244,6 @@ queue_job(job, q, qg)
 redis.call('INCR', KEY.queued_count)
 redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, held_now)
-local eta = 'null'
-if args.seconds_per_position then eta = string.format('%.1f', pos * args.seconds_per_position) end
-xadd(job, STATE.queued, '{"position": ' .. pos .. ', "eta_s": ' .. eta .. ', "t": ' .. now .. '}', args.stream_maxlen)
+xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
 redis.call('EXPIRE', SK, args.job_ttl_s)
 return {pos, redis.call('ZCARD', KEY.inflight)}
