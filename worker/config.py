@@ -17,7 +17,8 @@ class Settings:
     key_prefix: str = "owlet:"  # namespaces Owlet's keys and Celery's, so deployments/tests can share a server
     fifo: bool = False  # True disables fair queuing (one shared FIFO); only the fairness benchmark uses it
     user_queue_cap: int = 8  # queued (not yet dispatched) jobs per user
-    global_queue_cap: int = 200  # queued jobs in total
+    # queued jobs in total, service-wide; 0 = as many as the Redis's memory budget holds (worker.history_budget)
+    global_queue_cap: int = 0
     # Per client group (an address, or a login): queued plus running jobs, and admitted turns per window.
     group_job_cap: int = 8
     group_submit_limit: int = 30
@@ -86,7 +87,8 @@ class Settings:
         return cls(**values)
 
     def __post_init__(self):
-        assert self.user_queue_cap >= 1 and self.global_queue_cap >= 1, "queue caps must be positive"
+        assert self.user_queue_cap >= 1, "the per-identity queue cap must be positive"
+        assert self.global_queue_cap >= 0, "global_queue_cap is a number of jobs (0 = derived from Redis's memory)"
         assert self.group_job_cap >= 1 and self.group_submit_limit >= 1, "per-group limits must be positive"
         assert self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval"
         assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"

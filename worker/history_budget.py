@@ -1,4 +1,5 @@
-"""The service-wide budget for conversation history, in bytes as ``worker.memory_model`` charges them.
+"""The service-wide budgets that come from the Redis Owlet runs on: conversation history, in bytes as
+``worker.memory_model`` charges them, and the waiting room (how many questions may wait in line at once).
 
 Conversations past it give way whole, least recently used first (SUBMIT, ``worker/queue/lua/submit.lua``). Its
 default comes from the Redis it runs on, so that conversation text alone can never fill it: half of what
@@ -15,10 +16,15 @@ from __future__ import annotations
 
 import redis
 
+from worker import memory_model
 from worker.config import Settings
 
 UNLIMITED_REDIS_BUDGET = 512 * 1024 * 1024
 MIN_ROOM_BYTES = 16 * 1024
+# The waiting room's share of Redis's maxmemory (half of the history budget's usual share), and its size in a Redis
+# without one. Beside it the workers hold only what they answer now.
+WAITING_ROOM_SHARE = 8
+MIN_WAITING_ROOM = 1000
 
 
 def redis_maxmemory(r: redis.Redis) -> int:
@@ -41,3 +47,14 @@ def history_budget(settings: Settings, maxmemory: int) -> int:
 def room_bytes(budget: int) -> int:
     """What one round of MAKE_ROOM gives back at least: a thirty-second of the budget."""
     return max(MIN_ROOM_BYTES, budget // 32)
+
+
+def waiting_room(settings: Settings, maxmemory: int) -> int:
+    """How many questions may wait in line at once, service-wide: ``global_queue_cap`` when set, else as many as an
+    eighth of Redis's ``maxmemory`` holds (``memory_model.waiting_bytes`` each: about 7 KB, so 2 GB of Redis lets
+    about 36,000 wait), at least ``MIN_WAITING_ROOM``; a Redis without a maxmemory gets as many as a quarter of
+    ``UNLIMITED_REDIS_BUDGET`` holds. Identities and groups have their own caps beside it."""
+    if settings.global_queue_cap > 0:
+        return settings.global_queue_cap
+    room = maxmemory // WAITING_ROOM_SHARE if maxmemory > 0 else UNLIMITED_REDIS_BUDGET // 4
+    return max(MIN_WAITING_ROOM, room // memory_model.waiting_bytes())

@@ -29,6 +29,9 @@ CLEARED_BYTES = 270
 PICTURE_BYTES = 1400
 # A job's hash beyond its payload (the job as JSON, which carries the conversation so far).
 JOB_BYTES = 870
+# A question waiting in line beyond its job's hash and stream: its entry in the line and the counters and indexes
+# that order and cap it (for a visitor whose client group waits with this one question).
+WAITING_BYTES = 1300
 # A job's stream is stored in nodes of up to 4 KiB of entries (Redis's stream-node-max-bytes), each taking this
 # much; an entry (its queued, started and terminal events, and a token event per ``stream_coalesce_s`` at most)
 # takes its text and STREAM_EVENT_BYTES. The terminal event repeats the whole answer.
@@ -92,6 +95,12 @@ def job_bytes(t: Traffic, earlier_turns: int) -> float:
     JSON, carries them)."""
     payload = 200 + earlier_turns * (t.question_chars + t.answer_chars + 2 * JSON_TURN_BYTES) + t.question_chars
     return JOB_BYTES + payload + stream_bytes(t.token_events_per_answer, t.answer_chars)
+
+
+def waiting_bytes(payload: int = 300) -> int:
+    """What one question waiting in line holds, its conversation aside (the history budget counts that): its job's
+    hash with a payload of ``payload`` bytes, its stream (one node, holding the queued event) and its place in line."""
+    return JOB_BYTES + payload + STREAM_NODE_BYTES + WAITING_BYTES
 
 
 def redis_bytes(t: Traffic, history_ttl_s: float, image_ttl_s: float, stream_ttl_s: float,

@@ -129,6 +129,21 @@ def test_a_job_and_its_stream_take_what_the_model_says(client, events, token):
     assert abs(stream / mm.stream_bytes(events, len(answer)) - 1) <= mm.TOLERANCE
 
 
+def test_a_waiting_question_takes_what_the_waiting_room_charges_it(client):
+    """A crowd waiting, each visitor its own client group with one question: its job's hash, its stream (the queued
+    event) and its place in line take what ``memory_model.waiting_bytes`` says; the waiting room is sized by it."""
+    payloads = 0
+    for i in range(N):
+        sub = client.submit(f"visitor-{i:04d}-{'x' * 16}", None, "What is in the picture? " + "q" * 40,
+                            group=f"198.51.{i // 250}.{i % 250}")
+        payloads += len(client.r.hget(client.keys.job(sub.job), JobField.payload))
+    line = usage(client, "line", "places", "idle_", "light_line", "waiting_since", "queued", "uq:", "gq:") / N
+    held = (usage(client, "job:", "stream:") + line * N) / N
+    print(f"a waiting question: {held:.0f} B with a {payloads / N:.0f} B payload, {line:.0f} B of it its place in line")
+    assert abs(line / mm.WAITING_BYTES - 1) <= mm.TOLERANCE
+    assert abs(held / mm.waiting_bytes(payloads // N) - 1) <= mm.TOLERANCE
+
+
 def test_an_identity_and_an_address_take_what_their_quotas_keep(client):
     """The per-identity and per-address ledgers (text and picture quotas, the submit rate, the address's share of
     the stored pictures) of visitors who each sent one picture from an address of their own."""
@@ -145,7 +160,8 @@ def test_an_identity_and_an_address_take_what_their_quotas_keep(client):
 def test_the_document_quotes_the_model():
     doc = (ROOT / "docs" / "redis_memory.md").read_text()
     for name in ("CONVERSATION_BYTES", "TURN_BYTES", "INDEX_ENTRY_BYTES", "CLEARED_BYTES", "PICTURE_BYTES",
-                 "JOB_BYTES", "STREAM_NODE_BYTES", "STREAM_EVENT_BYTES", "IDENTITY_BYTES", "ADDRESS_BYTES"):
+                 "JOB_BYTES", "WAITING_BYTES", "STREAM_NODE_BYTES", "STREAM_EVENT_BYTES", "IDENTITY_BYTES",
+                 "ADDRESS_BYTES"):
         quoted = re.search(rf"`{name}`\s*\|\s*([\d,]+)", doc)
         assert quoted, f"docs/redis_memory.md has no table row for {name}"
         assert int(quoted.group(1).replace(",", "")) == getattr(mm, name), f"{name} in the doc is stale"

@@ -21,7 +21,7 @@ from engine.sampling_params import SamplingParams
 from worker.config import Settings
 from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYourConversation, QuotaExceeded,
                            RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
-from worker.history_budget import history_budget, redis_maxmemory, room_bytes
+from worker.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
 from worker.jobs import Job
 from worker.keys import ENDED_STATES, JobField, JobState, Keys
 from worker.queue.scripts import Scripts
@@ -39,7 +39,7 @@ REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: 
 # not history).
 MAKE_ROOM_ROUNDS = 64
 # The settings SUBMIT checks and charges, passed to it under their own names.
-SUBMIT_SETTINGS = ("user_queue_cap", "group_job_cap", "global_queue_cap", "group_submit_limit",
+SUBMIT_SETTINGS = ("user_queue_cap", "group_job_cap", "group_submit_limit",
                    "group_submit_window_s", "image_quota_user_bytes", "image_quota_group_bytes",
                    "image_quota_total_bytes", "image_ttl_s", "text_quota_user_bytes", "text_quota_group_bytes",
                    "text_quota_window_s", "history_ttl_s", "stream_maxlen")
@@ -98,7 +98,9 @@ class JobStates:
     def __init__(self, r: redis.Redis, keys: Keys, settings: Settings):
         self.r, self.keys, self.settings = r, keys, settings
         self._scripts = Scripts(r, keys)
-        self.history_budget = history_budget(settings, redis_maxmemory(r))
+        maxmemory = redis_maxmemory(r)
+        self.history_budget = history_budget(settings, maxmemory)
+        self.waiting_room = waiting_room(settings, maxmemory)  # questions that may wait at once, service-wide
 
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
@@ -149,7 +151,8 @@ class JobStates:
                     image_sha=image_sha or "", answer_bytes=answer_bytes, history=history,
                     expect_turns=expect_turns,
                     job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
-                    history_total_bytes=self.history_budget, index_digest=index_digest, newest=newest or None,
+                    history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
+                    index_digest=index_digest, newest=newest or None,
                     notify=notify,
                     **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
                 break

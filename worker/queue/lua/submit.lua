@@ -14,11 +14,11 @@
 --   refused as busy: a stateless client matched its earlier messages to those turns, which must not have changed
 --   image_sha: the sha256 of the image the turn is about ('' = none; ARGV[2] holds its bytes when sent now)
 --   answer_bytes: the answer's share of the text quota, reserved at its longest
---   the settings of the same names (worker.config.Settings): user_queue_cap, group_job_cap, global_queue_cap,
+--   the settings of the same names (worker.config.Settings): user_queue_cap, group_job_cap,
 --   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
 --   history_ttl_s, stream_maxlen; and job_ttl_s: how long the job's hash and stream live
---   history_total_bytes: the history budget (worker.history_budget)
+--   history_total_bytes: the history budget; global_queue_cap: the waiting room (both worker.history_budget)
 --   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
 --   newest: remember it as its identity's newest conversation (absent = not)
 --   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
