@@ -122,6 +122,17 @@ class Keys:
         return f"{self.prefix}idle_members"
 
     @property
+    def legacy_ring(self) -> str:
+        """List of client groups waiting in the line's earlier form (walked from the front, no sorted set): ADOPT_LINE
+        puts them in the line once, when a worker starts, and deletes it."""
+        return f"{self.prefix}ring"
+
+    @property
+    def legacy_ring_keys(self) -> str:
+        """Hash group -> key of the line's earlier form: deleted with ``legacy_ring``."""
+        return f"{self.prefix}ring_keys"
+
+    @property
     def served(self) -> str:
         """Set of groups served in this busy period (until they have nothing queued and nothing in flight)."""
         return f"{self.prefix}served"
@@ -319,6 +330,7 @@ class Keys:
             # fixed keys
             "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
             "light_line": self.light_line, "idle_members": self.idle_members, "unclaimed": self.unclaimed,
+            "legacy_ring": self.legacy_ring, "legacy_ring_keys": self.legacy_ring_keys,
             "served": self.served, "queued_count": self.queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,

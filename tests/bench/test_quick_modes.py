@@ -91,6 +91,14 @@ BENCHMARKS = {
     "gpu_stack": QuickRun(module("gpu_stack"), (
         "engine_tokens_per_s", "stack_tokens_per_s", "stack_over_engine", "stack_ttft_p50_ms", "stack_ttft_p95_ms"),
         expect={"errors": 0}, within={"stack_over_engine": (0.05, 3.0)}),
+    # the queue's cost per operation must not grow with the line: the same commands at 60 waiting as at 20
+    "queue_scale": QuickRun(module("queue_scale"), (
+        "new_position_cmds_20", "new_submit_cmds_60", "new_pop_us_60", "new_tabs_redis_cores_40",
+        "new_cmds_per_turn_16", "new_redis_us_per_turn_16", "new_engines_per_redis_core_16"),
+        expect={"new_errors_16": 0},
+        within={"position_cmds_ratio_largest_over_smallest": (0.8, 1.25),
+                "submit_cmds_ratio_largest_over_smallest": (0.8, 1.25),
+                "pop_cmds_ratio_largest_over_smallest": (0.8, 1.25)}),
     "multiturn": QuickRun(module("multiturn"), (
         "followup_ttft_ratio", "int8_bytes_ratio", "int4_bytes_ratio", "session_hit_rate")),
     **{f"multiturn_mplug_owl3_{layout}": QuickRun(

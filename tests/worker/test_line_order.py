@@ -21,6 +21,7 @@ import worker.queue.scripts as scripts
 from tests.redis_server import unique_prefix
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.keys import JobField, JobState
 
 
 class RingModel:
@@ -167,3 +168,28 @@ def test_the_job_pop_serves_next_is_the_one_told_it_is_first(client, fake_capaci
                 flying.append(popped[0])
         elif flying:
             assert client.jobs.finish(flying.pop(rng.randrange(len(flying))), "done")
+
+
+def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_order(unweighted_client):
+    """A deployment upgraded while people wait: the earlier line kept only lists (groups in a ring list, each group's
+    identities, each identity's jobs). ADOPT_LINE puts them in the line in that order, and a second run does
+    nothing."""
+    client, r, keys = unweighted_client, unweighted_client.r, unweighted_client.keys
+    model = RingModel()
+    lists = {"g1": {"g1-a": ["j1", "j3"], "g1-b": ["j2"]}, "g2": {"g2-a": ["j4"]}, "g3": {"g3-a": ["j5", "j6"]}}
+    for group in ("g2", "g1", "g3"):  # the order the old ring held them in
+        r.rpush(keys.legacy_ring, group)
+        for user, jobs in lists[group].items():
+            r.rpush(keys.group_queue(group), user)
+            for job in jobs:
+                r.hset(keys.job(job), mapping={JobField.state: JobState.queued, JobField.user: user,
+                                               JobField.qkey: user, JobField.group: group, JobField.qgroup: group})
+                r.rpush(keys.user_queue(user), job)
+                model.submit(job, user, group)
+    r.hset(keys.legacy_ring_keys, "g2", "1")
+    assert client.jobs.adopt_line() == 3
+    assert client.jobs.adopt_line() == 0, "a second run finds nothing to do"
+    assert not r.exists(keys.legacy_ring) and not r.exists(keys.legacy_ring_keys)
+    order = model.order()
+    assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
+    assert [client.jobs.pop(100)[0] for _ in order] == order

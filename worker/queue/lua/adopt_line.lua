@@ -1,0 +1,24 @@
+#!lua flags=allow-oom
+-- ADOPT_LINE: questions left waiting in the line's earlier form (KEY.legacy_ring: a list of groups walked from the
+-- front, without the sorted set), put in the line in that order, so that a deployment upgraded while people wait
+-- loses none of them. Each group's identities and jobs are the lists the line reads already; the groups join in the
+-- order the old list held them, and the dispatched jobs no worker has started yet become unclaimed. Run when a worker
+-- starts; a second run finds nothing to do.
+-- args: none
+-- Returns the number of groups put in the line.
+local groups = redis.call('LRANGE', KEY.legacy_ring, 0, -1)
+local joined = 0
+for _, qg in ipairs(groups) do
+  if in_line(qg) and not redis.call('HGET', KEY.places, qg) then
+    redis.call('HSET', KEY.places, qg, waiting_place(now_s()))
+    rekey(qg)
+    joined = joined + 1
+  end
+end
+redis.call('DEL', KEY.legacy_ring, KEY.legacy_ring_keys)
+for _, job in ipairs(redis.call('ZRANGE', KEY.inflight, 0, -1)) do
+  if redis.call('HGET', KEY.job .. job, JOB.state) == STATE.dispatched then
+    redis.call('ZADD', KEY.unclaimed, redis.call('ZSCORE', KEY.inflight, job), job)
+  end
+end
+return joined
