@@ -13,11 +13,9 @@
 --   can hand that slot to Celery in between
 -- Returns 1 when it ended the job (with take_worker and a job taken: 1 followed by POP's reply); 0 when the job had
 -- ended already, or is not in only_state / only_worker's.
-local jk = KEY.job .. args.job
-if args.only_state ~= '' and redis.call('HGET', jk, JOB.state) ~= args.only_state then return 0 end
-if args.only_worker ~= '' and redis.call('HGET', jk, JOB.worker) ~= args.only_worker then return 0 end
 local ended = finish(args.job, args.type, args.data, args.answer, args.stream_ttl_s, args.stream_maxlen, args.holder,
-                     args.holder_ttl_s)
+                     args.holder_ttl_s, args.only_state ~= '' and args.only_state or nil,
+                     args.only_worker ~= '' and args.only_worker or nil)
 if ended == 1 and args.service_s then
   local old = tonumber(redis.call('GET', KEY.service_time))
   redis.call('SET', KEY.service_time, tostring(old and 0.8 * old + 0.2 * args.service_s or args.service_s))

@@ -19,17 +19,21 @@ local function start_job(job, worker, now, maxlen)
   end
   return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or ''}
 end
-local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl)
+-- End `job` in state `etype` with its terminal event (and its answer appended, `holder` then holding the
+-- conversation's cache). only_state, only_worker: end it only while it is in this state / owned by this worker
+-- (nil = any). Returns 1 when it ended the job, 0 when it had ended already or is not in only_state / only_worker's.
+local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl, only_state, only_worker)
   local jk = KEY.job .. job
   local f = redis.call('HMGET', jk, JOB.state, JOB.user, JOB.conv, JOB.worker, JOB.qkey, JOB.turn, JOB.group,
-                       JOB.qgroup, JOB.reserved)
+                       JOB.qgroup, JOB.reserved, JOB.flight_t)
   local state = f[1]
   if state == STATE.done or state == STATE.error or state == STATE.cancelled then return 0 end
+  if (only_state and state ~= only_state) or (only_worker and f[4] ~= only_worker) then return 0 end
   local user, group = f[2] or '', f[7] or f[2] or ''
   local q, qg = f[5] or user, f[8] or f[7] or f[5] or user
   if state == STATE.queued then unqueue(job, q, qg, user, group) end
   if state == STATE.dispatched or state == STATE.started then
-    charge_usage(group, job)
+    charge_usage(group, f[10])
     left_flight(group, qg)
   end
   if f[3] then

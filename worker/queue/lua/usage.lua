@@ -25,9 +25,9 @@ local function usage_key(g) return usage_key_of(usage_record(g)) end
 local function light_bound(now)
   return math.log(USAGE_CAP / USAGE_WEIGHT) / LOG2 + now / HALF_LIFE
 end
--- A job left flight for good (it ended): charge its group the time it held a slot.
-local function charge_usage(group, job)
-  local since = redis.call('HGET', KEY.job .. job, JOB.flight_t)
+-- A job left flight for good (it ended): charge its group the time it held a slot since `since` (the job's
+-- flight_t, Redis time).
+local function charge_usage(group, since)
   if not since then return end
   local now = now_s()
   local total = usage(group, now) + math.max(0, now - tonumber(since))
