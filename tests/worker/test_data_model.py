@@ -149,9 +149,9 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     sources = {getattr(client.jobs._scripts, name).script: name for name in SCRIPTS}
     real_call = Scripts.call
 
-    def recording_call(self, script, *data, **args):
+    def recording_call(self, script, *data, client=None, **args):
         passed.setdefault(sources[script.script], set()).update(k for k, v in args.items() if v is not None)
-        return real_call(self, script, *data, **args)
+        return real_call(self, script, *data, client=client, **args)
 
     monkeypatch.setattr(Scripts, "call", recording_call)
     fake_capacity(2)

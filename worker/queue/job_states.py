@@ -38,6 +38,8 @@ REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: 
 # thirty-second of the history budget a round: 64 rounds clear twice the budget, so past them what fills Redis is
 # not history).
 MAKE_ROOM_ROUNDS = 64
+# POSITION reads at most this many jobs' places a call (JobStates.places).
+PLACES_PER_CALL = 500
 # The settings SUBMIT checks and charges, passed to it under their own names.
 SUBMIT_SETTINGS = ("user_queue_cap", "group_job_cap", "group_submit_limit",
                    "group_submit_window_s", "image_quota_user_bytes", "image_quota_group_bytes",
@@ -311,8 +313,18 @@ class JobStates:
         """Many jobs' positions in one round trip (POSITION: each O(log N) in the N waiting, so a page asks for every
         waiting tab it follows at once), and the seconds each position adds (the service-time average over the decode
         rows; None while unknown). A job that is not queued has position None."""
+        job_ids = list(job_ids)
         if not job_ids:
             return {}, None
-        reply = self._scripts.call(self._scripts.position, jobs=list(job_ids))
-        per_position = float(reply[0]) if reply[0] else None
-        return {job: (int(p) or None) for job, p in zip(job_ids, reply[1:])}, per_position
+        # one script call per PLACES_PER_CALL jobs, all in one round trip: a page with thousands waiting never holds
+        # Redis for long in one call
+        chunks = [job_ids[i:i + PLACES_PER_CALL] for i in range(0, len(job_ids), PLACES_PER_CALL)]
+        with self.r.pipeline(transaction=False) as p:
+            for chunk in chunks:
+                self._scripts.call(self._scripts.position, jobs=chunk, client=p)
+            replies = p.execute()
+        per_position = float(replies[0][0]) if replies[0][0] else None
+        places = {}
+        for chunk, reply in zip(chunks, replies):
+            places.update((job, int(place) or None) for job, place in zip(chunk, reply[1:]))
+        return places, per_position

@@ -106,11 +106,13 @@ class Scripts:
         self.make_room = r.register_script(script_source("make_room"))
         self.adopt_line = r.register_script(script_source("adopt_line"))
 
-    def call(self, script, *data: bytes, **args):
+    def call(self, script, *data: bytes, client=None, **args):
         """Run ``script`` with ``args`` and the key prefix as its JSON object of named arguments (an argument that
-        is None is left out: the script sees nil), and ``data`` as ARGV[2], ... (raw bytes)."""
+        is None is left out: the script sees nil), and ``data`` as ARGV[2], ... (raw bytes). ``client``: a pipeline
+        to queue the call on (its reply comes with the pipeline's)."""
         named = {"prefix": self.keys.prefix, **{k: v for k, v in args.items() if v is not None}}
-        return script(keys=[], args=[json.dumps(named, ensure_ascii=False, separators=(",", ":")), *data])
+        return script(keys=[], args=[json.dumps(named, ensure_ascii=False, separators=(",", ":")), *data],
+                      client=client)
 
 
 def _lua_name(name: str) -> str:
