@@ -159,7 +159,8 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     client.queue_position(job)
     n = int(client.r.hget(client.keys.job(job), JobField.dispatch_n))
     client.jobs.claim(job, n, "w@x")
-    client.jobs.requeue(job, "lost")
+    client.jobs.requeue(job, "lost", only_state="dispatched")  # REQUEUE as a sweep acts: nothing (it started)
+    client.jobs.requeue(job, "lost", only_worker="w@x")
     client.queue_position(job)  # POSITION
     client.jobs.cancel(job)  # FINISH
     # a stateless client's turns: a new conversation with earlier turns (history), then a follow-up (expect_turns)

@@ -164,3 +164,30 @@ def test_a_clean_stop_leaves_no_worker_behind_unless_it_still_holds_jobs(client)
     assert client.r.sismember(client.keys.workers, "busy@x") == 1, "its job must still be found by the reaper"
     assert client.reaper.sweep()["requeued"] == 1
     assert client.r.sismember(client.keys.workers, "busy@x") == 0
+
+
+def test_a_sweep_puts_back_only_what_it_saw_lost(client):
+    """A sweep reads what looks lost, then acts: a dispatch it saw unclaimed that a worker started meanwhile, or a job
+    of a worker it saw dead that now runs elsewhere, stays where it is (REQUEUE's only_state / only_worker)."""
+    beat(client, "w1@x", capacity=2)
+    job = client.submit_turn("ann", client.new_conversation("ann"), "hi")
+    assert client.job_state(job) == "dispatched"
+    assert claim(client, job, "w1@x") == 1  # started between the sweep's look and its act
+    assert client.jobs.requeue(job, "lost", only_state="dispatched") == 0
+    assert client.jobs.requeue(job, "lost", only_worker="w2@x") == 0, "not on the worker seen dead"
+    assert client.job_state(job) == "started"
+    assert client.jobs.requeue(job, "lost", only_worker="w1@x") == 1
+    assert client.job_state(job) == "queued"
+
+
+def test_a_job_that_comes_back_to_the_worker_answering_it_is_left_to_that_thread():
+    """A worker presumed lost (its heartbeat late on an overloaded host) may get its own running job again: the second
+    thread to hold it lets the first end it, instead of asking the engine for a request it already runs."""
+    import threading
+
+    from worker.serving.runtime import WorkerRuntime
+
+    holder = WorkerRuntime.__new__(WorkerRuntime)  # only its bookkeeping of held jobs is used here
+    holder._lock, holder._held = threading.Lock(), set()
+    assert holder.hold("j1") is True
+    assert holder.hold("j1") is False

@@ -266,16 +266,19 @@ class JobStates:
             return True, Taken.from_script(done[1:])
         return bool(done), None
 
-    def requeue(self, job_id: str, message: str, now: float | None = None) -> int:
+    def requeue(self, job_id: str, message: str, now: float | None = None, only_state: str | None = None,
+                only_worker: str | None = None) -> int:
         """dispatched | started -> queued, or -> error (REQUEUE), for a job whose worker was lost: 1 = back at the
         front of its user's queue, 2 = failed with ``message`` because ``max_attempts`` dispatches were spent,
         3 = cancelled, because its user had stopped it (the lost worker never read the flag), 0 = it was no
-        longer dispatched or started."""
+        longer dispatched or started. ``only_state`` / ``only_worker``: only while it is still in that state / started
+        on that worker (a sweep acts on what it saw, never on a job another worker started meanwhile)."""
         s = self.settings
         now = time.time() if now is None else now
         error = json.dumps({"message": message, "t": now})
         return int(self._scripts.call(self._scripts.requeue, job=job_id, max_attempts=s.max_attempts, now=repr(now),
-                                      error=error, stream_ttl_s=s.stream_ttl_s, stream_maxlen=s.stream_maxlen))
+                                      error=error, stream_ttl_s=s.stream_ttl_s, stream_maxlen=s.stream_maxlen,
+                                      only_state=only_state, only_worker=only_worker))
 
     def cancel(self, job_id: str) -> bool:
         """queued or dispatched -> cancelled at once (FINISH; a worker that receives a cancelled job cannot claim

@@ -46,8 +46,9 @@ class Reaper:
             self.r.hincrby(self.keys.stats, StatField.reaped, sum(counts.values()))
         return counts
 
-    def _requeue(self, job_id: str, now: float, counts: dict) -> None:
-        code = self.jobs.requeue(job_id, LOST_AFTER_RETRY, now)
+    def _requeue(self, job_id: str, now: float, counts: dict, **seen: str) -> None:
+        """Put a lost job back in line, only as it was seen lost (``seen``: its state, or the dead worker it ran on)."""
+        code = self.jobs.requeue(job_id, LOST_AFTER_RETRY, now, **seen)
         if code == 1:
             counts["requeued"] += 1
             self.r.hincrby(self.keys.stats, StatField.redispatched, 1)
@@ -61,7 +62,7 @@ class Reaper:
             if worker in alive:
                 continue
             for job in r.smembers(keys.running(worker)):
-                self._requeue(job.decode(), now, counts)
+                self._requeue(job.decode(), now, counts, only_worker=worker)
             # forget the worker once nothing of it is left; a restart under the same name re-registers it
             if r.scard(keys.running(worker)) == 0:
                 r.srem(keys.workers, worker)
@@ -87,7 +88,7 @@ class Reaper:
                 continue
             target = target.decode() if target else ""
             if (target and target not in alive) or now - dispatched_at > grace:
-                self._requeue(job, now, counts)
+                self._requeue(job, now, counts, only_state=JobState.dispatched)
         for raw, (state, started_at) in zip(overdue, fields[len(unclaimed):]):
             job = raw.decode()
             if state is None:  # the job hash expired under us: nothing to tell anyone

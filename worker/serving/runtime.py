@@ -139,10 +139,15 @@ class WorkerRuntime:
         return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
                                        deadline_s=self.settings.job_deadline_s, group=group)
 
-    def hold(self, job_id: str) -> None:
-        """A thread of this worker has started ``job_id`` (claimed or taken) and will end it."""
+    def hold(self, job_id: str) -> bool:
+        """A thread of this worker has started ``job_id`` (claimed or taken) and will end it. False when another thread
+        of this worker holds it already: it was put back in line while it ran here (this worker was presumed lost,
+        its heartbeat late on an overloaded host) and came back; the thread already answering it ends it."""
         with self._lock:
+            if job_id in self._held:
+                return False
             self._held.add(job_id)
+            return True
 
     def forget(self, job_id: str) -> None:
         with self._lock:
@@ -193,9 +198,11 @@ class WorkerRuntime:
                 return None
         return None
 
-    def _keep(self, taken: Taken) -> tuple[str, Started]:
-        """A taken job that started on this worker: a thread of it now holds it."""
-        self.hold(taken.job)
+    def _keep(self, taken: Taken) -> tuple[str, Started] | None:
+        """A taken job that started on this worker: a thread of it now holds it (None: another already does)."""
+        if not self.hold(taken.job):
+            log.warning("job %s came back while a thread of this worker answers it; that thread ends it", taken.job)
+            return None
         if taken.affinity_hit:
             with contextlib.suppress(redis.RedisError):  # a statistic
                 self.fair.count_affinity_hit()
@@ -221,7 +228,7 @@ class WorkerRuntime:
         stale = unheld & self._unheld_seen
         for job in stale:
             log.warning("job %s was started here but no thread holds it (a lost reply); putting it back in line", job)
-            self.jobs.requeue(job, LOST_REPLY)
+            self.jobs.requeue(job, LOST_REPLY, only_worker=self.worker)
         self._unheld_seen = unheld - stale
 
     def _read_totals(self) -> None:

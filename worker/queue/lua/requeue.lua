@@ -5,11 +5,17 @@
 -- the flag).
 -- args: job; max_attempts; now: the caller's clock, as text; error: the error event's JSON; stream_ttl_s,
 --   stream_maxlen
--- Returns 1 = queued again, 2 = failed, 3 = cancelled, 0 = it was no longer dispatched or started.
+--   only_state, only_worker (optional): put it back only while it is in this state / started on this worker, so a
+--   sweep that saw a job lost acts on that job only as it saw it (not after another worker started it meanwhile)
+-- Returns 1 = queued again, 2 = failed, 3 = cancelled, 0 = it was no longer dispatched or started (or not as given).
 local job, now, maxlen, ttl = args.job, args.now, args.stream_maxlen, args.stream_ttl_s
 local jk = KEY.job .. job
-local state = redis.call('HGET', jk, JOB.state)
+local seen = redis.call('HMGET', jk, JOB.state, JOB.worker)
+local state = seen[1]
 if state ~= STATE.dispatched and state ~= STATE.started then return 0 end
+if (args.only_state and state ~= args.only_state) or (args.only_worker and seen[2] ~= args.only_worker) then
+  return 0
+end
 if redis.call('EXISTS', KEY.cancel .. job) == 1 then
   finish(job, STATE.cancelled, '{"t": ' .. now .. '}', '', ttl, maxlen, '', 0)
   return 3
