@@ -103,7 +103,8 @@ def line(args) -> dict:
         ops["submit"] = per_call(client, "submit", [lambda i=i: submit(client, base + i) for i in range(k)])
         popped: list[str] = []
         capacity = 10 ** 9
-        ops["pop"] = per_call(client, "pop", [lambda: popped.append(client.jobs.pop(capacity)[0]) for _ in range(k)])
+        pops = min(k, args.waiting // 2)  # the cancels below need jobs still waiting
+        ops["pop"] = per_call(client, "pop", [lambda: popped.append(client.jobs.pop(capacity)[0]) for _ in range(pops)])
         ops["finish"] = per_call(client, "finish", [lambda j=j: client.jobs.finish(j, "done") for j in popped])
         still = [j for j in sample if client.job_state(j) == "queued"][:k]
         ops["cancel"] = per_call(client, "cancel", [lambda j=j: client.jobs.cancel(j) for j in still])

@@ -55,8 +55,7 @@ class OwletClient:
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.conversations = ConversationIndex(self.r, self.keys, self.convs, settings.history_ttl_s)
-        self._alive_count, self._alive_capacity = 0, 0  # the live workers and their slots, as last read
-        self._alive_read_at = float("-inf")
+        self._alive, self._alive_read_at = {}, float("-inf")  # the live workers' heartbeats, as last read
         self._models, self._models_read_at = [], float("-inf")  # served_models' last reading
 
     # -- conversations and images --------------------------------------------------------------------------
@@ -225,17 +224,19 @@ class OwletClient:
         job_id = new_job_id()
         job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
         history = [turn_json(m.role, m.text, m.image_sha) for m in past] if new_conv else None
+        workers = self._workers()
+        slots = (sum(w.capacity for w in workers.values()), sum(w.decode_rows for w in workers.values()))
         try:
             admitted = self.jobs.enqueue(job, turn_json("user", question.text, question.image_sha, job_id), group=group,
-                              new_conv=new_conv, image=image, image_sha=image_sha, history=history,
-                              expect_turns=expect_turns, index_digest=index_digest, newest=new_conv and newest,
-                              notify=notify)
+                                         new_conv=new_conv, image=image, image_sha=image_sha, history=history,
+                                         expect_turns=expect_turns, index_digest=index_digest,
+                                         newest=new_conv and newest, notify=notify, slots=slots)
         except NotYourConversation:
             if not new_conv:
                 self.convs.check_owner(user_id, conv)  # gone since it was read: ConversationCleared says why
             raise
-        if admitted.in_flight < self._capacity():  # a slot is free: hand it out now (the workers do otherwise)
-            self.fair.dispatch()
+        if admitted.dispatched is not None:  # a slot was free: SUBMIT handed out the next job; send it to Celery
+            self.fair.send(*admitted.dispatched, workers=workers)
         return Submitted(job_id, conv, question.image_sha)
 
     def events(self, job_id: str, last_id: str = "0") -> Iterator[tuple[str, dict]]:
@@ -284,22 +285,15 @@ class OwletClient:
     def workers_alive(self) -> int:
         """How many workers have a live heartbeat, read at most once a second (every page following a queued
         answer asks at each poll)."""
-        self._read_workers()
-        return self._alive_count
+        return len(self._workers())
 
-    def _capacity(self) -> int:
-        """The live workers' slots in all, read at most once a second (every submit asks)."""
-        self._read_workers()
-        return self._alive_capacity
-
-    def _read_workers(self) -> None:
-        """Read the live workers at most once a second while there are some (none: each time, so the first worker to
-        come up is used at once)."""
+    def _workers(self) -> dict:
+        """The live workers' heartbeats, read at most once a second while there are some (none: each time, so the
+        first worker to come up is used at once): every submit and every waiting tab asks."""
         now = time.monotonic()
-        if now - self._alive_read_at >= 1.0 or not self._alive_count:
-            beats = heartbeat.alive(self.r, self.keys)
-            self._alive_count, self._alive_read_at = len(beats), now
-            self._alive_capacity = sum(b.capacity for b in beats.values())
+        if now - self._alive_read_at >= 1.0 or not self._alive:
+            self._alive, self._alive_read_at = heartbeat.alive(self.r, self.keys), now
+        return self._alive
 
     def served_models(self) -> list[str]:
         """The models the live workers serve (their checkpoints' names), read at most once a second."""

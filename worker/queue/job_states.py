@@ -53,10 +53,10 @@ def new_job_id() -> str:
 
 @dataclass(frozen=True)
 class Admitted:
-    """What SUBMIT says of an admitted turn: its place in line, and how many jobs were in flight then (a submitter
-    runs a dispatch pass only while that leaves a slot free)."""
+    """What SUBMIT says of an admitted turn: its place in line, and the job it dispatched in the same step when a
+    slot was free (``(job, dispatch_n, conv)``, POP's reply, for the caller to send to Celery), if any."""
     position: int
-    in_flight: int
+    dispatched: tuple[str, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,10 @@ class JobStates:
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
                 expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
-                notify: str | None = None) -> Admitted:
+                notify: str | None = None, slots: tuple[int, int] | None = None) -> Admitted:
         """(new) -> queued (SUBMIT): admit ``job`` and store everything it needs in one atomic step; returns its
-        place in line and the jobs in flight.
+        place in line, and the job SUBMIT dispatched when ``slots`` (the workers' capacity and decode rows, as the
+        caller last read them) left one free.
 
         Every cap, rate limit and quota is checked before anything is written, so a refused turn leaves
         nothing behind: not its image, not its conversation, not its turn. With ``turn_json`` the user's
@@ -128,13 +129,14 @@ class JobStates:
         return self.enqueue_raw(job.job_id, job.user, job.conv, job.to_json(), turn_json, group=group,
                                 new_conv=new_conv, image=image, image_sha=image_sha,
                                 answer_bytes=answer_tokens * ANSWER_BYTES_PER_TOKEN, history=history or None,
-                                expect_turns=expect_turns, index_digest=index_digest, newest=newest, notify=notify)
+                                expect_turns=expect_turns, index_digest=index_digest, newest=newest, notify=notify,
+                                slots=slots)
 
     def enqueue_raw(self, job_id: str, user: str, conv: str, payload: str, turn_json: str | None = None,
                     group: str | None = None, new_conv: bool = False, image: bytes | None = None,
                     image_sha: str | None = None, answer_bytes: int = 0, history: list[str] | None = None,
                     expect_turns: int | None = None, index_digest: str | None = None, newest: bool = False,
-                    notify: str | None = None) -> Admitted:
+                    notify: str | None = None, slots: tuple[int, int] | None = None) -> Admitted:
         """(new) -> queued with an arbitrary payload (the worker validates it). Used by ``enqueue`` and by tests.
 
         A Redis at its maxmemory refuses SUBMIT whole (nothing is written); then MAKE_ROOM clears the least
@@ -144,6 +146,7 @@ class JobStates:
         s = self.settings
         group = group or user
         quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
+        pop_args = self._pop_args(*slots) if slots and slots[0] > 0 else {}
         for _ in range(MAKE_ROOM_ROUNDS + 1):
             try:
                 reply = self._scripts.call(
@@ -155,7 +158,7 @@ class JobStates:
                     job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
                     history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
                     index_digest=index_digest, newest=newest or None,
-                    notify=notify,
+                    notify=notify, **pop_args,
                     **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
                 break
             except redis.exceptions.OutOfMemoryError:  # refused whole, nothing written: make room, ask again
@@ -171,7 +174,8 @@ class JobStates:
             refusal = REFUSALS[code]()
             refusal.retry_after_s = self._retry_after(code, user, group)
             raise refusal
-        return Admitted(int(code), int(reply[1]))
+        dispatched = (reply[1].decode(), int(reply[2]), reply[3].decode()) if len(reply) > 1 else None
+        return Admitted(int(code), dispatched)
 
     def adopt_line(self) -> int:
         """Put the questions waiting in the line's earlier form into the line (ADOPT_LINE; after an upgrade, once).
@@ -204,13 +208,17 @@ class JobStates:
         with nothing in flight, and in the last ``shared`` slots only such a group that has used the workers little
         lately (see ``worker/queue/lua/pop.lua``). Returns ``(job_id, dispatch_n, conv)``, or None when nothing waits
         or no slot is free."""
-        shared = capacity if shared is None else min(shared, capacity)
-        light_from = max(shared, capacity - shared)
-        popped = self._scripts.call(self._scripts.pop, capacity=capacity, shared=shared, light_from=light_from,
-                                    now=repr(time.time()))
+        popped = self._scripts.call(self._scripts.pop, now=repr(time.time()), **self._pop_args(capacity, shared))
         if not popped:
             return None
         return popped[0].decode(), int(popped[1]), popped[2].decode()
+
+    @staticmethod
+    def _pop_args(capacity: int, shared: int | None) -> dict:
+        """POP's slot layout: ``capacity`` jobs in flight at most, the first ``shared`` (the decode rows; default all)
+        for anyone, the rest for groups with nothing in flight, past ``light_from`` only light ones."""
+        shared = capacity if shared is None else min(shared, capacity)
+        return dict(capacity=capacity, shared=shared, light_from=max(shared, capacity - shared))
 
     def take(self, capacity: int, shared: int | None, worker: str) -> Taken | None:
         """queued -> started on ``worker`` in one step (POP with its ``worker`` argument): the job ``pop`` would hand

@@ -23,7 +23,10 @@
 --   newest: remember it as its identity's newest conversation (absent = not)
 --   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
 -- ARGV[2]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
--- Returns {position, jobs in flight} or {negative code} (see ``worker.queue.job_states.REFUSALS``).
+--   capacity, shared, light_from (optional): the workers' slots as the caller last read them (POP's arguments): when
+--   one is free, SUBMIT then dispatches the next job in line (POP's step) in the same call
+-- Returns {position}, or {position, job, dispatch_n, conv} when it dispatched a job (POP's reply), or {negative code}
+-- (see ``worker.queue.job_states.REFUSALS``).
 local job, user, group, conv, now, turn = args.job, args.user, args.group, args.conv, args.now, args.turn
 local q, qg = args.queue_user, args.queue_group
 local image = ARGV[2]
@@ -246,4 +249,9 @@ redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, held_now)
 xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
 redis.call('EXPIRE', SK, args.job_ttl_s)
-return {pos, redis.call('ZCARD', KEY.inflight)}
+-- A slot is free: hand out the next job now, as a dispatch pass would (POP's step, whichever job is next).
+if args.capacity and redis.call('ZCARD', KEY.inflight) < args.capacity then
+  local popped = pop_next(args.capacity, args.shared, args.light_from, now, nil, args.stream_maxlen)
+  if popped then return {pos, unpack(popped)} end
+end
+return {pos}
