@@ -61,7 +61,8 @@ class FairDispatch:
         pass, which its free slots must still cover."""
         workers = heartbeat.alive(self.r, self.keys) if workers is None else workers
         target = self._affinity_target(conv, workers, {} if assigned is None else assigned)
-        self.r.hset(self.keys.job(job_id), JobField.target, target or "")
+        if target:  # (POP left it "": the shared queue)
+            self.r.hset(self.keys.job(job_id), JobField.target, target)
         queue = worker_direct(target) if target else self.keys.celery_queue
         self.celery.send_task(RUN_JOB_TASK, args=[job_id, dispatch_n], queue=queue)
 

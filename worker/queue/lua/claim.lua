@@ -6,9 +6,7 @@
 -- or duplicate delivery.
 local job, worker, now = args.job, args.worker, args.now
 local jk = KEY.job .. job
-if redis.call('HGET', jk, JOB.state) ~= STATE.dispatched
-   or tonumber(redis.call('HGET', jk, JOB.dispatch_n)) ~= args.dispatch_n then
-  return 0
-end
+local seen = redis.call('HMGET', jk, JOB.state, JOB.dispatch_n)
+if seen[1] ~= STATE.dispatched or tonumber(seen[2]) ~= args.dispatch_n then return 0 end
 local s = start_job(job, worker, now, args.stream_maxlen)
 return {1, s[1], s[2], s[3], s[4], s[5]}

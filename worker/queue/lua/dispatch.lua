@@ -4,6 +4,32 @@
 -- are the jobs Celery is still carrying, a handful at most (affinity sends a few to their holders).
 local UNCLAIMED_LOOKS = 16
 
+-- Whether group qg may take a free slot with `inflight` jobs in flight: any group within the decode rows (`shared`),
+-- beyond them a group with nothing in flight, past `light_from` only such a group that used the workers little.
+local function may_take_slot(qg, inflight, capacity, shared, light_from)
+  if inflight >= capacity then return false end
+  if inflight < shared then return true end
+  if has_flight(qg) then return false end
+  return inflight < light_from or score_number(usage_key(qg)) <= light_bound(now_s())
+end
+
+-- queued -> dispatched: the job's group has one more in flight, the job its dispatch fields (`taker`: a worker that
+-- starts it at once, or '' for Celery, which lists it as unclaimed). n and attempts: its dispatches so far. Returns
+-- its dispatch number.
+local function dispatch_job(job, group, qg, now, n, attempts, taker)
+  if redis.call('HINCRBY', KEY.inflight_by_group, group, 1) == 1 and group == qg then
+    idle_forget(qg)  -- it has something in flight now
+  else
+    idle_refresh(qg)
+  end
+  redis.call('SADD', KEY.served, qg)
+  redis.call('HSET', KEY.job .. job, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
+             JOB.flight_t, now_s(), JOB.dispatch_n, n + 1, JOB.attempts, attempts + 1)
+  redis.call('ZADD', KEY.inflight, now, job)
+  if taker == '' then redis.call('ZADD', KEY.unclaimed, now, job) end
+  return n + 1
+end
+
 local function pop_next(capacity, shared, light_from, now, worker, maxlen)
   -- A worker taking its next job first starts the oldest job already dispatched to Celery for any worker (or for
   -- it) that no worker has claimed yet: it was popped earlier, so it must not start later than the jobs popped after
@@ -40,11 +66,8 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       if first and not qg then redis.call('ZREM', KEY.line, first) end  -- its hash expired: not a job any more
     end
     if not qg then
-      if not light_only and not newcomers_only and redis.call('ZCARD', KEY.line) > 0 then
-        -- (a member whose hash expired was dropped above: look again)
-      else
-        return nil
-      end
+      if not first or light_only or newcomers_only then return nil end
+      -- (a member whose hash expired was dropped above: look again)
     else
       local job = serve_group(qg)
       if not job then  -- a group indexed without queued jobs: drop what named it, then look again
@@ -62,23 +85,15 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         if f[3] ~= STATE.queued then
           idle_refresh(qg)
         else
-          if redis.call('HINCRBY', KEY.inflight_by_group, group, 1) == 1 and group == qg then
-            idle_forget(qg)  -- it has something in flight now
-          else
-            idle_refresh(qg)
-          end
-          local n, conv = tonumber(f[5] or '0') + 1, f[4] or ''
+          local conv = f[4] or ''
           -- a worker taking its next job starts it here, unless another worker holds its conversation's cache
           local holder = worker and conv ~= '' and redis.call('GET', KEY.holder .. conv)
           local taker = worker and (not holder or holder == worker) and worker or ''
-          redis.call('HSET', jk, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
-                     JOB.flight_t, now_s(), JOB.dispatch_n, n, JOB.attempts, tonumber(f[6] or '0') + 1)
-          redis.call('ZADD', KEY.inflight, now, job)
+          local n = dispatch_job(job, group, qg, now, tonumber(f[5] or '0'), tonumber(f[6] or '0'), taker)
           if taker ~= '' then
             local s = start_job(job, worker, now, maxlen)
             return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0}
           end
-          redis.call('ZADD', KEY.unclaimed, now, job)
           return {job, n, conv}
         end
       end

@@ -53,13 +53,12 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
     local reserved = tonumber(f[9] or '0')
     if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end
   end
-  if f[4] then
+  if state == STATE.started then
     redis.call('SREM', KEY.running .. f[4], job)
     redis.call('SREM', KEY.cancels .. f[4], job)
   end
-  redis.call('ZREM', KEY.inflight, job)
-  redis.call('ZREM', KEY.unclaimed, job)
-  redis.call('ZREM', KEY.queued_since, job)
+  if state ~= STATE.queued then redis.call('ZREM', KEY.inflight, job) end  -- (unqueue did a queued job's part)
+  if state == STATE.dispatched then redis.call('ZREM', KEY.unclaimed, job) end
   redis.call('DEL', KEY.cancel .. job)
   redis.call('HSET', jk, JOB.state, etype)
   redis.call('EXPIRE', jk, stream_ttl)

@@ -162,7 +162,11 @@ end
 -- A job of group (in line as qg) left flight (it ended, or is put back in line).
 local function left_flight(group, qg)
   hdecr(KEY.inflight_by_group, group)
-  if in_line(qg) then idle_refresh(qg) else unmark_if_idle(qg) end
+  if in_line(qg) then
+    idle_refresh(qg)
+  elseif not has_flight(qg) then  -- nothing queued, nothing in flight: idle
+    redis.call('SREM', KEY.served, qg)
+  end
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)
@@ -178,8 +182,9 @@ local function unqueue(job, q, qg, user, group)
   redis.call('ZREM', KEY.queued_since, job)
 end
 
--- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on: it moves
--- to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the group had none).
+-- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on (dispatch_job
+-- marks it): it moves to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the group
+-- had none).
 local function serve_group(qg)
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))
@@ -188,7 +193,6 @@ local function serve_group(qg)
   local place = redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
   redis.call('ZREM', KEY.waiting_since, qg)  -- served now: its wait no longer bounds anyone's setback
-  redis.call('SADD', KEY.served, qg)
   if in_line(qg) then
     redis.call('HSET', KEY.places, qg, served_place_end())
     rekey(qg, place)

@@ -180,7 +180,7 @@ if new_image then
   redis.call('ZINCRBY', HOLDERS, #image, group)
   redis.call('ZADD', KEY.images_of .. group, expires, IK)
   redis.call('EXPIRE', KEY.images_of .. group, image_ttl)
-elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier keeps it alive
+elseif args.image_sha ~= '' and redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier: kept alive
   redis.call('EXPIRE', IK, image_ttl)
   if redis.call('HEXISTS', SIZES, IK) == 0 then  -- held but not counted (purged early, or stored before the count)
     local size = redis.call('STRLEN', IK)
@@ -194,7 +194,7 @@ elseif redis.call('EXISTS', IK) == 1 then  -- a turn about an image sent earlier
     redis.call('EXPIRE', KEY.images_of .. owner, image_ttl)
   end
 end
-if redis.call('EXISTS', IK) == 1 then  -- this job needs its image (sent now or earlier) until it ends
+if args.image_sha ~= '' and redis.call('EXISTS', IK) == 1 then  -- this job needs its image until it ends
   redis.call('SADD', KEY.picture_jobs .. IK, job)
   redis.call('EXPIRE', KEY.picture_jobs .. IK, args.job_ttl_s)
 end
@@ -241,6 +241,16 @@ if args.notify then
 end
 redis.call('HSET', JK, unpack(job_fields))
 redis.call('EXPIRE', JK, args.job_ttl_s)
+-- Nobody waits and a slot is free that this job may take: it is what POP would hand out next, so it goes out now
+-- without passing through the line (its queued event, then its dispatch).
+local inflight = args.capacity and redis.call('ZCARD', KEY.line) == 0 and redis.call('ZCARD', KEY.inflight)
+if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.light_from) then
+  xadd(job, STATE.queued, queued_event(1, now), args.stream_maxlen)
+  redis.call('EXPIRE', SK, args.job_ttl_s)
+  redis.call('HSET', KEY.slots, SLOTS.capacity, args.capacity, SLOTS.shared, args.shared,
+             SLOTS.light_from, args.light_from)
+  return {1, job, dispatch_job(job, group, qg, now, 0, 0, ''), conv}
+end
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 queue_job(job, q, qg)
@@ -250,7 +260,7 @@ local pos = position(job, q, qg, held_now)
 xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
 redis.call('EXPIRE', SK, args.job_ttl_s)
 -- A slot is free: hand out the next job now, as a dispatch pass would (POP's step, whichever job is next).
-if args.capacity and redis.call('ZCARD', KEY.inflight) < args.capacity then
+if inflight and inflight < args.capacity then
   local popped = pop_next(args.capacity, args.shared, args.light_from, now, nil, args.stream_maxlen)
   if popped then return {pos, unpack(popped)} end
 end
