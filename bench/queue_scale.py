@@ -147,6 +147,7 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
                     "redis_us_per_turn": round(1e6 * per_turn_s, 1),
                     "redis_us_per_1000_tokens": round(1e6 * per_turn_s * 1000 / tokens, 1),
                     "engines_per_redis_core": round(1 / (per_turn_s * turns_per_s_at_rate), 1) if per_turn_s else None,
+                    "first_errors": row.get("first_errors", []),
                     "commands": ", ".join(f"{c} {v:g}" for v, c in top),
                     "usec": ", ".join(f"{c} {v:g}" for v, c in spent)})
     return out
@@ -165,6 +166,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="48,200", help="answer lengths (turns part)")
     ap.add_argument("--seconds", type=float, default=10.0, help="the measured window per length (turns part)")
     ap.add_argument("--warm-s", type=float, default=3.0)
+    ap.add_argument("--parts", default="line,tabs,turns", help="which parts to run, comma separated")
     ap.add_argument("--base", default=BASELINE_REV, help="the older revision to run beside this tree ('' = none)")
     ap.add_argument("--base-max-waiting", type=int, default=3000, help="the largest line the older queue is given")
     ap.add_argument("--base-turns", action=argparse.BooleanOptionalAction, default=True,
@@ -173,10 +175,12 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="owlet-queue-scale-"))
     base = unpack_base(args.base, work)
     trees = [("new", ROOT)] + ([("base", base)] if base is not None else [])
-    sizes = [int(x) for x in args.waiting.split(",")]
-    tab_sizes = [int(x) for x in args.tab_waiting.split(",")]
+    parts = set(args.parts.split(","))
+    sizes = [int(x) for x in args.waiting.split(",")] if "line" in parts else []
+    tab_sizes = [int(x) for x in args.tab_waiting.split(",")] if "tabs" in parts else []
     line, tabs, load = {}, {}, {}
     with private_redis(work) as url:
+        ping_us = ping_cost_us(url)
         for name, tree in trees:
             for n in sizes:
                 if name == "new" or n <= args.base_max_waiting:
@@ -184,19 +188,37 @@ def main(argv=None) -> None:
             for n in tab_sizes:
                 if name == "new" or n <= args.base_max_waiting:
                     tabs[name, n] = probe(tree, url, "tabs", n, seconds=args.tab_seconds)
-            if name == "new" or args.base_turns:
+            if "turns" in parts and (name == "new" or args.base_turns):
                 load[name] = turns(tree, url, args, work)
-    report(args, trees, sizes, tab_sizes, line, tabs, load)
+    report(args, trees, sizes, tab_sizes, line, tabs, load, ping_us)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args, trees, sizes, tab_sizes, line, tabs, load) -> None:
+def ping_cost_us(url: str, n: int = 3000) -> float:
+    """Redis's own CPU for one PING round trip on this machine (its network and event-loop cost, the floor of any
+    command a client sends): the yardstick the other figures can be read in."""
+    import redis
+
+    from bench.queue_probe import redis_counters
+
+    r = redis.Redis.from_url(url)
+    r.ping()
+    _, cpu0 = redis_counters(r)
+    for _ in range(n):
+        r.ping()
+    _, cpu1 = redis_counters(r)
+    return 1e6 * (cpu1 - cpu0) / n
+
+
+def report(args, trees, sizes, tab_sizes, line, tabs, load, ping_us) -> None:
     print(f"\nmachine: {cpu_description()}; Redis of its own; every process shares the cores "
-          f"(read the ratios and the counts)\n")
+          f"(read the ratios and the counts)\nRedis's CPU for one PING round trip here: {ping_us:.1f} us (the "
+          f"yardstick: 1 to 3 us on an idle server)\n")
     print("1. the line: one question per visitor, each its own group; per call of each operation")
     print(f"{'queue':<6} {'waiting':>8} {'fill s':>7} " +
           " ".join(f"{op + ' cmds':>14} {op + ' us':>12}" for op in OPERATIONS))
-    result: dict = {"cpu": cpu_description(), "base": args.base if len(trees) > 1 else None}
+    result: dict = {"cpu": cpu_description(), "base": args.base if len(trees) > 1 else None,
+                    "ping_us": round(ping_us, 2)}
     for name, _ in trees:
         for n in sizes:
             row = line.get((name, n))
@@ -209,13 +231,14 @@ def report(args, trees, sizes, tab_sizes, line, tabs, load) -> None:
             for op in OPERATIONS:
                 result[f"{name}_{op}_cmds_{n}"] = row["ops"][op]["cmds_per_call"]
                 result[f"{name}_{op}_us_{n}"] = row["ops"][op]["cpu_us_per_call"]
-    for op in ("position", "submit", "pop"):
+    for op in ("position", "submit", "pop") if sizes else ():
         us = [line["new", n]["ops"][op]["cpu_us_per_call"] for n in sizes]
         cmds = [line["new", n]["ops"][op]["cmds_per_call"] for n in sizes]
         result[f"{op}_us_ratio_largest_over_smallest"] = round(us[-1] / us[0], 2) if us[0] else None
         result[f"{op}_cmds_ratio_largest_over_smallest"] = round(cmds[-1] / cmds[0], 2) if cmds[0] else None
-    print(f"\n   Redis time per call at {sizes[-1]:,} waiting over that at {sizes[0]:,} (this tree): " +
-          ", ".join(f"{op} {result[f'{op}_us_ratio_largest_over_smallest']}" for op in ("position", "submit", "pop")))
+    if sizes:
+        print(f"\n   Redis time per call at {sizes[-1]:,} waiting over that at {sizes[0]:,} (this tree): " + ", ".join(
+            f"{op} {result[f'{op}_us_ratio_largest_over_smallest']}" for op in ("position", "submit", "pop")))
     print(f"\n2. the waiting room: every waiting tab followed as the page follows it, {args.tab_seconds:g} s")
     print(f"{'queue':<6} {'tabs':>8} {'Redis cores':>12} {'commands/s':>12}")
     for name, _ in trees:
@@ -230,16 +253,19 @@ def report(args, trees, sizes, tab_sizes, line, tabs, load) -> None:
     print(f"\n3. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
           f"clients, {args.seconds:g} s measured per length")
     cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "redis_us_per_turn",
-            "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
+            "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
     print(f"{'queue':<6} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
     for name, _ in trees:
         for row in load.get(name, []):
+            row["pings_per_turn"] = round(row["redis_us_per_turn"] / ping_us, 1)
             print(f"{name:<6} {row['tokens']:>6} " + " ".join(f"{row[c]!s:>{len(c)}}" for c in cols))
             for c in cols:
                 result[f"{name}_{c}_{row['tokens']}"] = row[c]
     for name, _ in trees:
         for row in load.get(name, []):
             print(f"   {name}, {row['tokens']} tokens, commands per turn: {row['commands']}")
+            if row["first_errors"]:
+                print(f"   {name}, {row['tokens']} tokens, first errors: {row['first_errors']}")
             print(f"   {name}, {row['tokens']} tokens, Redis's own microseconds per turn, by command (scripts include "
                   f"what they call): {row['usec']}")
     print("RESULT " + json.dumps(result))

@@ -178,6 +178,8 @@ def figures(data: dict, args, tokens: int) -> dict:
            "errors": sum(1 for t in data["turns"] if t["error"] is not None or
                          (t["first"] is not None and t["tokens"] != tokens)) + data["hung"]}
     out["stages_ms"] = stages(good)
+    out["first_errors"] = [t["error"] or f"{t['tokens']} tokens of {tokens}" for t in data["turns"]
+                           if t["error"] is not None or (t["first"] is not None and t["tokens"] != tokens)][:3]
     if data.get("profile") and data["profile"].exists():
         from bench.page_stream import top_costs
 
