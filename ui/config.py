@@ -76,7 +76,11 @@ class UIConfig:
     decode_workers: int = 2  # threads of the pool that decodes uploads (never the handlers' shared pool)
     # Running it in public (see docs/security.md).
     identity_key: str = ""  # OWLET_UI_IDENTITY_KEY signs anonymous identities; "" = a random key kept in Redis
-    trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For names the client address
+    # The front the page sits behind (ui.identity.ClientAddresses): proxies (addresses, networks, or "private") whose
+    # X-Forwarded-For names the client address, and another header they name it in instead (CF-Connecting-IP).
+    # With --share and no trusted proxies, the share tunnel's own X-Forwarded-For hop names each visitor.
+    trusted_proxies: tuple[str, ...] = ()
+    client_header: str = ""
     ipv6_prefix: int = 64  # an IPv6 client counts as its /64 (what one subscriber gets) for per-address limits
     metrics_token: str = ""  # bearer token for /metrics and a detailed /healthz; "" = /metrics is off
     address_max_events: int = 4  # page events (answer streams) one client address may hold at once
@@ -152,6 +156,10 @@ class UIConfig:
             "address_new_sessions must be at least 1 per positive window"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
+        assert not self.client_header or self.trusted_proxies, \
+            "client_header is believed only from trusted proxies: name them in trusted_proxies too"
+        assert all(c.isalnum() or c == "-" for c in self.client_header), \
+            f"client_header must be a header name (letters, digits and '-'), got {self.client_header!r}"
         assert 32 <= self.ipv6_prefix <= 128, "ipv6_prefix must be 32..128 bits"
         assert self.stream_min_interval_s > 0 and self.stream_min_updates_per_s > 0, "update rates must be positive"
         assert 1 / self.stream_min_interval_s >= self.stream_min_updates_per_s, \

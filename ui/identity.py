@@ -13,11 +13,20 @@ same key), which names the login (``ui.api.keys``).
 
 The group is what the worker's fairness and quotas count: the login for logged-in users, otherwise the client's address.
 The address is what the page's own per-address limits count, for everyone (connections, uploads, events, decodes in this
-process). It is the socket's peer, unless that peer is a proxy the operator named in ``trusted_proxies``; then it is the
-right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy. An IPv6 client counts as its whole network
-prefix (``ipv6_prefix`` bits, a /64 by default): one subscriber is handed at least a /64 and may use any address in it,
-so counting single IPv6 addresses would give one person 2^64 shares of every per-address limit. An IPv4-mapped IPv6 peer
-(``::ffff:a.b.c.d``) counts as its IPv4.
+process). ``ClientAddresses`` decides it, for the front the page sits behind:
+
+- no front named: the socket's peer;
+- a proxy the operator named in ``trusted_proxies`` (addresses, networks, or ``private`` for every private and loopback
+  network): the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy, or, with ``client_header``
+  (``CF-Connecting-IP``), the address that header names, read only from those proxies;
+- Gradio's share link (``--share`` with no trusted proxies): on a connection from loopback, the right-most
+  ``X-Forwarded-For`` entry, which is the address the share server (frp) saw and appended; the tunnel's client on this
+  host opens every visitor's connection from 127.0.0.1. Entries further left were written by the visitor and count for
+  nothing, and a loopback request without the header is this host itself.
+
+An IPv6 client counts as its whole network prefix (``ipv6_prefix`` bits, a /64 by default): one subscriber is handed at
+least a /64 and may use any address in it, so counting single IPv6 addresses would give one person 2^64 shares of every
+per-address limit. An IPv4-mapped IPv6 peer (``::ffff:a.b.c.d``) counts as its IPv4.
 """
 from __future__ import annotations
 
@@ -105,18 +114,30 @@ class IdentityIssuer:
         return hmac.new(self._key, f"{LOGIN_KEY_VERSION}.{name_hex}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
+# ``private`` in the trusted proxies: every network a platform's own proxy may speak from (a Hugging Face Space, a
+# container platform), and none a visitor on the internet can: loopback, RFC 1918, carrier-grade NAT, IPv6 unique
+# local and link-local.
+PRIVATE_NETWORKS = ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "::1/128",
+                    "fc00::/7", "fe80::/10")
+PRIVATE = "private"
+FORWARDED_FOR = "x-forwarded-for"
+
+
 def parse_networks(spec) -> tuple:
-    """``"127.0.0.1, 10.0.0.0/8"`` (or a sequence) -> ip networks; raises ValueError naming a bad entry."""
+    """``"127.0.0.1, 10.0.0.0/8"`` or ``"private"`` (or a sequence) -> ip networks; raises ValueError naming a bad
+    entry."""
     if isinstance(spec, str):
         spec = [s for s in spec.split(",")]
     nets = []
     for item in spec or ():
         item = item.strip()
-        if item:
+        if item.lower() == PRIVATE:
+            nets.extend(ipaddress.ip_network(n) for n in PRIVATE_NETWORKS)
+        elif item:
             try:
                 nets.append(ipaddress.ip_network(item, strict=False))
             except ValueError:
-                raise ValueError(f"trusted proxy {item!r} is not an IP address or network") from None
+                raise ValueError(f"trusted proxy {item!r} is not an IP address or network (or {PRIVATE!r})") from None
     return tuple(nets)
 
 
@@ -141,42 +162,98 @@ def counted_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str
     return str(ip)
 
 
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _address(hop: str) -> str | None:
+    """The IP address one forwarded hop names (a port dropped), or None for anything else."""
+    try:
+        return str(ipaddress.ip_address(_without_port(hop.strip())))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class ClientAddresses:
-    """How this page tells clients apart: which proxies' ``X-Forwarded-For`` it believes (parsed networks) and
-    how wide an IPv6 client's network is. Built once from the page's config; `of` is what every per-address
-    limit counts."""
+    """How this page tells clients apart: which proxies it believes (parsed networks) and through which header,
+    whether it sits behind Gradio's share tunnel, and how wide an IPv6 client's network is. Built once from the
+    page's config; `of` is what every per-address limit counts, `front` says in a sentence what the page believes."""
 
     trusted_proxies: tuple = ()
     ipv6_prefix: int = DEFAULT_IPV6_PREFIX
+    client_header: str = "X-Forwarded-For"  # or a header naming one address, set by the proxy (CF-Connecting-IP)
+    share_tunnel: bool = False  # believe the right-most X-Forwarded-For entry on loopback connections
 
     @classmethod
     def from_config(cls, config) -> "ClientAddresses":
-        return cls(parse_networks(config.trusted_proxies), config.ipv6_prefix)
+        proxies = parse_networks(config.trusted_proxies)
+        header = getattr(config, "client_header", "") or "X-Forwarded-For"
+        # The operator's trusted proxies win over the share link's default.
+        return cls(proxies, config.ipv6_prefix, header, share_tunnel=bool(getattr(config, "share", False))
+                   and not proxies)
 
     def of(self, request) -> str:
-        """The client's address as limits count it (see counted_address): the socket peer, or what
-        trusted proxies say in ``X-Forwarded-For``."""
+        """The client's address as limits count it (see counted_address): the socket peer, or what the front
+        this page believes says it is."""
         client = getattr(request, "client", None) if request is not None else None
         peer = getattr(client, "host", None) or UNKNOWN_ADDRESS
         return counted_address(self._client_ip(request, peer), self.ipv6_prefix)
 
+    def front(self) -> str:
+        """Which front the page believes, in a sentence for the start-up log."""
+        if self.trusted_proxies:
+            proxies = ", ".join(str(n) for n in self.trusted_proxies)
+            header = "X-Forwarded-For (its right-most entry that is not a trusted proxy)" \
+                if self.client_header.lower() == FORWARDED_FOR else self.client_header
+            return (f"a visitor is the address {header} names on connections from the trusted proxies ({proxies}); "
+                    "any other connection is its own address")
+        if self.share_tunnel:
+            return ("behind the share link, a visitor is the address Gradio's share server saw (the right-most "
+                    "X-Forwarded-For entry on connections from this host); any other connection is its own address")
+        return ("each connection is its own address (no proxy trusted: behind a proxy, name it in "
+                "OWLET_UI_TRUSTED_PROXIES)")
+
     def _client_ip(self, request, peer: str) -> str:
-        if not self.trusted_proxies or not _trusted(peer, self.trusted_proxies):
-            return peer
-        # Every X-Forwarded-For line, in order: a proxy may add a line of its own rather than append to the
-        # client's, and reading only the first line would believe the client's.
-        forwarded = ",".join(_header_lines(getattr(request, "headers", None), "x-forwarded-for"))
+        if self.trusted_proxies and _trusted(peer, self.trusted_proxies):
+            if self.client_header.lower() != FORWARDED_FOR:
+                return self._named_by_header(request, peer)
+            return self._walk_forwarded(request, peer)
+        if self.share_tunnel and _loopback(peer):
+            # The tunnel's own hop only: frp appends the address it saw, so anything left of it is the visitor's
+            # own writing. No header at all: this host itself asked.
+            hops = _forwarded_hops(request)
+            return (_address(hops[-1]) or peer) if hops else peer
+        return peer
+
+    def _walk_forwarded(self, request, peer: str) -> str:
         # Each proxy appends the address it saw, so walk from the right past the proxies we trust; anything
         # further left was written by the client and proves nothing.
-        for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
-            hop = _without_port(hop)
-            if not _trusted(hop, self.trusted_proxies):
-                try:
-                    return str(ipaddress.ip_address(hop))
-                except ValueError:
-                    return peer  # garbage where an address should be: fall back to the proxy itself
+        for hop in reversed(_forwarded_hops(request)):
+            address = _address(hop)
+            if address is None:
+                return peer  # garbage where an address should be: fall back to the proxy itself
+            if not _trusted(address, self.trusted_proxies):
+                return address
         return peer
+
+    def _named_by_header(self, request, peer: str) -> str:
+        """A header that names one address (Cloudflare's CF-Connecting-IP), set by the trusted proxy: its last line
+        and last entry, which is the proxy's own writing."""
+        lines = _header_lines(getattr(request, "headers", None), self.client_header.lower())
+        if not lines:
+            return peer
+        return _address(lines[-1].split(",")[-1]) or peer
+
+
+def _forwarded_hops(request) -> list[str]:
+    """Every X-Forwarded-For entry, in order, from every line of the header: a proxy may add a line of its own
+    rather than append to the client's, and reading only the first line would believe the client's."""
+    forwarded = ",".join(_header_lines(getattr(request, "headers", None), FORWARDED_FOR))
+    return [h.strip() for h in forwarded.split(",") if h.strip()]
 
 
 def _header_lines(headers, name: str) -> list[str]:
@@ -198,7 +275,7 @@ def _without_port(hop: str) -> str:
     return hop
 
 
-DIRECT = ClientAddresses()  # no trusted proxies: every client is its socket peer
+DIRECT = ClientAddresses()  # no front: every client is its socket peer
 
 
 def login_caller(login: str, address: str) -> Caller:

@@ -10,7 +10,8 @@ cache is cleaned on a schedule (``ui.app``), every other request body is capped 
 uploads have byte budgets per address and in total (``ui.uploads.budget``), requests that stay open are limited
 per address and uploads must arrive in time (``ui.edge.held_connections``), only the routes the page uses answer
 (``ui.edge.public_routes``), ``/metrics`` needs a bearer token (``ui.ops.endpoints``), and the client address is
-the socket peer unless the operator names trusted proxies. Gradio's own traffic monitoring (``/monitoring``,
+the socket peer unless the page sits behind a front it believes: trusted proxies the operator names, or, with
+``--share``, Gradio's share tunnel (``ui.identity.ClientAddresses``). Gradio's own traffic monitoring (``/monitoring``,
 public by default) is off. Every adaptation of Gradio's internals goes through the registry
 (``ui.gradio_adapters.registry``), which refuses to serve when one does not apply.
 """
@@ -58,6 +59,7 @@ from ui.page_style import CSS
 from ui.uploads.budget import UploadBudget, UploadLedger
 from ui.uploads.cache_dirs import start_upload_dir_sweeper
 from ui.uploads.owners import UploadedPaths, UploadOwners
+from ui.uploads.refusal_receipts import RefusalReceipts, UploadRefusalReceipts
 from ui.uploads.room import UploadRoom
 
 NO_SHARE_LINK = ("No public share link: Gradio's share server could not be reached (no internet access here?). "
@@ -102,7 +104,8 @@ def build(config, client=None):
     page = build_page(handlers, config)
     page.queue(default_concurrency_limit=None, max_size=config.queue_max_size)
     addresses = ClientAddresses.from_config(config)  # what every per-address limit counts
-    adapt_page(adaptations, page, config, addresses, handlers, uploads)
+    receipts = RefusalReceipts()  # refused uploads, told to gradio_client (ui.uploads.refusal_receipts)
+    adapt_page(adaptations, page, config, addresses, handlers, uploads, receipts)
     adaptations.settle()  # a refusal comes here, before anything is served
     keep_with(page, adaptations)  # launch_page makes the adaptations of a launched page, and reports them all
     launch_kwargs = dict(
@@ -117,7 +120,8 @@ def build(config, client=None):
         max_file_size=config.max_upload_bytes,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token)
                     + api_routes(handlers, config, metrics, addresses),
-                    "middleware": edge_middleware(config, page, adaptations, addresses, uploads, ledger, room)},
+                    "middleware": edge_middleware(config, page, adaptations, addresses, uploads, ledger, room,
+                                                  receipts)},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.
@@ -131,11 +135,12 @@ def build(config, client=None):
 
 
 def adapt_page(adaptations: GradioAdaptations, page, config, addresses: ClientAddresses, handlers: ChatHandlers,
-               uploads: UploadedPaths) -> None:
+               uploads: UploadedPaths, receipts: RefusalReceipts | None = None) -> None:
     """Owlet's adaptations of the built, queued page's Gradio internals, each through the registry."""
     adaptations.apply(READABLE_INPUT_REFUSALS, explain_malformed_inputs, page,
                       usage_by_endpoint(config.max_new_tokens_cap))
-    adaptations.apply(NAMED_FILES, check_named_files, page, NamedFiles(uploads, addresses, example_files(page)))
+    adaptations.apply(NAMED_FILES, check_named_files, page, NamedFiles(uploads, addresses, example_files(page),
+                                                                       receipts))
     adaptations.apply(FORGOTTEN_COMPONENTS, forget_replaced_components, page)
     adaptations.apply(FAIR_EVENT_SLOTS, share_event_slots_fairly, page, addresses, config.address_max_waiting_events,
                       handlers.answer_time)
@@ -149,10 +154,10 @@ def adapt_page(adaptations: GradioAdaptations, page, config, addresses: ClientAd
 
 
 def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: ClientAddresses, uploads: UploadedPaths,
-                    ledger: UploadLedger, room: UploadRoom) -> list[Middleware]:
+                    ledger: UploadLedger, room: UploadRoom, receipts: RefusalReceipts | None = None) -> list[Middleware]:
     """The page's ASGI middlewares, outermost first: API refusals as OpenAI error objects (on ``/v1/`` paths only),
-    routes the page does not use, oversized bodies, too many held
-    connections from one address, then (with --auth) too many sign-in attempts and strangers without a login, then
+    gradio_client's refused uploads as receipts it reads (``ui.uploads.refusal_receipts``), routes the page does not
+    use, oversized bodies, too many held connections from one address, then (with --auth) too many sign-in attempts and strangers without a login, then
     upload budgets (so nobody unauthenticated can spend the page's upload budget), then new-tab budgets (whose body
     reading is bounded by the body limits), then the routes that act on a whole tab by its session hash. A
     middleware that reads Gradio's internals is left out when its adaptation did not apply (only when unverified
@@ -164,7 +169,9 @@ def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: Cli
     # A session hash is bound to the network that first named it (ui.edge.tab_guard).
     tab_guard = [Middleware(TabGuard, queue=queue_of(page), addresses=addresses, heartbeats=open_tabs_of(page))
                  ] if adaptations.applied(TAB_GUARD) else []
+    told = [Middleware(UploadRefusalReceipts, receipts=receipts)] if receipts is not None else []
     return [Middleware(ApiErrors, max_body_bytes=config.api_max_request_bytes),  # API clients read errors as JSON
+            *told,
             Middleware(PublicRoutes),
             Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                        max_upload_bytes=config.max_upload_bytes, max_api_bytes=config.api_max_request_bytes),
@@ -209,10 +216,8 @@ def serve(config, block: bool = True, client=None):
     if config.secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
         print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own. (Identities "
               "are signed with OWLET_UI_IDENTITY_KEY or a key kept in Redis, not with this.)", flush=True)
-    if config.share and not config.trusted_proxies:
-        print("Owlet UI: note: behind the share link every visitor arrives from 127.0.0.1 (Gradio's tunnel), so "
-              "they all count as one client address for fairness and per-address limits. See README "
-              '"Running it in public" (OWLET_UI_TRUSTED_PROXIES).', flush=True)
+    # Which front the page believes decides who is who for every per-address limit: say it, once, at start.
+    print(f"Owlet UI: client addresses: {ClientAddresses.from_config(config).front()}.", flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)
     raise_open_files_limit()
     launch_page(page, launch_kwargs)

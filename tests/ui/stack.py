@@ -118,7 +118,8 @@ def launched_page(config, client=None, purge: bool = True, before_launch=None) -
     page, launch_kwargs, client, _metrics = build(config, client)
     if before_launch is not None:
         before_launch(page)
-    launch_page(page, launch_kwargs)
+    # A test never opens a public tunnel; a page configured with share=True still believes the tunnel's hop.
+    launch_page(page, {**launch_kwargs, "share": False})
     try:
         yield f"http://127.0.0.1:{config.port}/", client
     finally:

@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from ui.config import UIConfig
 from ui.identity import (ClientAddresses, IdentityIssuer, IdentityRequired, counted_address, identify,
                          parse_networks)
 
@@ -91,3 +92,57 @@ def test_an_ipv6_client_counts_as_its_network_and_a_mapped_ipv4_as_itself():
 def test_bad_trusted_proxy_is_named():
     with pytest.raises(ValueError, match="not-an-ip"):
         parse_networks("127.0.0.1,not-an-ip")
+
+
+def test_the_share_tunnel_names_each_visitor_by_its_own_hop_only():
+    """Gradio's share server (frp) appends the address it saw to X-Forwarded-For, and the tunnel's client on this host
+    connects from loopback: that right-most hop is the visitor. Entries the visitor wrote further left, even a
+    loopback address, count for nothing; a loopback request without the header is this host."""
+    tunnel = ClientAddresses.from_config(UIConfig(share=True))
+    assert tunnel.share_tunnel and not tunnel.trusted_proxies
+    assert tunnel.of(request(host="127.0.0.1", forwarded="198.51.100.9")) == "198.51.100.9"
+    for forged in ("6.6.6.6, 198.51.100.9", "127.0.0.1, 198.51.100.9", "10.0.0.1,198.51.100.9"):
+        assert tunnel.of(request(host="127.0.0.1", forwarded=forged)) == "198.51.100.9", forged
+    assert tunnel.of(request(host="::1", forwarded="2001:db8:5:6::1")) == "2001:db8:5:6::/64"
+    assert tunnel.of(request(host="127.0.0.1")) == "127.0.0.1", "no header: the host itself"
+    assert tunnel.of(request(host="127.0.0.1", forwarded="198.51.100.9, not-an-address")) == "127.0.0.1"
+    assert tunnel.of(request(host="203.0.113.7", forwarded="198.51.100.9")) == "203.0.113.7", \
+        "a visitor reaching the page directly names no one"
+    assert not ClientAddresses.from_config(UIConfig()).share_tunnel, "without --share loopback's header is ignored"
+    operator = ClientAddresses.from_config(UIConfig(share=True, trusted_proxies=("10.0.0.0/8",)))
+    assert not operator.share_tunnel, "the operator's trusted proxies win"
+    assert operator.of(request(host="127.0.0.1", forwarded="198.51.100.9")) == "127.0.0.1"
+
+
+def test_private_trusts_a_platforms_proxy_on_any_private_network_and_no_visitor():
+    space = ClientAddresses.from_config(UIConfig(trusted_proxies=("private",)))
+    for proxy in ("10.20.30.40", "172.17.0.3", "192.168.1.2", "100.64.0.9", "127.0.0.1", "fd00::5"):
+        assert space.of(request(host=proxy, forwarded="6.6.6.6, 198.51.100.9, 10.0.0.7")) == "198.51.100.9", proxy
+    assert space.of(request(host="198.51.100.20", forwarded="1.2.3.4")) == "198.51.100.20", "a public peer"
+
+
+def test_a_client_header_names_the_visitor_only_from_the_proxies_named():
+    """Cloudflare's edge names the visitor in CF-Connecting-IP; cloudflared on this host passes it on."""
+    from starlette.datastructures import Headers
+
+    tunnel = ClientAddresses.from_config(UIConfig(trusted_proxies=("127.0.0.1",), client_header="CF-Connecting-IP"))
+
+    def via(host: str, *lines: tuple[bytes, bytes]):
+        return types.SimpleNamespace(client=types.SimpleNamespace(host=host), headers=Headers(raw=list(lines)))
+
+    named = via("127.0.0.1", (b"x-forwarded-for", b"6.6.6.6"), (b"cf-connecting-ip", b"198.51.100.9"))
+    assert tunnel.of(named) == "198.51.100.9", "the header, never X-Forwarded-For"
+    assert tunnel.of(via("127.0.0.1", (b"x-forwarded-for", b"198.51.100.9"))) == "127.0.0.1", "no header: the proxy"
+    assert tunnel.of(via("203.0.113.5", (b"cf-connecting-ip", b"198.51.100.9"))) == "203.0.113.5", \
+        "not from a named proxy: the peer"
+    assert tunnel.of(via("127.0.0.1", (b"cf-connecting-ip", b"garbage"))) == "127.0.0.1"
+    with pytest.raises(AssertionError, match="trusted proxies"):
+        UIConfig(client_header="CF-Connecting-IP")
+
+
+def test_the_page_says_which_front_it_believes():
+    assert "share server" in ClientAddresses.from_config(UIConfig(share=True)).front()
+    assert "CF-Connecting-IP" in ClientAddresses.from_config(
+        UIConfig(trusted_proxies=("127.0.0.1",), client_header="CF-Connecting-IP")).front()
+    assert "X-Forwarded-For" in ClientAddresses.from_config(UIConfig(trusted_proxies=("10.0.0.5",))).front()
+    assert "OWLET_UI_TRUSTED_PROXIES" in ClientAddresses.from_config(UIConfig()).front()

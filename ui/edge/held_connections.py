@@ -22,8 +22,8 @@ of kernel memory (200 held from one address: 400 descriptors and 750 MB of TCP m
 with a cap of their own, ``per_address_downloads``: higher, because one page load fetches dozens of files, and a proxy
 speaking HTTP/2 to browsers may fetch many of them at once. Requests whose headers never finish never reach the
 application at all; ``ui.edge.header_deadline`` closes those. The addresses are ``ui.identity.ClientAddresses``'s, as
-for every other per-address limit. Behind the share link, without trusted proxies, every visitor is one address
-(docs/security.md, "Who is who").
+for every other per-address limit: behind a front the page believes (a trusted proxy, the share link), each
+visitor's own (docs/security.md, "Who is who").
 """
 from __future__ import annotations
 

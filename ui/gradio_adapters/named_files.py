@@ -18,6 +18,9 @@ from the caller's address returned (``UploadedPaths``), or one of the example pi
 start. Anything else (a URL, a data URL, another address's upload, a file the page never handed out, a directory)
 is refused with one sentence, the same for every case, so the refusal tells nobody what exists. Nothing is read,
 fetched, charged or admitted. A file uploaded before the page restarted must be uploaded again.
+
+A receipt for a refused upload (``ui.uploads.refusal_receipts``, how gradio_client learns why its upload was refused)
+is refused here with the upload's own sentence.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import gradio as gr
 from ui.gradio_adapters.internals import Patch, replace, require_parameters
 from ui.identity import ClientAddresses
 from ui.uploads.owners import UploadedPaths
+from ui.uploads.refusal_receipts import NOT_UPLOADED, RefusalReceipts
 
 log = logging.getLogger("owlet.ui")
 
@@ -47,6 +51,14 @@ class NamedFileRefused(gr.Error):
 
     def __init__(self):
         super().__init__(NOT_YOUR_UPLOAD, print_exception=False)
+
+
+class UploadWasRefused(gr.Error):
+    """The call names the receipt of an upload the page refused: the refusal's sentence, raised where the caller
+    reads it."""
+
+    def __init__(self, sentence: str):
+        super().__init__(NOT_UPLOADED.format(sentence=sentence), print_exception=False)
 
 
 def named_paths(value: Any, depth: int = 0) -> Iterator[Any]:
@@ -74,8 +86,9 @@ def example_files(page: gr.Blocks) -> set[str]:
 class NamedFiles:
     """Which paths a caller may name: its address's uploads and the page's own example files."""
 
-    def __init__(self, uploads: UploadedPaths, addresses: ClientAddresses, public_paths: Iterable[str] = ()):
-        self.uploads, self.addresses = uploads, addresses
+    def __init__(self, uploads: UploadedPaths, addresses: ClientAddresses, public_paths: Iterable[str] = (),
+                 receipts: RefusalReceipts | None = None):
+        self.uploads, self.addresses, self.receipts = uploads, addresses, receipts
         self.public_paths = {os.path.realpath(p) for p in public_paths}
 
     def may_name(self, address: str, path: Any) -> bool:
@@ -91,6 +104,9 @@ class NamedFiles:
         """Raise ``NamedFileRefused`` unless the caller may name every file the inputs name."""
         address = self.addresses.of(request)
         paths = list(itertools.islice(named_paths(inputs), MAX_NAMED_FILES + 1))
+        for sentence in map(self.receipts.sentence, paths) if self.receipts is not None else ():
+            if sentence:
+                raise UploadWasRefused(sentence)
         if len(paths) > MAX_NAMED_FILES or not all(self.may_name(address, path) for path in paths):
             log.debug("refused a file named by %s", address)
             raise NamedFileRefused()
