@@ -99,6 +99,10 @@ class UIConfig:
     # Other GETs (the page's files, served pictures) one address may be downloading at once; a page load
     # fetches dozens of files, so this is higher (ui/edge/held_connections.py).
     address_max_downloads: int = 128
+    # Refusals one address may receive per window before its asking requests are braked: refused after a delay,
+    # before any work (ui/edge/refusal_brake.py). A client that waits as each refusal says never gets there.
+    address_refusals: int = 20
+    address_refusals_window_s: float = 60.0
     # With --auth: sign-in attempts one address may make per account per window, right or wrong (ui/ops/endpoints.py).
     address_logins: int = 20
     address_logins_window_s: float = 600.0
@@ -154,6 +158,8 @@ class UIConfig:
             "address_logins must be at least 1 per positive window"
         assert self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0, \
             "address_new_sessions must be at least 1 per positive window"
+        assert self.address_refusals >= 1 and self.address_refusals_window_s > 0, \
+            "address_refusals must be at least 1 per positive window"
         assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
         assert not self.client_header or self.trusted_proxies, \

@@ -32,6 +32,7 @@ from ui.edge.body_limits import PageBodyLimits, upload_request_limit
 from ui.edge.held_connections import HeldConnections
 from ui.edge.logins import LoginAttempts, LoginRequired
 from ui.edge.public_routes import PublicRoutes
+from ui.edge.refusal_brake import RefusalBrake
 from ui.edge.request_errors import RequestErrors
 from ui.edge.tab_budget import NewTabBudget, NewTabLedger
 from ui.edge.tab_guard import TabGuard
@@ -121,7 +122,7 @@ def build(config, client=None):
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token)
                     + api_routes(handlers, config, metrics, addresses),
                     "middleware": edge_middleware(config, page, adaptations, addresses, uploads, ledger, room,
-                                                  receipts)},
+                                                  receipts, handlers.refusals)},
         show_error=False,
         # Gradio's /monitoring endpoints are public by default (traffic per endpoint); Owlet's metrics are
         # /metrics, behind a token.
@@ -154,9 +155,11 @@ def adapt_page(adaptations: GradioAdaptations, page, config, addresses: ClientAd
 
 
 def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: ClientAddresses, uploads: UploadedPaths,
-                    ledger: UploadLedger, room: UploadRoom, receipts: RefusalReceipts | None = None) -> list[Middleware]:
+                    ledger: UploadLedger, room: UploadRoom, receipts: RefusalReceipts | None = None,
+                    refusals=None) -> list[Middleware]:
     """The page's ASGI middlewares, outermost first: API refusals as OpenAI error objects (on ``/v1/`` paths only),
-    gradio_client's refused uploads as receipts it reads (``ui.uploads.refusal_receipts``), routes the page does not
+    gradio_client's refused uploads as receipts it reads (``ui.uploads.refusal_receipts``), the count of each
+    address's refusals and the brake on an address past it (``ui.edge.refusal_brake``), routes the page does not
     use, oversized bodies, too many held connections from one address, then (with --auth) too many sign-in attempts and strangers without a login, then
     upload budgets (so nobody unauthenticated can spend the page's upload budget), then new-tab budgets (whose body
     reading is bounded by the body limits), then the routes that act on a whole tab by its session hash. A
@@ -170,8 +173,10 @@ def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: Cli
     tab_guard = [Middleware(TabGuard, queue=queue_of(page), addresses=addresses, heartbeats=open_tabs_of(page))
                  ] if adaptations.applied(TAB_GUARD) else []
     told = [Middleware(UploadRefusalReceipts, receipts=receipts)] if receipts is not None else []
+    brake = [Middleware(RefusalBrake, ledger=refusals, addresses=addresses)] if refusals is not None else []
     return [Middleware(ApiErrors, max_body_bytes=config.api_max_request_bytes),  # API clients read errors as JSON
             *told,
+            *brake,
             Middleware(PublicRoutes),
             Middleware(PageBodyLimits, max_body_bytes=config.max_request_bytes,
                        max_upload_bytes=config.max_upload_bytes, max_api_bytes=config.api_max_request_bytes),

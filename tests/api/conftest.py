@@ -29,7 +29,9 @@ def stack():
            "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN, "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1",
            "OWLET_UI_ADDRESS_MAX_EVENTS": "8", "OWLET_GROUP_JOB_CAP": "8", "OWLET_GROUP_SUBMIT_LIMIT": "500",
            "OWLET_UI_MAX_TEXT_CHARS": str(MAX_TEXT_CHARS), "OWLET_UI_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
-           "OWLET_UI_API_MAX_REQUEST_BYTES": str(MAX_API_BYTES)}
+           "OWLET_UI_API_MAX_REQUEST_BYTES": str(MAX_API_BYTES),
+           # the tests meet many refusals on purpose, from few addresses: no brake (tests/security/test_refusal_brake)
+           "OWLET_UI_ADDRESS_REFUSALS": "100000"}
     with running_stack("api", tiny_model(), env, worker_concurrency=8) as s:
         yield s
 

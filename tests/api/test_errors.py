@@ -19,7 +19,7 @@ from worker import errors
     (errors.InvalidInput("bad"), 400, "invalid_input"),
     (errors.UserCapReached(), 429, "identity_cap"),
     (errors.ClientBusy(), 429, "address_cap"),
-    (errors.RateLimited(), 429, "rate_limited"),
+    (errors.RateLimited(), 429, "turn_rate_limited"),
     (errors.QuotaExceeded(), 429, "image_quota"),
     (errors.TextQuotaExceeded(), 429, "text_quota"),
     (errors.ServiceBusy(), 503, "busy"),

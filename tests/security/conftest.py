@@ -21,7 +21,9 @@ def stack():
            **TEST_STACK_ENV, "OWLET_MAX_RUNNING": "4",
            "OWLET_UI_TRUSTED_PROXIES": "127.0.0.1", "OWLET_UI_METRICS_TOKEN": METRICS_TOKEN,
            "OWLET_UI_ADDRESS_MAX_EVENTS": str(LIMITS["events"]), "OWLET_GROUP_JOB_CAP": str(LIMITS["group_jobs"]),
-           "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"])}
+           "OWLET_UI_MAX_UPLOAD_BYTES": str(LIMITS["upload_bytes"]),
+           # each attack meets its refusals on purpose; the brake on them has its own test (test_refusal_brake)
+           "OWLET_UI_ADDRESS_REFUSALS": "100000"}
     # answers run to their length (no EOS), so a long one is still running when an attack acts on it
     with running_stack("security", endless_tiny_model(), env, worker_concurrency=6) as s:
         yield s

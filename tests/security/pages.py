@@ -23,6 +23,7 @@ def page_without_worker(name: str, before_launch: Callable | None = None, **conf
         client = OwletClient(settings=Settings.from_env(redis_url=redis_url, key_prefix=prefix,
                                                         group_job_cap=LIMITS["group_jobs"]))
         config = UIConfig(**{"port": free_port(), "redis_url": redis_url, "key_prefix": prefix,
-                             "trusted_proxies": ("127.0.0.1",), "max_threads": 8, "queue_poll_s": 0.5, **config})
+                             "trusted_proxies": ("127.0.0.1",), "max_threads": 8, "queue_poll_s": 0.5,
+                             "address_refusals": 100_000, **config})
         with launched_page(config, client, before_launch=before_launch) as (url, client):
             yield url, client

@@ -16,7 +16,7 @@ from ui.config import UIConfig
 pytestmark = pytest.mark.timeout(300)
 
 # Every label a scrape may carry, and every value it may take: nothing that grows with traffic.
-ALLOWED_LABELS = {"outcome", "kind", "result", "le", "quantile"}
+ALLOWED_LABELS = {"outcome", "kind", "reason", "result", "le", "quantile"}
 
 
 def test_metrics_need_the_token_and_name_nobody(stack):
@@ -57,6 +57,9 @@ def test_with_auth_nothing_but_login_and_healthz_answers(page_with_login):
     for method, path in closed:
         response = httpx.request(method, url + path, json={} if method == "POST" else None, timeout=10)
         assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+    # Prometheus has no login: the metrics token alone is enough, as docs/security.md's scrape configuration sends it
+    scraped = httpx.get(url + "metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10)
+    assert scraped.status_code == 200 and "owlet_redis_up 1.0" in scraped.text, scraped.text[:300]
     # routes the page never uses (ui/edge/public_routes.py) are closed to everyone, logged in or not
     assert httpx.get(url + "openapi.json", timeout=10).status_code == 404
     assert httpx.get(url + "healthz", timeout=10).json() == {"ok": False}  # no worker here; and no detail

@@ -32,6 +32,7 @@ from ui.api import responses as shapes
 from ui.api.bodies import ApiBodies
 from ui.api.chat_request import ChatRequest, RequestLimits, parse_chat_request
 from ui.api.errors import ApiError, for_failed_answer, from_exception
+from ui.edge.refusals import REFUSAL_CODE
 from ui.api.keys import ApiKeys
 from ui.chat import wording
 from ui.chat.job_follower import follow_job
@@ -70,7 +71,7 @@ class ChatCompletions:
         except HTTPException:  # a body over its cap: the edge answers it (ui.edge.body_limits, ui.edge.api_errors)
             raise
         except Exception as exc:  # noqa: BLE001 — every refusal is an answer, never a traceback
-            return self.refused(exc)
+            return self.refused(exc, request)
         answer = Answer(self, caller, chat)
         try:
             await answer.submit()
@@ -78,7 +79,7 @@ class ChatCompletions:
             answer.end()
             if not isinstance(exc, Exception):
                 raise
-            return self.refused(exc)
+            return self.refused(exc, request)
         if chat.stream:
             return StreamingResponse(answer.chunks(), media_type="text/event-stream", headers=SSE_HEADERS,
                                      background=_Background(answer.end))
@@ -99,9 +100,12 @@ class ChatCompletions:
             raise ApiError(404, f"The model {model!r} is not served here; GET /v1/models lists "
                                 f"{', '.join(repr(m) for m in served)}.", "model_not_found", "model")
 
-    def refused(self, exc: BaseException) -> JSONResponse:
-        """The error response for what refused a request (counted; a server error is logged)."""
+    def refused(self, exc: BaseException, request=None) -> JSONResponse:
+        """The error response for what refused a request (counted; a server error is logged). Its code is left in
+        the request's scope for the refusal brake (``ui.edge.refusal_brake``)."""
         error = from_exception(exc)
+        if request is not None and error.code:
+            request.scope[REFUSAL_CODE] = error.code
         if error.code == "internal_error":
             log.exception("API request failed", exc_info=exc)
         self.metrics.api_requests.labels("refused").inc()

@@ -5,7 +5,10 @@ Every refusal a client can meet is a sentence it can act on, the same one the pa
 Never a traceback. ``from_exception`` maps each to its status:
 
 - 400 bad input, 401 a key that does not verify, 404 an unknown model, 413 a picture or body too large;
-- 429 with ``Retry-After`` for per-identity and per-address caps, rate limits and quotas;
+- 429 with ``Retry-After`` for per-identity and per-address caps, rate limits and quotas, each with its own code:
+  ``turn_rate_limited`` (the address's turns per window; ``Retry-After`` is when the window admits one more),
+  ``address_cap`` (its questions waiting or answered; a short interval), the edge's ``too_many_open_requests``
+  (``ui.edge.refusals``), and so on;
 - 503, with ``Retry-After`` too, when the service is busy as a whole, or its queue (Redis) is unreachable.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ _WORKER_REFUSALS = {
     "InvalidInput": (400, "invalid_input"), "ImageMissing": (400, "image_missing"),
     "NotYourConversation": (400, "conversation_not_found"), "ConversationCleared": (400, "conversation_cleared"),
     "UserCapReached": (429, "identity_cap"),
-    "ClientBusy": (429, "address_cap"), "RateLimited": (429, "rate_limited"), "QuotaExceeded": (429, "image_quota"),
+    "ClientBusy": (429, "address_cap"), "RateLimited": (429, "turn_rate_limited"), "QuotaExceeded": (429, "image_quota"),
     "TextQuotaExceeded": (429, "text_quota"), "ConversationBusy": (429, "conversation_busy"),
     "ServiceBusy": (503, "busy"), "ImageStoreFull": (503, "image_store_full"), "UnknownJob": (503, "job_expired"),
 }

@@ -19,7 +19,9 @@ from ui.chat.pacing import UpdatePacer, watch_loop_lag
 from ui.chat.stream_hub import StreamHub
 from ui.chat.view import (assistant_message, message_text, message_turns, parse_input, render_history, then_asked,
                           user_message)
+from ui.api.errors import from_exception
 from ui.edge.address_slots import AddressSlots, SlotRefused
+from ui.edge.refusal_brake import BRAKE_DELAY_S, REFUSED_STATUSES, RefusalLedger, braked_sentence
 from ui.gradio_adapters.fair_event_slots import SlotUsage
 from ui.gradio_adapters.internals import event_data
 from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
@@ -97,6 +99,10 @@ class ChatHandlers:
         self.event_slots = AddressSlots(config.address_max_events, TOO_MANY_EVENTS,
                                         max_waiting=config.address_max_events)
         self.decoder = DecodePool(config.decode_workers, config.address_max_decodes)
+        # Refusals per address; past a count, its turns are refused after a delay (ui.edge.refusal_brake). Shared
+        # with the edge's brake, which counts the page's 429s and 503s.
+        self.refusals = RefusalLedger(config.address_refusals, config.address_refusals_window_s,
+                                      counted=metrics.refusals)
         # Per address, its answers' recent streaming time (ui.gradio_adapters.fair_event_slots weighs it).
         self.answer_time = SlotUsage()
         # One reader for all answer streams, and one update budget they share (ui.chat.stream_hub, ui.chat.pacing).
@@ -123,7 +129,8 @@ class ChatHandlers:
 
         ``turn(caller)`` is the event's async generator. A caller without identity, or an address already
         holding ``address_max_events`` answers (after waiting up to ``slot_wait_s`` for one), gets a sentence
-        instead of a Gradio thread.
+        instead of a Gradio thread; an address braked after too many refusals (``ui.edge.refusal_brake``) gets its
+        sentence after a delay, holding its slot meanwhile.
         """
         try:
             caller = self._caller(request, browser_id)
@@ -132,6 +139,12 @@ class ChatHandlers:
                 return
             await self.event_slots.acquire_within(caller.address, slot_wait_s, poll_s=0.25)
             try:
+                braked_s = self.refusals.braked_for(caller.address)
+                if braked_s is not None:  # asked again and again after refusals: slowed, holding its slot
+                    self.refusals.braked()
+                    await asyncio.sleep(BRAKE_DELAY_S)
+                    yield _box_as_sent(), gr.skip(), braked_sentence(braked_s), gr.skip()
+                    return
                 session_hash = getattr(request, "session_hash", None)
                 live = self.live.start(session_hash, caller.user)
                 try:
@@ -150,7 +163,8 @@ class ChatHandlers:
             finally:
                 self.event_slots.release(caller.address)
         except (IdentityRequired, SlotRefused) as exc:
-            yield _box_as_sent(), gr.skip(), self._error_text(exc), dict(tab or new_tab_state())
+            yield (_box_as_sent(), gr.skip(), self._error_text(exc, self.addresses.of(request)),
+                   dict(tab or new_tab_state()))
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -273,7 +287,7 @@ class ChatHandlers:
             try:
                 checked = await self.decoder.check(files[0], self.limits, caller.address)
             except SlotRefused as exc:
-                yield _box_as_sent(), gr.skip(), self._error_text(exc), tab
+                yield _box_as_sent(), gr.skip(), self._error_text(exc, caller.address), tab
                 return
             except UploadRejected as exc:
                 self.metrics.errors.labels("image_rejected").inc()
@@ -343,7 +357,7 @@ class ChatHandlers:
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
         except Exception as exc:
-            yield _box_as_sent(), gr.skip(), self._error_text(exc), tab
+            yield _box_as_sent(), gr.skip(), self._error_text(exc, caller.address), tab
             return
         text = new_text if new_text is not None else (turn.get("text") or "")
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
@@ -371,7 +385,7 @@ class ChatHandlers:
         shown, job, image_sha, error = await asyncio.to_thread(self._submit, caller, tab, text, checked,
                                                                image_sha, sampling, shown, new_conversation)
         if error is not None:
-            note = self._error_text(error)
+            note = self._error_text(error, caller.address)
             refused = [assistant_message(wording.warning(note))]
             yield _box_as_sent(), then_asked(shown, pending_user) + refused, note, tab
             return
@@ -566,12 +580,17 @@ class ChatHandlers:
             log.warning("cancel of %s failed", job, exc_info=True)
             return False
 
-    def _error_text(self, exc: Exception) -> str:
+    def _error_text(self, exc: Exception, address: str | None = None) -> str:
+        """The sentence for what refused or failed a turn; a refusal for a limit is noted against ``address``
+        (``ui.edge.refusal_brake``) under the API's code for it."""
         kind = _ERROR_KINDS.get(type(exc).__name__)
         message = getattr(exc, "user_message", None)
         if message:
             self.metrics.errors.labels(kind or "other").inc()
             self.metrics.turns.labels("refused").inc()
+            refused = from_exception(exc)
+            if address is not None and refused.status in REFUSED_STATUSES:
+                self.refusals.note(address, refused.code)
             return message
         log.exception("turn failed", exc_info=exc)
         self.metrics.errors.labels("service_down").inc()

@@ -4,7 +4,8 @@ A request to the OpenAI-compatible API (``/v1/...``) meets the same edge as ever
 (404), a body over its cap (413), too many held connections from one address (429), and so on. Those middlewares
 answer the page's clients in plain text; an API client's library expects ``{"error": {"message", "type", "param",
 "code"}}``. This middleware, outermost, rewrites any error response on an API path that is not already such an
-object into one, keeping its status, its sentence and its headers (``Retry-After`` above all). Successful
+object into one, keeping its status, its sentence and its headers (``Retry-After`` above all), with the code of the
+limit that refused it (``ui.edge.refusals``), so a client tells an open-request cap from a rate limit. Successful
 responses and the API's own errors pass through untouched.
 """
 from __future__ import annotations
@@ -15,10 +16,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.api.errors import error_body, is_error_body
 from ui.edge.public_routes import API_PREFIX
+from ui.edge.refusals import code_of
 
 MAX_REFUSAL_BYTES = 64 * 1024  # a refusal is a sentence; anything longer is passed on as it is
 _CODES = {401: "invalid_api_key", 404: "unknown_route", 405: "method_not_allowed", 411: "length_required",
-          413: "request_too_large", 429: "rate_limited"}
+          413: "request_too_large", 429: "too_many_requests"}  # by status, when no limit named itself
 
 
 class ApiErrors:
@@ -51,16 +53,17 @@ class ApiErrors:
                 return await send({**message, "body": body})
             if not message.get("more_body", False):
                 passing = True
-                await _send_refusal(send, held, body, self.max_body_bytes)
+                await _send_refusal(send, held, body, self.max_body_bytes, code_of(scope))
         await self.app(scope, receive, reshaping_send)
 
 
-async def _send_refusal(send: Send, start: Message, body: bytes, max_body_bytes: int) -> None:
+async def _send_refusal(send: Send, start: Message, body: bytes, max_body_bytes: int, code: str | None) -> None:
     status = start["status"]
     if is_error_body(body):
         await send(start)
         return await send({"type": "http.response.body", "body": body, "more_body": False})
-    reshaped = json.dumps(error_body(status, _sentence(body, status, max_body_bytes), _CODES.get(status))).encode()
+    reshaped = json.dumps(error_body(status, _sentence(body, status, max_body_bytes),
+                                     code or _CODES.get(status))).encode()
     headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-type", b"content-length")]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(reshaped)).encode())]
     await send({**start, "headers": headers})

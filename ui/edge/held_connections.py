@@ -9,7 +9,8 @@ the one event loop that streams every answer, until the process ran out of descr
 nobody could connect.
 
 So each address may hold ``per_address`` of each kind at once (heartbeats, answer streams, bodies arriving; a browser
-tab holds one or two; more is refused with 429 and a sentence), and a POST's body must have arrived within
+tab holds one or two; more is refused with 429, a sentence and the code ``too_many_open_requests``: it frees when one
+of them ends, so ``Retry-After`` is a short interval, not a window), and a POST's body must have arrived within
 ``upload_timeout_s`` of its start, or the page treats the client as gone (Gradio abandons an upload and removes its
 partial file).
 
@@ -31,10 +32,10 @@ import asyncio
 import threading
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.edge.public_routes import CHAT_COMPLETIONS_PATH
+from ui.edge.refusals import OPEN_REQUEST_RETRY_S, TOO_MANY_OPEN_REQUESTS, refusal
 from ui.identity import DIRECT, ClientAddresses
 
 CALL_PREFIX = "/gradio_api/call/"
@@ -94,8 +95,8 @@ class HeldConnections:
             if held < cap:
                 self._open[key] = held + 1
         if held >= cap:
-            return await PlainTextResponse(_REFUSALS[kind].format(n=cap), status_code=429,
-                                           headers={"Retry-After": "10"})(scope, receive, send)
+            return await refusal(scope, TOO_MANY_OPEN_REQUESTS, _REFUSALS[kind].format(n=cap),
+                                 retry_after_s=OPEN_REQUEST_RETRY_S)(scope, receive, send)
         released = False
 
         def release() -> None:

@@ -8,16 +8,18 @@ from __future__ import annotations
 import math
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse
 
 from ui.edge.public_routes import API_PREFIX
+from ui.edge.refusals import TOO_MANY_LOGINS, refusal
 from ui.edge.request_body import buffered
 from ui.edge.tab_budget import NewTabLedger
 from ui.gradio_adapters.internals import login_cookie_names, login_tokens
 
-# What a visitor needs before logging in: the login page, its static files, and the health check.
-_OPEN_PATHS = frozenset({"/", "/login", "/login/", "/login_check", "/login_check/", "/healthz", "/favicon.ico",
-                         "/manifest.json", "/theme.css", "/gradio_api/theme.css",
+# What a visitor needs before logging in: the login page, its static files, and the health check; and /metrics,
+# which answers only to its own bearer token (ui.ops.endpoints): Prometheus scrapes with that token alone.
+_OPEN_PATHS = frozenset({"/", "/login", "/login/", "/login_check", "/login_check/", "/healthz", "/metrics",
+                         "/favicon.ico", "/manifest.json", "/theme.css", "/gradio_api/theme.css",
                          "/gradio_api/startup-events"})  # Gradio probes this itself at launch; it says nothing
 _OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/gradio_api/static/", "/gradio_api/assets/",
                   API_PREFIX)  # the OpenAI-compatible API answers only to its own keys (ui.api.keys)
@@ -56,8 +58,8 @@ class LoginAttempts:
         if wait_s is None:
             return await self.app(scope, replay, send)
         retry = max(1, math.ceil(wait_s))
-        response = PlainTextResponse(f"Too many sign-in attempts for this account from your network. Try again in "
-                                     f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})
+        response = refusal(scope, TOO_MANY_LOGINS, f"Too many sign-in attempts for this account from your network. "
+                                                   f"Try again in {retry} s.", retry_after_s=retry)
         await response(scope, replay, send)
 
 
@@ -94,8 +96,8 @@ def signed_in_login(scope) -> str | None:
 
 
 class LoginRequired:
-    """ASGI middleware for ``--auth``: nothing but the login page, its assets and ``/healthz`` answers without
-    a login. Gradio guards its own API routes, but not everything it serves (``/openapi.json``,
+    """ASGI middleware for ``--auth``: nothing but the login page, its assets, ``/healthz`` and ``/metrics`` (with
+    its bearer token) answers without a login. Gradio guards its own API routes, but not everything it serves (``/openapi.json``,
     ``/gradio_api/cancel``, ``/gradio_api/heartbeat``), nor routes added next to it; this closes them all. The
     OpenAI-compatible API's routes check their own keys (a login's key, ``ui.api.keys``)."""
 

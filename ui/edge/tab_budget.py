@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.edge.refusals import TOO_MANY_NEW_TABS, refusal
 from ui.edge.request_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, buffered, json_object, session_hash_of
 from ui.identity import DIRECT, ClientAddresses
 
@@ -105,8 +106,9 @@ class NewTabBudget:
         if wait_s is not None:
             retry = max(1, math.ceil(wait_s))
             minutes = max(1, math.ceil(self.ledger.window_s / 60))
-            return await PlainTextResponse(
+            return await refusal(
+                scope, TOO_MANY_NEW_TABS,
                 f"Too many new sessions from your network: at most {self.ledger.per_address} every {minutes} min. "
                 f"Keep using the page you have open (API clients: one Client for many calls), or try again in "
-                f"{retry} s.", status_code=429, headers={"Retry-After": str(retry)})(scope, replay, send)
+                f"{retry} s.", retry_after_s=retry)(scope, replay, send)
         await self.app(scope, replay, send)

@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.edge.refusals import TOO_MANY_UNREAD_EVENTS, refusal
 from ui.edge.request_body import buffered, json_object, replaying, session_hash_of
 from ui.edge.tab_budget import SESSION_HASH
 from ui.gradio_adapters.internals import (event_task_name, has_message_queue, live_events, pending_by_session,
@@ -136,7 +137,7 @@ class TabGuard:
             return await self._refuse(scope, receive, send)
         opens_event = path == JOIN_PATH or path.startswith(CALL_PREFIX)  # /call/<api> joins the queue as well
         if opens_event and session_hash is not None and self._unread(session_hash) >= MAX_UNREAD_EVENTS:
-            return await PlainTextResponse(TOO_MANY_UNREAD, status_code=429)(scope, receive, send)
+            return await refusal(scope, TOO_MANY_UNREAD_EVENTS, TOO_MANY_UNREAD)(scope, receive, send)
         if cancel:
             if not self.is_pending(request):
                 return await JSONResponse({"success": False, "detail": NOT_PENDING}, status_code=404)(scope, receive,

@@ -22,6 +22,9 @@ class UIMetrics:
         self.turns = Counter("owlet_ui_turns", "Turns submitted from the page, by how they ended.",
                              ["outcome"], registry=r)
         self.errors = Counter("owlet_ui_errors", "Errors shown to users, by kind.", ["kind"], registry=r)
+        self.refusals = Counter("owlet_ui_refusals", "Requests and turns refused for a limit, by its code (the API's "
+                                "error code; refusals_limited: braked after too many refusals).", ["reason"],
+                                registry=r)
         self.cancels = Counter("owlet_ui_cancels", "Answers stopped by the user.", registry=r)
         self.queue_wait = Histogram("owlet_ui_queue_wait_seconds", "Submit to the worker starting the job.",
                                     buckets=LATENCY_BUCKETS, registry=r)

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.edge.address_slots import AddressSlots, SlotRefused
 from ui.edge.public_routes import UPLOAD_PATH
+from ui.edge.refusals import OPEN_REQUEST_RETRY_S, UPLOAD_BUDGET, UPLOADS_ARRIVING, refusal
 from ui.identity import DIRECT, ClientAddresses
 from ui.uploads.cache_dirs import MIN_UPLOAD_CHARGE_BYTES
 
@@ -215,7 +216,7 @@ class UploadBudget:
         try:
             self.arriving.acquire(address)
         except SlotRefused as exc:
-            return await PlainTextResponse(exc.user_message, status_code=429, headers={"Retry-After": "5"})(
+            return await refusal(scope, UPLOADS_ARRIVING, exc.user_message, retry_after_s=OPEN_REQUEST_RETRY_S)(
                 scope, receive, send)
         try:
             await self._charged(scope, receive, send, address, charged)
@@ -233,8 +234,8 @@ class UploadBudget:
                     self._arriving_bytes >= charged - self.ledger.page_room():
                 wait_s = min(wait_s, self.arrival_timeout_s)
             retry = max(1, math.ceil(wait_s))
-            return await PlainTextResponse(_refusal(which, self.ledger, retry), status_code=429,
-                                           headers={"Retry-After": str(retry)})(scope, receive, send)
+            return await refusal(scope, UPLOAD_BUDGET, _refusal(which, self.ledger, retry),
+                                 retry_after_s=retry)(scope, receive, send)
         scope[CHARGE_SCOPE_KEY] = receipt  # for ui.uploads.owners, which learns the stored file's path
         received = 0
         self._arriving_bytes += charged
