@@ -20,7 +20,9 @@ READ_DIRECTLY = frozenset({"OWLET_CACHE_DIR", "OWLET_CHROMIUM", "OWLET_DEMO_MODE
                            "OWLET_WORKER_CONCURRENCY"})
 # docker-compose.yml's own interpolation variables: they configure compose, and may sit in the host's environment.
 COMPOSE_ONLY = frozenset({"OWLET_FLOWER_AUTH", "OWLET_FLOWER_IMAGE", "OWLET_FLOWER_PORT", "OWLET_IMAGE",
-                          "OWLET_MODELS_DIR", "OWLET_REDIS_MAXMEMORY", "OWLET_WORKERS"})
+                          "OWLET_MODELS_DIR", "OWLET_REDIS_MAXMEMORY", "OWLET_WORKERS", "OWLET_UI_BIND",
+                          "OWLET_TLS_DIR", "OWLET_HTTPS_PORT", "OWLET_HTTP_PORT", "OWLET_PROMETHEUS_PORT",
+                          "OWLET_GRAFANA_PORT", "OWLET_GRAFANA_PASSWORD"})
 # Settings that were renamed or folded into another: named in the warning, so an old environment file is noticed.
 REPLACED = {
     "OWLET_SESSION_OWNER_SHARE": "OWLET_SESSION_GROUP_SHARE",

@@ -87,3 +87,21 @@ def wait_for_workers(page_url: str, count: int, services: list[Service], timeout
         time.sleep(0.5)
     raise AssertionError(f"no {count} live workers after {timeout_s:.0f} s; last /healthz: {last}; logs:\n"
                          + "\n".join(f"--- {s.name}\n{s.output()[-2000:]}" for s in services))
+
+
+def host_tool(name: str, *candidates: str) -> str:
+    """The path of a Debian tool a test drives (``scripts/ensure_test_tools.sh`` installs it). Missing, the test skips
+    on a developer's machine and fails under CI (``CI`` set), where it must run."""
+    import shutil
+
+    import pytest
+
+    for candidate in (name, *candidates):
+        found = shutil.which(candidate) or (candidate if os.path.isabs(candidate) and os.access(candidate, os.X_OK)
+                                            else None)
+        if found:
+            return found
+    message = f"{name} is not installed (scripts/ensure_test_tools.sh installs it)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
