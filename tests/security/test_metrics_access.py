@@ -26,7 +26,7 @@ def test_metrics_need_the_token_and_name_nobody(stack):
     assert httpx.get(stack.url + "metrics").status_code == 401
     assert httpx.get(stack.url + "metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
     text = httpx.get(stack.url + "metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
-    assert "owlet_queue_depth_total" in text and "owlet_workers_alive 1.0" in text
+    assert "owlet_num_requests_waiting" in text and "owlet_workers_alive 1.0" in text
     labels = set(re.findall(r'[{,]([a-z_]+)="', text))
     assert labels <= ALLOWED_LABELS, labels - ALLOWED_LABELS
     for secret in ("anon:", "addr:", "198.51.100.41", client.session_hash, client.owlet_token, "@"):

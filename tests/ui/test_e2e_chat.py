@@ -123,8 +123,8 @@ def test_healthz_and_metrics(stack):
     assert health["ok"] and health["redis"] and len(health["workers"]) == 1
     assert json.load(urllib.request.urlopen(stack.url + "healthz")) == {"ok": True}, "strangers learn only ok"
     text = metrics_text(stack)
-    for name in ("owlet_workers_alive 1.0", "owlet_redis_up 1.0", "owlet_queue_depth_total",
-                 "owlet_ui_time_to_first_token_seconds_bucket", "owlet_time_per_output_token_seconds_bucket",
+    for name in ("owlet_workers_alive 1.0", "owlet_redis_up 1.0", "owlet_num_requests_waiting",
+                 "owlet_time_to_first_token_seconds_bucket", "owlet_time_per_output_token_seconds_bucket",
                  'owlet_affinity_total{result="hit"}', "owlet_batch_occupancy "):
         assert name in text, name
 

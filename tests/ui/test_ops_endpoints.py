@@ -44,7 +44,7 @@ def test_healthz_is_503_without_a_worker_and_metrics_still_render(page_without_w
     status, text = get(url + "metrics")
     assert status == 200
     assert "owlet_redis_up 1.0" in text and "owlet_workers_alive 0.0" in text
-    assert "# TYPE owlet_ui_time_to_first_token_seconds histogram" in text
+    assert "# TYPE owlet_time_to_first_token_seconds histogram" in text
 
 
 def test_a_worker_heartbeat_makes_healthz_ok(page_without_workers):

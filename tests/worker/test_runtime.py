@@ -84,7 +84,7 @@ def test_duplicate_delivery_runs_once_and_metrics_record_it(runtime_client):
     reg = runtime.metrics.registry
     assert reg.get_sample_value("owlet_worker_ttft_seconds_count", {"worker": "inproc@test"}) == 1
     assert reg.get_sample_value("owlet_worker_jobs_total", {"worker": "inproc@test", "outcome": "done"}) == 1
-    assert reg.get_sample_value("owlet_worker_tokens_total", {"worker": "inproc@test"}) == 3
+    assert reg.get_sample_value("owlet_generation_tokens_total", {"worker": "inproc@test"}) == 3
     url = f"http://127.0.0.1:{runtime.settings.worker_metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         body = response.read().decode()

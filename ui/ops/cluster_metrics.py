@@ -1,5 +1,6 @@
-"""Cluster-wide gauges read at scrape time through the worker client: queue depth and oldest wait, how many
-clients are waiting, live workers, batch occupancy, and the dispatcher's affinity counters.
+"""Cluster-wide gauges read at scrape time through the worker client: requests waiting and running, the oldest wait,
+how many clients are waiting, live workers, batch occupancy, and the dispatcher's affinity counters. Names follow
+vLLM's where it has one (``vllm:num_requests_waiting`` is ``owlet_num_requests_waiting``).
 
 Dispatch and queueing happen in many processes, so these numbers live in Redis; reading them when
 Prometheus scrapes keeps every UI replica's ``/metrics`` consistent without any background thread.
@@ -33,12 +34,13 @@ class ClusterCollector:
     def _families(self):
         q = self.client.queue_stats()
         health = self.client.health()
-        yield _gauge("owlet_queue_depth_total", "Jobs waiting in the fair queue in total.", q["queued"])
-        yield _gauge("owlet_queue_waiting_clients", "Client groups (addresses or logins) with jobs waiting.",
+        yield _gauge("owlet_num_requests_waiting", "Requests (turns) waiting in the fair queue, all clients together.",
+                     q["queued"])
+        yield _gauge("owlet_num_clients_waiting", "Client groups (addresses or logins) with requests waiting.",
                      q["waiting_clients"])
         yield _gauge("owlet_queue_oldest_wait_seconds", "How long the oldest waiting job has waited.",
                      q["oldest_wait_s"])
-        yield _gauge("owlet_jobs_in_flight", "Jobs handed to workers and not finished.", q["in_flight"])
+        yield _gauge("owlet_num_requests_running", "Requests handed to workers and not finished.", q["in_flight"])
         workers = health.get("workers", [])
         running = sum(w.get("running", 0) for w in workers)
         capacity = sum(max(1, w.get("capacity", 1)) for w in workers)

@@ -1,4 +1,6 @@
-"""Prometheus metrics the page records about the turns it serves.
+"""Prometheus metrics the page records about the turns it serves. Names follow vLLM's where it has one
+(``vllm:time_to_first_token_seconds``, from a request's arrival, is ``owlet_time_to_first_token_seconds``, from a
+turn's submission, as the visitor sees it).
 
 Each ``UIMetrics`` owns its own ``CollectorRegistry`` (no process-global state), so two apps in one
 process, or tests, never share counters. Cluster-wide gauges read from Redis at scrape time are added
@@ -26,9 +28,9 @@ class UIMetrics:
                                 "error code; refusals_limited: braked after too many refusals).", ["reason"],
                                 registry=r)
         self.cancels = Counter("owlet_ui_cancels", "Answers stopped by the user.", registry=r)
-        self.queue_wait = Histogram("owlet_ui_queue_wait_seconds", "Submit to the worker starting the job.",
+        self.queue_wait = Histogram("owlet_request_queue_time_seconds", "Submit to the worker starting the job.",
                                     buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("owlet_ui_time_to_first_token_seconds",
+        self.ttft = Histogram("owlet_time_to_first_token_seconds",
                               "Submit to the first answer token, as the user sees it (includes queueing).",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.engine_ttft = Histogram("owlet_engine_time_to_first_token_seconds",

@@ -23,7 +23,8 @@ class WorkerMetrics:
                                       buckets=_LATENCY_BUCKETS, registry=reg))
         self.tpot_s = const(Histogram("owlet_worker_time_per_output_token_seconds", "Gap between tokens",
                                       ["worker"], buckets=_LATENCY_BUCKETS, registry=reg))
-        self.tokens = const(Counter("owlet_worker_tokens", "Tokens generated", ["worker"], registry=reg))
+        self.tokens = const(Counter("owlet_generation_tokens", "Tokens generated (vLLM's generation_tokens)",
+                                    ["worker"], registry=reg))
         self.tokens_per_s = const(Gauge("owlet_worker_tokens_per_second", "Decode rate of the last job",
                                         ["worker"], registry=reg))
         self.jobs = Counter("owlet_worker_jobs", "Finished jobs by outcome", ["worker", "outcome"], registry=reg)
