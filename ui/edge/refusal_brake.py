@@ -5,8 +5,10 @@ once was refused about 120 times a second, and each time the page read the reque
 per-address slots and ran Redis's admission script; nothing slowed it.
 
 So the page counts the refusals each address receives, in a sliding window (``address_refusals`` per
-``address_refusals_window_s``): every 429 and 503 it answers, and the refusals the chat handlers put in a turn's status
-line (``RefusalLedger.note``). Past that count the address is *braked* until its oldest refusal leaves the window:
+``address_refusals_window_s``): every 429 and 503 it answers to a request that asks for something (a POST: a turn, an
+API request, an upload, a sign-in), and the refusals the chat handlers put in a turn's status line
+(``RefusalLedger.note``). A GET is not counted: a health check polling ``/healthz`` while no worker is up gets 503
+every time, and asks for nothing. Past that count the address is *braked* until its oldest refusal leaves the window:
 
 - its asking requests on the edge (a chat completion of the API, an upload) are refused before anything reads their
   body, with the code ``refusals_limited`` and ``Retry-After``, each after ``BRAKE_DELAY_S``, at most
@@ -92,18 +94,18 @@ class RefusalLedger:
 
 
 class RefusalBrake:
-    """ASGI middleware: counts the refusals the page answers per address, and brakes an address past its count
-    (see the module notes)."""
+    """ASGI middleware: counts the refusals the page answers to each address's POSTs, and brakes an address past its
+    count (see the module notes)."""
 
     def __init__(self, app: ASGIApp, ledger: RefusalLedger, addresses: ClientAddresses = DIRECT):
         self.app, self.ledger, self.addresses = app, ledger, addresses
         self._waiting: Counter[str] = Counter()  # braked requests waiting for their refusal, per address
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         address = self.addresses.of(Request(scope))
-        if scope.get("method") == "POST" and scope.get("path") in BRAKED_PATHS:
+        if scope.get("path") in BRAKED_PATHS:
             wait_s = self.ledger.braked_for(address)
             if wait_s is not None:
                 return await self._brake(scope, receive, send, address, wait_s)
