@@ -2,7 +2,8 @@
 
 What Docker would do, done here without Docker:
 
-- ``${VAR:-default}`` interpolation from an environment (compose's own rules for ``:-`` and ``-``);
+- ``${VAR:-default}`` interpolation from an environment (compose's own rules for ``:-`` and ``-``, and ``$$`` for a
+  literal ``$``);
 - the service's ``environment`` on top of the Dockerfile's ``ENV``; ``WORKDIR`` (/app) is the checkout;
 - a volume ``HOST:/app/models`` makes ``/app/models/...`` paths point at HOST (the checkout's models/);
 - each container has its own hostname (Celery's ``%h``) and network namespace, so a port inside it (7860,
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import yaml
 
-INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
 
 
 def interpolate(value, env: dict[str, str]):
     if isinstance(value, str):
         def one(match):
+            if match.group(0) == "$$":  # compose's escape: a literal $ for the container's shell
+                return "$"
             name, op, default = match.groups()
             if op == ":-":
                 return env.get(name) or default

@@ -89,3 +89,4 @@ def test_flower_service_finds_its_celery_app_from_any_folder(tmp_path):
 def test_interpolation_follows_compose_rules():
     env = {"SET": "x", "EMPTY": ""}
     assert interpolate("${SET:-d} ${EMPTY:-d} ${EMPTY-d} ${UNSET-d} ${UNSET}", env) == "x d  d "
+    assert interpolate("$$SET $${SET}", env) == "$SET ${SET}", "$$ is a literal $, never interpolated"

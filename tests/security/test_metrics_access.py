@@ -95,3 +95,17 @@ def test_with_auth_one_address_cannot_try_passwords_at_network_speed():
                        for i in range(20)]
             assert 429 not in made_up[:13] and set(made_up[13:]) == {429}, made_up
             guesser.close()
+
+
+def test_with_auth_prometheus_scrapes_with_the_shipped_configuration(page_with_login, tmp_path):
+    """Prometheus has no login: with --auth, the scrape configuration the `monitoring` profile ships (and
+    docs/security.md quotes) reaches /metrics with the bearer token alone."""
+    from urllib.parse import urlparse
+
+    from tests.deploy.prometheus_on_host import query, running_prometheus, wait_until_scraped
+
+    page = urlparse(page_with_login)
+    with running_prometheus({"owlet-ui": [f"{page.hostname}:{page.port}"]},
+                            {"OWLET_UI_METRICS_TOKEN": METRICS_TOKEN}, tmp_path) as prometheus:
+        wait_until_scraped(prometheus, {"owlet-ui": 1})
+        assert query(prometheus, "owlet_redis_up")[0]["value"][1] == "1"
