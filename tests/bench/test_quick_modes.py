@@ -54,6 +54,10 @@ BENCHMARKS = {
         "crowd_visitor_first_token_s_max", "crowd_follow_up_first_token_s_max", "crowd_heavy_wait_over_crowd_wait",
         "api_honest_wait_over_service_max", "api_honest_first_token_over_service_max"),
         expect={"crowd_errors": 0, "api_flood_groups": 1, "api_refused": 0}),
+    # the share front's visitors are told apart (4 client groups) and none is refused, with the hostile one looping
+    "crowd": QuickRun(module("crowd"), (
+        "accuracy", "ttft_p50_s", "ttft_p95_s", "service_s", "honest_worst_wait_over_service", "hostile_asked"),
+        expect={"refused": 0, "failed": 0, "honest_groups": 4, "turns": 8}),
     "fairness": QuickRun(module("fairness"), (
         "light_wait_over_service_max", "fifo_light_wait_over_service_max", "light_first_token_over_service_max",
         "light_overtaken_max")),
