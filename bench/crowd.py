@@ -17,9 +17,13 @@ question. One hostile visitor, at one address of its own, loops with ``--hostile
 tab and mints a new identity for every question (with a picture), and asks again the moment it is answered or
 refused.
 
-Printed: the honest turns answered right, refused, failed; their time to first token as the client sees it, p50 and
-p95; and each honest turn's queue wait (its job's queued -> started events, read from Redis) over the median
-service time of all jobs (started -> done): the worst is the figure to read. Ends with ``RESULT {json}``.
+Two phases on the same stack, side by side: the visitors alone, then as many new visitors (new addresses, the same
+scenes) beside the hostile visitor, who is there first. Printed for each: the visitors' turns answered right,
+refused, failed; their time to first token as the client sees it, p50 and p95; and each visitor turn's queue wait
+(its job's queued -> started events, read from Redis) over the median service time of the phase's jobs
+(started -> done): the worst is the figure to read. Then how the hostile visitor's questions ended. The targets
+apply to the phase with the hostile visitor. Ends with ``RESULT {json}`` (its top level: that phase; ``no_hostile``:
+the other).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +75,7 @@ class Hostile:
     answered: int = 0
     refused: int = 0
     failed: int = 0
+    reasons: Counter = field(default_factory=Counter)  # how its questions ended, by the start of their status
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -101,7 +107,9 @@ def run_turn(client, token: str, text: str, picture: str | None, turn: Turn) -> 
             time.sleep(POLL_S)
         _box, chat, status = job.result()
     except Exception as exc:  # noqa: BLE001 — counted, with its reason
-        turn.outcome, turn.status = "failed", f"{type(exc).__name__}: {exc}"
+        # gradio_client's AppError carries the page's sentence (a refused upload's, a named file's): a refusal
+        turn.outcome = "refused" if type(exc).__name__ == "AppError" else "failed"
+        turn.status = f"{type(exc).__name__}: {exc}"
         return
     turn.status = status
     if "Answered in" not in status:
@@ -155,10 +163,11 @@ def hostile_loop(url: str, picture: str, stop: threading.Event, tally: Hostile) 
         try:
             client = client_for(url, HOSTILE)
             token = client.predict(None, api_name="/identity")
-        except Exception:  # noqa: BLE001 — a new tab refused: try again
+        except Exception as exc:  # noqa: BLE001 — a new tab refused: try again
             with tally.lock:
                 tally.asked += 1
                 tally.refused += 1
+                tally.reasons[f"{type(exc).__name__}: {str(exc)[:70]}"] += 1
             time.sleep(HOSTILE_PAUSE_S)
             continue
         run_turn(client, token, turn.question, picture, turn)
@@ -168,6 +177,7 @@ def hostile_loop(url: str, picture: str, stop: threading.Event, tally: Hostile) 
             tally.answered += turn.outcome in ("right", "wrong")
             tally.refused += turn.outcome == "refused"
             tally.failed += turn.outcome == "failed"
+            tally.reasons["answered" if turn.outcome in ("right", "wrong") else turn.status[:80]] += 1
         if turn.outcome not in ("right", "wrong"):
             time.sleep(HOSTILE_PAUSE_S)
 
@@ -200,9 +210,63 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
 
 
+def run_phase(url: str, args, first: int, hostile_loops: int, work: Path, style: str) -> tuple[list[Turn], Hostile,
+                                                                                             float]:
+    """Visitors ``first`` .. ``first + args.visitors - 1`` (each its address and scene), beside the hostile visitor's
+    ``hostile_loops`` loops (there first, by ``args.hostile_head_start_s``). Returns the visitors' turns, the hostile
+    visitor's tally and the phase's wall time."""
+    turns: list[Turn] = []
+    tally = Hostile()
+    stop = threading.Event()
+    hostile_picture = work / "hostile.png"
+    if hostile_loops:
+        from training.examples import eval_dialogue
+        from training.scenes import render_scene
+
+        render_scene(eval_dialogue(10**6, 1, style)[0]).save(hostile_picture)
+    hostiles = [threading.Thread(target=hostile_loop, args=(url, str(hostile_picture), stop, tally), daemon=True)
+                for _ in range(hostile_loops)]
+    for h in hostiles:
+        h.start()
+    if hostiles:
+        time.sleep(args.hostile_head_start_s)  # the hostile visitor is there first, looping
+    started = time.monotonic()
+    visitors = [threading.Thread(target=visit, args=(url, first + i, args.turns, args.think_s,
+                                                     args.arrive_s * i / max(1, args.visitors), work, style, turns))
+                for i in range(args.visitors)]
+    for v in visitors:
+        v.start()
+    for v in visitors:
+        v.join(timeout=1800)
+    wall_s = time.monotonic() - started
+    stop.set()
+    for h in hostiles:
+        h.join(timeout=120)
+    return turns, tally, wall_s
+
+
+def phase_figures(turns: list[Turn], jobs: list[dict], first: int, visitors: int, hostile: bool) -> dict:
+    """One phase's figures: its visitors' turns, and the queue waits and service times of its jobs (its visitors'
+    and, with the hostile visitor, the hostile visitor's)."""
+    groups = {f"addr:{visitor_address(i)}" for i in range(first, first + visitors)}
+    honest = [j for j in jobs if j["group"] in groups]
+    mine = honest + ([j for j in jobs if j["group"] == f"addr:{HOSTILE}"] if hostile else [])
+    outcomes = {name: sum(t.outcome == name for t in turns) for name in ("right", "wrong", "refused", "failed")}
+    ttft = [t.first_token_s for t in turns if t.first_token_s is not None and t.outcome in ("right", "wrong")]
+    service = statistics.median(j["service_s"] for j in mine) if mine else float("nan")
+    worst_wait = max((j["wait_s"] for j in honest), default=float("nan"))
+    return {"turns": len(turns), "answered": outcomes["right"] + outcomes["wrong"], **outcomes,
+            "accuracy": outcomes["right"] / len(turns) if turns else 0.0,
+            "ttft_p50_s": round(pct(ttft, 0.5), 3), "ttft_p95_s": round(pct(ttft, 0.95), 3),
+            "service_s": round(service, 4), "honest_worst_wait_s": round(worst_wait, 3),
+            "honest_worst_wait_over_service": round(worst_wait / service, 2) if service else float("nan"),
+            "honest_p95_wait_over_service": round(pct([j["wait_s"] for j in honest], 0.95) / service, 2),
+            "honest_groups": len({j["group"] for j in honest})}
+
+
 def run(args) -> dict:
-    from owlet.demo import DEFAULT_MODEL, Stack
     from engine.config import max_active_from_env
+    from owlet.demo import DEFAULT_MODEL, Stack
     from tests.redis_server import unique_prefix
     from tests.ui.stack import free_port
     from training.demo_model import describe_style_of
@@ -216,80 +280,54 @@ def run(args) -> dict:
         env["OWLET_UI_TRUSTED_PROXIES"] = "127.0.0.1"
     stack = Stack(None, str(DEFAULT_MODEL), "127.0.0.1", free_port(), ui_args, max_active_from_env() + 2,
                   log_dir=work / "logs", extra_env=env, redis_dir=work / "redis", uploads_dir=work / "uploads")
-    turns: list[Turn] = []
-    tally = Hostile()
+    n = args.visitors
     with stack:
         stack.wait_ready(300)
-        url = stack.url
         style = describe_style_of(DEFAULT_MODEL)
-        stop = threading.Event()
-        hostile_picture = work / "hostile.png"
-        from training.examples import eval_dialogue
-        from training.scenes import render_scene
-
-        render_scene(eval_dialogue(10**6, 1, style)[0]).save(hostile_picture)
-        hostiles = [threading.Thread(target=hostile_loop, args=(url, str(hostile_picture), stop, tally), daemon=True)
-                    for _ in range(args.hostile_loops)]
-        for h in hostiles:
-            h.start()
-        time.sleep(args.hostile_head_start_s)  # the hostile visitor is there first, looping
-        started = time.monotonic()
-        visitors = [threading.Thread(target=visit, args=(url, i, args.turns, args.think_s,
-                                                         args.arrive_s * i / max(1, args.visitors), work, style, turns))
-                    for i in range(args.visitors)]
-        for v in visitors:
-            v.start()
-        for v in visitors:
-            v.join(timeout=1800)
-        wall_s = time.monotonic() - started
-        stop.set()
-        for h in hostiles:
-            h.join(timeout=120)
+        warm: list[Turn] = []  # the model's first answers, not counted: addresses past both phases'
+        for thread in [threading.Thread(target=visit, args=(stack.url, 2 * n + i, 1, 0.0, 0.0, work, style, warm))
+                       for i in range(4)]:
+            thread.start()
+            thread.join(timeout=300)
+        alone, _, alone_wall = run_phase(stack.url, args, 0, 0, work, style)
+        crowd, tally, wall_s = run_phase(stack.url, args, n, args.hostile_loops, work, style)
         jobs = job_waits(stack, prefix)
-    outcomes = {name: sum(t.outcome == name for t in turns) for name in ("right", "wrong", "refused", "failed")}
-    ttft = [t.first_token_s for t in turns if t.first_token_s is not None and t.outcome in ("right", "wrong")]
-    service = statistics.median(j["service_s"] for j in jobs) if jobs else float("nan")
-    honest = [j for j in jobs if j["group"] != f"addr:{HOSTILE}"]
-    worst_wait = max((j["wait_s"] for j in honest), default=float("nan"))
-    asked = len(turns)
-    result = {
-        "front": args.front, "visitors": args.visitors, "turns_per_visitor": args.turns, "turns": asked,
-        "answered": outcomes["right"] + outcomes["wrong"], "right": outcomes["right"], "wrong": outcomes["wrong"],
-        "refused": outcomes["refused"], "failed": outcomes["failed"],
-        "accuracy": outcomes["right"] / asked if asked else 0.0,
-        "ttft_p50_s": round(pct(ttft, 0.5), 3), "ttft_p95_s": round(pct(ttft, 0.95), 3),
-        "service_s": round(service, 4), "honest_worst_wait_s": round(worst_wait, 3),
-        "honest_worst_wait_over_service": round(worst_wait / service, 2) if service else float("nan"),
-        "honest_p95_wait_over_service": round(pct([j["wait_s"] for j in honest], 0.95) / service, 2),
-        "honest_groups": len({j["group"] for j in honest}),
-        "hostile_asked": tally.asked, "hostile_answered": tally.answered, "hostile_refused": tally.refused,
-        "hostile_jobs": sum(j["group"] == f"addr:{HOSTILE}" for j in jobs),
-        "wall_s": round(wall_s, 1), "cpu": cpu_description(),
-    }
+    result = {"front": args.front, "visitors": n, "turns_per_visitor": args.turns,
+              **phase_figures(crowd, jobs, n, n, hostile=True),
+              "no_hostile": phase_figures(alone, jobs, 0, n, hostile=False),
+              "hostile_asked": tally.asked, "hostile_answered": tally.answered, "hostile_refused": tally.refused,
+              "hostile_failed": tally.failed, "hostile_jobs": sum(j["group"] == f"addr:{HOSTILE}" for j in jobs),
+              "hostile_outcomes": dict(tally.reasons.most_common(4)),
+              "wall_s": round(wall_s, 1), "no_hostile_wall_s": round(alone_wall, 1), "cpu": cpu_description()}
     result["examples_of_misses"] = [{"visitor": t.visitor, "question": t.question, "expected": t.expected,
-                                     "got": t.answer or t.status} for t in turns if t.outcome != "right"][:5]
+                                     "got": t.answer or t.status} for t in crowd + alone if t.outcome != "right"][:6]
     return result
 
 
 def print_table(r: dict) -> None:
+    a = r["no_hostile"]
     print(f"\ncrowd through the {r['front']} front: {r['visitors']} visitors x {r['turns_per_visitor']} turns at a "
-          f"person's pace, one hostile visitor looping; demo defaults, bundled model")
+          f"person's pace, alone and beside one hostile visitor looping; demo defaults, bundled model")
     print(f"machine: {r['cpu']}\n")
-    rows = [("turns asked", r["turns"], ""), ("answered right", r["right"], f"all {r['turns']}"),
-            ("answered wrong", r["wrong"], ""), ("refused", r["refused"], TARGETS["refused"]),
-            ("failed", r["failed"], TARGETS["failed"]), ("accuracy", f"{r['accuracy']:.3f}", f">= {TARGETS['accuracy']}"),
-            ("TTFT p50 as the visitor sees it (s)", r["ttft_p50_s"], ""), ("TTFT p95 (s)", r["ttft_p95_s"], ""),
-            ("median service time (s)", r["service_s"], ""),
-            ("honest worst queue wait / service", r["honest_worst_wait_over_service"],
-             f"<= {TARGETS['honest_worst_wait_over_service']}"),
-            ("honest p95 queue wait / service", r["honest_p95_wait_over_service"], ""),
-            ("honest client groups in the queue", r["honest_groups"], r["visitors"]),
-            ("hostile questions asked / answered / refused", f"{r['hostile_asked']} / {r['hostile_answered']} / "
-             f"{r['hostile_refused']}", ""),
-            ("wall time (s)", r["wall_s"], "")]
-    print(f"{'measure':<48}{'value':>16}   target")
-    for name, value, target in rows:
-        print(f"{name:<48}{str(value):>16}   {target}")
+    rows = [("turns asked", "turns", ""), ("answered right", "right", "all"), ("answered wrong", "wrong", ""),
+            ("refused", "refused", TARGETS["refused"]), ("failed", "failed", TARGETS["failed"]),
+            ("accuracy", "accuracy", f">= {TARGETS['accuracy']}"),
+            ("TTFT p50 as the visitor sees it (s)", "ttft_p50_s", ""), ("TTFT p95 (s)", "ttft_p95_s", ""),
+            ("median service time (s)", "service_s", ""), ("honest worst queue wait (s)", "honest_worst_wait_s", ""),
+            ("honest worst queue wait / service", "honest_worst_wait_over_service",
+             f"<= {TARGETS['honest_worst_wait_over_service']} (with the hostile visitor)"),
+            ("honest p95 queue wait / service", "honest_p95_wait_over_service", ""),
+            ("honest client groups in the queue", "honest_groups", r["visitors"])]
+    print(f"{'measure':<40}{'alone':>12}{'with hostile':>14}   target")
+    for name, key, target in rows:
+        value = r[key]
+        shown = [f"{v:.3f}" if key == "accuracy" else str(v) for v in (a[key], value)]
+        print(f"{name:<40}{shown[0]:>12}{shown[1]:>14}   {target}")
+    print(f"\nthe hostile visitor: {r['hostile_asked']} questions asked (each a new tab and identity), "
+          f"{r['hostile_answered']} answered, {r['hostile_refused']} refused, {r['hostile_failed']} failed; "
+          f"{r['hostile_jobs']} jobs admitted")
+    for reason, count in r["hostile_outcomes"].items():
+        print(f"  {count:>5}  {reason}")
     for miss in r["examples_of_misses"]:
         print(f"  miss: visitor {miss['visitor']}: {miss['question']!r} expected {miss['expected']!r}, got "
               f"{miss['got'][:120]!r}")

@@ -191,10 +191,9 @@ class ClientAddresses:
     @classmethod
     def from_config(cls, config) -> "ClientAddresses":
         proxies = parse_networks(config.trusted_proxies)
-        header = getattr(config, "client_header", "") or "X-Forwarded-For"
         # The operator's trusted proxies win over the share link's default.
-        return cls(proxies, config.ipv6_prefix, header, share_tunnel=bool(getattr(config, "share", False))
-                   and not proxies)
+        return cls(proxies, config.ipv6_prefix, config.client_header or "X-Forwarded-For",
+                   share_tunnel=bool(config.share) and not proxies)
 
     def of(self, request) -> str:
         """The client's address as limits count it (see counted_address): the socket peer, or what the front
