@@ -93,3 +93,24 @@ def test_a_new_picture_starts_a_new_conversation_and_no_picture_gets_a_hint(stac
     ask_and_wait(tab, "what about this one?", "the new picture's answer")
     assert tab.locator(USER).count() == 1 and tab.locator(BOT).count() == 1, "a new conversation"
     assert "what about this one?" in tab.locator(USER).last.inner_text()
+
+
+def test_an_upload_refused_by_the_address_budget_says_why_in_the_browser(chromium, tmp_path):
+    """An upload a per-address limit refuses is told as the page's sentence (Gradio's toast shows the 429's body),
+    as gradio_client is told it (tests/security/test_fronts.py)."""
+    import random
+
+    from PIL import Image
+
+    def picture(name: str):
+        path = tmp_path / name  # 600 KB of random pixels: two do not fit a 1 MB budget
+        Image.frombytes("RGB", (450, 450), random.randbytes(450 * 450 * 3)).save(path)
+        return path
+
+    with page_without_worker("ui-upload-refusal", max_upload_bytes=1024 * 1024,
+                             address_upload_bytes=1024 * 1024) as (url, _owlet):
+        attach(open_tab(chromium, url), picture("first.png"))
+        tab = open_tab(chromium, url)
+        tab.locator("#owlet-input input[type=file]").set_input_files(str(picture("second.png")))
+        wait_for(lambda: "Upload limit reached" in tab.locator("body").inner_text(), what="the upload's refusal")
+        assert "Try again in" in tab.locator("body").inner_text()
