@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -301,6 +302,7 @@ def run(args) -> dict:
               "wall_s": round(wall_s, 1), "no_hostile_wall_s": round(alone_wall, 1), "cpu": cpu_description()}
     result["examples_of_misses"] = [{"visitor": t.visitor, "question": t.question, "expected": t.expected,
                                      "got": t.answer or t.status} for t in crowd + alone if t.outcome != "right"][:6]
+    shutil.rmtree(work, ignore_errors=True)  # the stack's Redis, uploads, pictures and logs
     return result
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -175,3 +176,4 @@ def test_the_public_proxy_terminates_tls_answers_and_counts_each_visitor(compose
             time.sleep(0.2)
     finally:
         proxy.stop()
+        shutil.rmtree(prefix, ignore_errors=True)
