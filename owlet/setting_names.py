@@ -14,10 +14,10 @@ import os
 from collections.abc import Mapping
 
 # Read with os.environ by name, outside the three settings objects (launchers, test and benchmark knobs).
-READ_DIRECTLY = frozenset({"OWLET_CACHE_DIR", "OWLET_CHROMIUM", "OWLET_DEMO_MODEL", "OWLET_KEY_PREFIX",
-                           "OWLET_MAX_RUNNING", "OWLET_MODEL", "OWLET_SOAK_PROBE_DIR", "OWLET_SOAK_PROBE_S",
-                           "OWLET_SOAK_TRACEMALLOC", "OWLET_STUB_TOKENS_PER_S", "OWLET_UI_HOST", "OWLET_UI_PORT",
-                           "OWLET_WORKER_CONCURRENCY"})
+READ_DIRECTLY = frozenset({"OWLET_BENCH_TREE", "OWLET_CACHE_DIR", "OWLET_CHROMIUM", "OWLET_DEMO_MODEL",
+                           "OWLET_KEY_PREFIX", "OWLET_MAX_RUNNING", "OWLET_MODEL", "OWLET_SOAK_PROBE_DIR",
+                           "OWLET_SOAK_PROBE_S", "OWLET_SOAK_TRACEMALLOC", "OWLET_STUB_TOKENS_PER_S", "OWLET_UI_HOST",
+                           "OWLET_UI_PORT", "OWLET_WORKER_CONCURRENCY"})
 # docker-compose.yml's own interpolation variables: they configure compose, and may sit in the host's environment.
 COMPOSE_ONLY = frozenset({"OWLET_FLOWER_AUTH", "OWLET_FLOWER_IMAGE", "OWLET_FLOWER_PORT", "OWLET_IMAGE",
                           "OWLET_MODELS_DIR", "OWLET_REDIS_MAXMEMORY", "OWLET_WORKERS", "OWLET_UI_BIND",

@@ -78,6 +78,7 @@ local new_image = sent_image and redis.call('EXISTS', IK) == 0
 local held_now = now_s()
 local expires = held_now + image_ttl
 if sent_image then
+  redis.call('PERSIST', QT)  -- a counter written as a window with a TTL (older versions) must not expire
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', held_now, 'LIMIT', 0, 256)) do
     no_longer_held(gone)
   end
