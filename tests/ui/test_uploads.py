@@ -171,3 +171,20 @@ def test_decode_verdicts_are_bounded_in_number_and_bytes():
         data = bytes([i]) * 2000
         small.record(None, content_key(data, "s"), CheckedImage(data, "PNG", 1, 1, "PNG", False, True))
     assert small._image_bytes <= 10_000 and len(small._by_content) == 5
+
+
+def test_a_stand_in_for_a_picture_over_the_limit_is_refused_with_its_size():
+    """The page's script uploads a stand-in for a picture over the upload limit (ui/page_script.py): the turn is refused
+    with the sentence any picture over the limit gets, naming the real picture's size."""
+    from ui.uploads.stand_in import MARK, stand_in_picture, stood_in_for
+
+    stand_in = stand_in_picture() + f"{MARK}{11 * 1024 * 1024}".encode()
+    assert stood_in_for(stand_in) == 11 * 1024 * 1024
+    with pytest.raises(UploadRejected) as refused:
+        check_image(stand_in, LIMITS)
+    assert refused.value.user_message == "This picture is too large: 11.0 MB; the limit is 2.0 MB. Please send a smaller one."
+    assert Image.open(io.BytesIO(stand_in)).size == (64, 64), "the box shows it as a picture"
+    ordinary = encode(Image.new("RGB", (20, 20), "red"), "PNG")
+    for not_one in (ordinary, ordinary + MARK.encode(), ordinary + f"{MARK}12x".encode(), MARK.encode() + b"123"):
+        assert stood_in_for(not_one) is None
+    assert check_image(ordinary, LIMITS).width == 20

@@ -1,6 +1,7 @@
 """Check an uploaded image at the edge, before it reaches Redis, and normalise it.
 
-In order: byte size, then the container's structure (``worker.image_structure``: a file built to be slow to
+In order: a stand-in for a picture over the upload limit (``ui.uploads.stand_in``), byte size, then the
+container's structure (``worker.image_structure``: a file built to be slow to
 parse or decode, such as a JPEG of thousands of progressive scans, is refused before Pillow reads it), then the
 container type (sniffed from the bytes, not the file name), then the pixel count read from the header (so a
 decompression bomb is refused before it is decoded), then a full decode
@@ -26,6 +27,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ui.edge.address_slots import AddressSlots
 from ui.uploads.decode_verdicts import DecodeVerdicts, content_key, file_key
+from ui.uploads.stand_in import stood_in_for
 from worker.image_structure import structure_problem
 
 
@@ -113,6 +115,9 @@ JPEG_DRAFT_ALLOWANCE = 4
 
 def check_image(data: bytes, limits: UploadLimits) -> CheckedImage:
     """Validate and normalise image bytes; raises ``UploadRejected`` with a user-facing reason."""
+    stood_in = stood_in_for(data)  # the page's script sent this in place of a picture over the limit
+    if stood_in is not None:
+        raise UploadRejected(too_large_message(max(stood_in, limits.max_bytes + 1), limits.max_bytes))
     if len(data) > limits.max_bytes:
         raise UploadRejected(too_large_message(len(data), limits.max_bytes))
     if not data:
