@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat.view import (FILE_ROUTE, IMAGE_PLACEHOLDER, assistant_message, message_text, message_turns, parse_input,
-                          render_history, then_asked, user_message)
+from ui.chat.view import (FILE_ROUTE, IMAGE_PLACEHOLDER, REFUSED, assistant_message, message_text, message_turns,
+                          parse_input, refusal, render_history, then_asked, user_message)
 
 
 def test_one_message_per_turn_so_indices_match_the_history():
@@ -72,3 +72,22 @@ def test_a_question_without_an_answer_is_not_merged_with_the_next():
     assert message_turns(turns) == [0, None, 1, 2], "retry and edit name a message; history is cut at a turn"
     asked = then_asked(render_history(turns[:1], {}), user_message("next"))
     assert [m["role"] for m in asked] == ["user", "assistant", "user"]
+
+
+def test_refused_questions_stay_where_they_were_asked():
+    """A refused question (never stored) and its reason stay in the chat after the turn they followed, so the next
+    turn does not take away why a picture was not used; retry and edit still name the stored turns."""
+    turns = [{"role": "user", "text": "what is it?"}, {"role": "assistant", "text": "a circle"},
+             {"role": "user", "text": "and now?"}, {"role": "assistant", "text": "red"}]
+    refused = [refusal(2, user_message("this one?"), "⚠ This file is not an image we can read."),
+               refusal(4, user_message("and this?"), "⚠ This picture is too large: 11.0 MB; the limit is 10.0 MB."),
+               refusal(9, user_message("after a turn cut away"), "⚠ gone")]
+    messages = render_history(turns, {}, refused)
+    assert [message_text(m) for m in messages] == [
+        "what is it?", "a circle", "this one?", "⚠ This file is not an image we can read.", "and now?", "red",
+        "and this?", "⚠ This picture is too large: 11.0 MB; the limit is 10.0 MB."]
+    assert message_turns(turns, refused) == [0, 1, REFUSED, REFUSED, 2, 3, REFUSED, REFUSED]
+    assert render_history(turns, {}) == [m for i, m in enumerate(messages) if i not in (2, 3, 6, 7)]
+    after_a_stopped_answer = render_history(turns[:3], {}, refused[1:2] + [refusal(3, user_message("x"), "⚠ no")])
+    assert [m["role"] for m in after_a_stopped_answer][-3:] == ["assistant", "user", "assistant"], \
+        "a question without an answer is marked so before a refusal, as before the next question"

@@ -17,9 +17,9 @@ from ui.chat.job_follower import follow_job
 from ui.chat.live_streams import LiveStreams
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
 from ui.chat.stream_hub import StreamHub
-from ui.chat.view import (assistant_message, message_text, message_turns, parse_input, render_history, then_asked,
-                          user_message)
 from ui.api.errors import from_exception
+from ui.chat.view import (REFUSED, assistant_message, message_text, message_turns, parse_input, refusal,
+                          render_history, then_asked, user_message)
 from ui.edge.address_slots import AddressSlots, SlotRefused
 from ui.edge.refusal_brake import BRAKE_DELAY_S, REFUSED_STATUSES, RefusalLedger, braked_sentence
 from ui.gradio_adapters.fair_event_slots import SlotUsage
@@ -49,10 +49,17 @@ EMPTY_BOX = {"text": "", "files": []}  # the box's value in wire format (answer 
 RELOAD_GRACE_S = 10.0  # how long an answer whose stream closed waits for a reloaded page to follow it again
 RESUME_SLOT_WAIT_S = 20.0  # how long a reloaded page waits for its address's event slot to follow its answer
 FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events
+REFUSALS_KEPT = 8  # refused questions a tab keeps showing with their reasons (ui.chat.view.refusal)
 
 
 def new_tab_state() -> dict:
-    return {"conversation": None, "job": None, "images": {}, "has_image": False}
+    return {"conversation": None, "job": None, "images": {}, "has_image": False, "refusals": []}
+
+
+def _with_refusal(tab: dict, after: int, question: dict, reason: str) -> dict:
+    """``tab`` keeping one more refused question in its chat (the oldest give way past ``REFUSALS_KEPT``)."""
+    kept = list(tab.get("refusals") or [])[-(REFUSALS_KEPT - 1):]
+    return {**tab, "refusals": [*kept, refusal(after, question, reason)]}
 
 
 def _in_use(tab) -> bool:
@@ -132,6 +139,7 @@ class ChatHandlers:
         instead of a Gradio thread; an address braked after too many refusals (``ui.edge.refusal_brake``) gets its
         sentence after a delay, holding its slot meanwhile.
         """
+        caller = None
         try:
             caller = self._caller(request, browser_id)
             if _belongs_to_another(tab, caller.user):
@@ -163,8 +171,11 @@ class ChatHandlers:
             finally:
                 self.event_slots.release(caller.address)
         except (IdentityRequired, SlotRefused) as exc:
-            yield (_box_as_sent(), gr.skip(), self._error_text(exc, self.addresses.of(request)),
-                   dict(tab or new_tab_state()))
+            tab = dict(tab or new_tab_state())
+            # The page shows a sent question at once (ui.page_script.show_sent_question); one refused before it
+            # was looked at goes back out of the chat and stays in the box, with the reason in the status line.
+            chat = gr.skip() if caller is None else (await asyncio.to_thread(self._shown, caller.user, tab))[0]
+            yield _box_as_sent(), chat, self._error_text(exc, self.addresses.of(request)), tab
 
     def _sampling(self, max_new_tokens) -> dict:
         """Generation settings for one turn; the requested length is clamped to the configured cap."""
@@ -240,7 +251,7 @@ class ChatHandlers:
     async def _resume(self, tab, caller, job):
         tab = dict(tab)
         started = time.monotonic()
-        base = await asyncio.to_thread(self._shown_history, caller.user, tab)
+        base, _stored = await asyncio.to_thread(self._shown, caller.user, tab)
         async for update in self._stream(caller, tab, job, base, started):
             yield update
 
@@ -287,15 +298,17 @@ class ChatHandlers:
             try:
                 checked = await self.decoder.check(files[0], self.limits, caller.address)
             except SlotRefused as exc:
-                yield _box_as_sent(), gr.skip(), self._error_text(exc, caller.address), tab
+                shown, _stored = await asyncio.to_thread(self._shown, caller.user, tab)
+                yield _box_as_sent(), shown, self._error_text(exc, caller.address), tab
                 return
             except UploadRejected as exc:
                 self.metrics.errors.labels("image_rejected").inc()
                 self.metrics.turns.labels("rejected").inc()
                 note = exc.user_message  # what is wrong and what to do: "This picture is too large: ..."
-                shown = await asyncio.to_thread(self._shown_history, caller.user, tab)
-                refused = [assistant_message(wording.warning(note))]
-                yield _box(False, text), then_asked(shown, user_message(text)) + refused, note, tab
+                shown, stored = await asyncio.to_thread(self._shown, caller.user, tab)
+                question, reason = user_message(text or wording.DEFAULT_IMAGE_PROMPT), wording.warning(note)
+                tab = _with_refusal(tab, stored, question, reason)
+                yield _box(False, text), then_asked(shown, question) + [assistant_message(reason)], note, tab
                 return
         # A new picture starts a new conversation (once admitted: a refused turn leaves the chat as it was). The
         # model would otherwise see both pictures and answer about either (the bundled model mixed them).
@@ -344,25 +357,28 @@ class ChatHandlers:
         try:
             await asyncio.to_thread(self._cancel_quietly, user, tab.get("job"))
             turns = await asyncio.to_thread(self.client.history, user, conv)
-            shown_turns = message_turns(turns)  # the chat's message index, as a stored turn's index
-            if index >= len(shown_turns):
-                # Past the stored chat: a refused question this tab shows with its reason, never stored.
+            refusals = tab.get("refusals") or []
+            shown_turns = message_turns(turns, refusals)  # the chat's message index, as a stored turn's index
+            if index >= len(shown_turns) or (index >= 0 and shown_turns[index] == REFUSED):
+                # A refused question this tab shows with its reason, never stored.
                 yield _box_as_sent(), gr.skip(), wording.NEVER_SENT, tab
                 return
             index = shown_turns[index] if 0 <= index < len(shown_turns) else None
             if index is None or turns[index].get("role") != "user":
-                yield (_box_as_sent(), render_history(turns, tab["images"]),
+                yield (_box_as_sent(), render_history(turns, tab["images"], refusals),
                        wording.NOT_YOUR_MESSAGE, tab)
                 return
             turn = turns[index]
             await asyncio.to_thread(self.client.truncate, user, conv, index)
+            # What was refused after the question asked again goes with the turns after it.
+            tab["refusals"] = [item for item in refusals if item["after"] <= index]
         except Exception as exc:
             yield _box_as_sent(), gr.skip(), self._error_text(exc, caller.address), tab
             return
         text = new_text if new_text is not None else (turn.get("text") or "")
         text = text.strip() or wording.DEFAULT_IMAGE_PROMPT
-        shown = render_history(turns[:index], tab["images"])
-        async for update in self._submit_and_stream(caller, tab, text, None, None, shown,
+        shown = render_history(turns[:index], tab["images"], tab["refusals"])
+        async for update in self._submit_and_stream(caller, tab, text, None, None, (shown, index),
                                                     sampling=self._sampling(max_new_tokens),
                                                     image_sha=turn.get("image_sha")):
             yield update
@@ -371,7 +387,8 @@ class ChatHandlers:
 
     async def _submit_and_stream(self, caller, tab, text, checked, image_path, shown, sampling, image_sha=None,
                                  new_conversation: bool = False):
-        """Submit the turn, then stream it. ``shown``: the chat before this turn (None: read it here).
+        """Submit the turn, then stream it. ``shown``: the chat before this turn and how many stored turns it shows
+        (None: read them here). A turn the service refuses stays in the chat with the reason under it.
 
         A short turn costs the page little: one thread hop reads the history and submits; the box is locked
         with the first update, which waits for the job's first events (at most ``FIRST_UPDATE_S``), so an
@@ -382,16 +399,17 @@ class ChatHandlers:
         user = caller.user
         pending_user = user_message(text, image_path or tab["images"].get(image_sha), has_image=bool(
             checked or image_sha))
-        shown, job, image_sha, error = await asyncio.to_thread(self._submit, caller, tab, text, checked,
-                                                               image_sha, sampling, shown, new_conversation)
+        (shown, stored), job, image_sha, error = await asyncio.to_thread(
+            self._submit, caller, tab, text, checked, image_sha, sampling, shown, new_conversation)
         if error is not None:
             note = self._error_text(error, caller.address)
-            refused = [assistant_message(wording.warning(note))]
-            yield _box_as_sent(), then_asked(shown, pending_user) + refused, note, tab
+            question, reason = user_message(text), wording.warning(note)
+            tab = _with_refusal(tab, stored, question, reason)
+            yield _box_as_sent(), then_asked(shown, question) + [assistant_message(reason)], note, tab
             return
         if new_conversation:  # admitted as the first turn of a new conversation: nothing earlier is shown
             shown = []
-            tab.update(images={}, has_image=False)
+            tab.update(images={}, has_image=False, refusals=[])
         if checked is not None:
             tab["images"] = {**tab["images"], image_sha: image_path}
             if self.upload_room is not None:
@@ -461,17 +479,17 @@ class ChatHandlers:
     def _submit(self, caller, tab, text, checked, image_sha, sampling, shown, new_conversation=False):
         """In one thread hop: read the chat shown so far (unless given), then admit the turn atomically
         (limits first; only then are the image, the conversation and the turn stored). Returns
-        (shown, job id, image sha, error); sets ``tab["conversation"]`` for a new chat."""
+        ((shown, stored turns it shows), job id, image sha, error); sets ``tab["conversation"]`` for a new chat."""
         if shown is None:
-            shown = self._shown_history(caller.user, tab)
+            shown = self._shown(caller.user, tab)
         try:
             conv = None if new_conversation else tab.get("conversation")
             admitted = self.client.submit(caller.user, conv, text, image=checked.data if checked else None,
                                           image_sha=image_sha, sampling=sampling, group=caller.group,
                                           notify=self.hub.started_key)
         except ConversationCleared as exc:  # it gave way to newer ones: the next question starts a new one
-            tab.update(conversation=None, images={}, has_image=False)
-            return shown, None, image_sha, exc
+            tab.update(conversation=None, images={}, has_image=False, refusals=[])
+            return ([], 0), None, image_sha, exc
         except Exception as exc:
             return shown, None, image_sha, exc
         tab["conversation"] = admitted.conv
@@ -513,14 +531,16 @@ class ChatHandlers:
 
     # ---- helpers ---------------------------------------------------------------------------------------
 
-    def _shown_history(self, user, tab) -> list[dict]:
-        """The stored conversation as chat messages ([] for a new chat, or if it cannot be read)."""
-        if not tab.get("conversation"):
-            return []
-        try:
-            return render_history(self.client.history(user, tab["conversation"]), tab["images"])
-        except Exception:
-            return []
+    def _shown(self, user, tab) -> tuple[list[dict], int]:
+        """The chat as the tab shows it: the stored conversation as messages, with the tab's refused questions, and
+        how many stored turns that is (none for a new chat, or if it cannot be read)."""
+        turns = []
+        if tab.get("conversation"):
+            try:
+                turns = self.client.history(user, tab["conversation"])
+            except Exception:
+                turns = []
+        return render_history(turns, tab.get("images") or {}, tab.get("refusals") or []), len(turns)
 
     def _pictures_back(self, caller, conv) -> dict[str, str]:
         """A reopened conversation's pictures as files this caller's address may be shown (sha256 -> path)."""

@@ -56,33 +56,67 @@ def then_asked(messages: list[dict], question: dict) -> list[dict]:
     return messages + [question]
 
 
-def message_turns(turns: Iterable[Mapping]) -> list[int | None]:
-    """For each message ``render_history`` shows, the index of the stored turn it stands for (None for a "no
-    answer" mark): the chat's retry and edit events name a message, the stored history is cut at a turn."""
-    indices: list[int | None] = []
-    previous = None
-    for i, turn in enumerate(turns):
-        if turn.get("role") == "user" and previous == "user":
-            indices.append(None)
-        indices.append(i)
-        previous = turn.get("role")
-    return indices
+# What ``message_turns`` gives for a refused question and its reason: shown by this tab, never stored.
+REFUSED = "refused"
 
 
-def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str]) -> list[dict]:
-    """Chat messages for stored turns ``{role, text, image_sha}``; images shown from this session's files."""
-    messages = []
-    for turn in turns:
-        if turn.get("role") == "user" and messages and messages[-1]["role"] == "user":
+def refusal(after: int, question: dict, reason: str) -> dict:
+    """A question the service refused and the bubble under it that says why (``reason``), kept by the tab, never
+    stored: it stays in the chat after the stored turn it followed (``after`` turns were stored then), so later
+    turns still show why a picture or a question was not used."""
+    return {"after": after, "question": question, "reason": reason}
+
+
+def _in_chat_order(turns: list, refusals: Iterable[Mapping]):
+    """``(turn index, turn)`` for each stored turn and ``(REFUSED, refusal)`` for each refusal, in the chat's order.
+    A refusal anchored past the stored turns (they were cut back since) is not shown."""
+    anchored: dict[int, list] = {}
+    for item in refusals:
+        anchored.setdefault(item["after"], []).append(item)
+    for i in range(len(turns) + 1):
+        for item in anchored.get(i, ()):
+            yield REFUSED, item
+        if i < len(turns):
+            yield i, turns[i]
+
+
+def _chat(turns: Iterable[Mapping], image_paths: Mapping[str, str], refusals: Iterable[Mapping]):
+    """The chat's messages and, for each, the stored turn it stands for (None for a "no answer" mark, ``REFUSED``
+    for a refused question and its reason)."""
+    messages: list[dict] = []
+    indices: list = []
+    for index, item in _in_chat_order(list(turns), refusals):
+        is_user = index == REFUSED or item.get("role") == "user"
+        if is_user and messages and messages[-1]["role"] == "user":
             # A question that got no answer (stopped, failed): say so, rather than show it merged with the next.
             messages.append(assistant_message(NO_ANSWER))
-        if turn.get("role") == "user":
-            sha = turn.get("image_sha")
-            messages.append(user_message(turn.get("text") or "", image_paths.get(sha) if sha else None,
+            indices.append(None)
+        if index == REFUSED:
+            messages += [item["question"], assistant_message(item["reason"])]
+            indices += [REFUSED, REFUSED]
+        elif item.get("role") == "user":
+            sha = item.get("image_sha")
+            messages.append(user_message(item.get("text") or "", image_paths.get(sha) if sha else None,
                                          has_image=bool(sha)))
+            indices.append(index)
         else:
-            messages.append(assistant_message(turn.get("text") or ""))
-    return messages
+            messages.append(assistant_message(item.get("text") or ""))
+            indices.append(index)
+    return messages, indices
+
+
+def message_turns(turns: Iterable[Mapping], refusals: Iterable[Mapping] = ()) -> list:
+    """For each message ``render_history`` shows, the index of the stored turn it stands for (None for a "no
+    answer" mark, ``REFUSED`` for a refused question or its reason): the chat's retry and edit events name a
+    message, the stored history is cut at a turn."""
+    return _chat(turns, {}, refusals)[1]
+
+
+def render_history(turns: Iterable[Mapping], image_paths: Mapping[str, str],
+                   refusals: Iterable[Mapping] = ()) -> list[dict]:
+    """Chat messages for stored turns ``{role, text, image_sha}``, images shown from this session's files, with the
+    tab's refused questions (``refusal``) where they were asked."""
+    return _chat(turns, image_paths, refusals)[0]
 
 
 MAX_MESSAGE_DEPTH = 8  # a message is a dict of content blocks at most a few levels deep
