@@ -12,6 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from ui.chat.handlers import ChatHandlers, new_tab_state
+from ui.page_script import show_sent_question
 
 TITLE = "Owlet — chat about an image"
 # The first view's instructions: two lines at most, on a phone too (tests/ui/test_first_view.py).
@@ -50,9 +51,18 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         tab = gr.State(new_tab_state())
         gr.HTML(HEADER, elem_id="owlet-intro", padding=False)
         # Its height at each screen size is the page's CSS (ui.page_style): what the rest of the first view leaves.
-        chatbot = gr.Chatbot(elem_id="owlet-chat", editable="user", show_label=False, buttons=["copy"],
-                             feedback_options=None, placeholder="Pick an example below, or attach a picture, and ask.",
-                             autoscroll=True,
+        chatbot = gr.Chatbot(elem_id="owlet-chat", label="Conversation", editable="user", show_label=False,
+                             buttons=["copy"], feedback_options=None,
+                             placeholder="Pick an example below, or attach a picture, and ask.",
+                             # The page's script follows the conversation: Gradio's autoscroll cut off the top of a
+                             # turn taller than the chat (ui.page_script).
+                             autoscroll=False,
+                             # A picture is the visitor's own: no download button under it (and the turn fits the
+                             # phone's chat).
+                             allow_file_downloads=False,
+                             # A picture and its question are messages of their own: Gradio edits every message of
+                             # a group as text, and failed on the picture, so editing the first question sent nothing.
+                             group_consecutive_messages=False,
                              # Gradio's default, pinned: a real VLM can be made to write HTML (text in a crafted
                              # picture), and this browser holds the visitor's identity token.
                              sanitize_html=True)
@@ -62,7 +72,7 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
             status = gr.Markdown("", elem_id="owlet-status")
             new_chat = gr.Button("New conversation", elem_id="owlet-new", size="sm", scale=0, min_width=170)
         box = gr.MultimodalTextbox(elem_id="owlet-input", file_types=["image"], file_count="single",
-                                   placeholder="Ask about the picture…", show_label=False,
+                                   placeholder="Ask about the picture…", label="Your question", show_label=False,
                                    submit_btn=True, stop_btn=False, autofocus=True, max_plain_text_length=4000,
                                    # A long question scrolls inside the box, which stays short on a phone too.
                                    max_lines=6)
@@ -77,11 +87,15 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
                                       label="Longest answer (tokens)", elem_id="owlet-answer-length")
 
         streamed = [box, chatbot, status, tab]
+        # The question shows in the chat at once, in the browser, however busy the page and the workers are; the
+        # page's first update replaces it (ui.page_script).
+        sent = box.submit(None, [box, chatbot], [chatbot, status], js=show_sent_question(config.max_text_chars),
+                          queue=False, show_progress="hidden", api_visibility="private", trigger_mode="multiple")
         # trigger_mode="multiple": a question sent right after Stop or "New conversation", while the old answer's
         # event has not ended yet (its worker busy), is sent; Gradio's default dropped that Enter silently.
-        chat_event = box.submit(handlers.respond, [box, answer_length, tab, browser_id], streamed,
-                                api_name="chat", concurrency_limit=None, show_progress="hidden",
-                                postprocess=False, trigger_mode="multiple")
+        chat_event = sent.then(handlers.respond, [box, answer_length, tab, browser_id], streamed,
+                               api_name="chat", concurrency_limit=None, show_progress="hidden",
+                               postprocess=False, trigger_mode="multiple")
         retry_event = chatbot.retry(handlers.retry, [answer_length, tab, browser_id], streamed,
                                     api_name="retry", concurrency_limit=None, show_progress="hidden",
                                     postprocess=False)
@@ -98,12 +112,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         # handler ends the caller's own stream (ui.chat.live_streams).
         new_event = new_chat.click(handlers.new_conversation, [tab, browser_id], fresh,
                                    api_name="new_conversation", queue=False, show_progress="hidden")
-        # The Chatbot's own trash button clears the view: start a new conversation too, so the stored
-        # history never disagrees with what is shown.
-        clear_event = chatbot.clear(handlers.new_conversation, [tab, browser_id], fresh,
-                                    api_visibility="private", queue=False, show_progress="hidden")
+        # (The Chatbot's own trash button, which did what "New conversation" does, is not shown: ui.page_style.)
         # Remember the conversation in the browser after every change, so a reload reopens it.
-        for event in (*answering, new_event, clear_event):
+        for event in (*answering, new_event):
             event.then(handlers.remember_conversation, [tab, browser_id], [last_conversation], queue=False,
                        api_visibility="private", show_progress="hidden")
         # A reload during an answer reopens the chat, then goes on streaming that answer.

@@ -3,12 +3,21 @@
 The first view must show how to start without scrolling: the two-line instructions, the input box and the
 examples, at 1280x800 and at 390x844 (``tests/ui/test_first_view.py``). The chat takes the height that is left.
 
+Gradio's own progress and queue counters ("queue: 1/1 | 0.2/0.3s", "processing | 0.5s") are not shown, not even to
+screen readers: the status line says where a question is, in Owlet's words. Nor are two of the chat's buttons: its
+trash, which did what "New conversation" does, and the Share button on a picture, which works only on Hugging Face
+Spaces. What these rules name of Gradio's front end is checked at start-up (``ui.gradio_adapters.front_end``).
+
 Icons are SVG drawn here, as CSS images, never emoji: a browser without an emoji font (many Linux desktops,
 headless Chromium) draws an emoji as an empty box. The owl keeps its colours (a background image); the others are
 masks filled with the text colour, so they follow the theme, dark mode included.
 """
 from string import Template
 from urllib.parse import quote
+
+# Gradio's front end, as these rules name it (ui.gradio_adapters.front_end checks its bundle still has each).
+STATUS_TRACKER = '[data-testid="status-tracker"]'
+SHARE_ICON = "M23,20a5,5,0,0,0-3.89,1.89"  # the start of the Share button's icon path (its label is translated)
 
 
 def _svg(body: str, view_box: str = "0 0 24 24") -> str:
@@ -42,13 +51,13 @@ CSS = Template("""
 #owlet-status details.owlet-figures summary { display: inline; cursor: pointer; text-decoration: underline dotted;
                                              opacity: 0.8; }
 #owlet-status details.owlet-figures[open] summary { margin-right: 0.4em; }
+/* Gradio's counters: the status line speaks instead. */
+$tracker { display: none !important; }
+/* The chat's trash (its only button above the messages) and a picture's Share button. */
+#owlet-chat > .wrapper > .top-panel { display: none !important; }
+#owlet-chat .message-buttons button:has(path[d^="$share"]) { display: none !important; }
 /* The chat takes what the header, the status line, the box and the examples leave of the screen. */
 #owlet-chat { height: calc(100vh - 430px) !important; min-height: 180px !important; }
-/* The chat's own buttons (the trash) get a band of their own above the messages: laid over the scrolling messages,
-   they covered the top message's copy and edit buttons on a phone. */
-#owlet-chat > .wrapper { display: flex; flex-direction: column; }
-#owlet-chat > .wrapper > .top-panel { position: static; align-self: flex-end; margin: 4px 4px 0 0; }
-#owlet-chat > .wrapper > .bubble-wrap { flex: 1 1 auto; min-height: 0; }
 /* A picture in the chat is a reminder of what is asked about, not the whole view (its fullscreen button shows it
    whole): the conversation under it stays in sight. */
 #owlet-chat .message-row img { max-height: 10em; width: auto; }
@@ -60,5 +69,16 @@ footer { display: none !important; }
   #owlet-title { font-size: 1.2em; }
   #owlet-how { font-size: 0.85em; line-height: 1.35; }
   #owlet-chat { height: calc(100vh - 500px) !important; min-height: 160px !important; }
+  #owlet-chat .message-row img { max-height: 7em; }
+  /* Empty, the chat is the one line that says how to start, so the examples come up into the first view. */
+  #owlet-chat:has(.placeholder-content) { height: auto !important; min-height: 0 !important; }
+  #owlet-chat .placeholder-content { padding: 0.6em 0; }
+  /* The examples side by side, as even cards: the picture above its question. */
+  #owlet-examples .gallery { display: grid; grid-template-columns: repeat(auto-fill, minmax(100px, 1fr)); gap: 6px; }
+  #owlet-examples .gallery-item { width: 100%; margin: 0; }
+  #owlet-examples .gallery-item .container { flex-direction: column-reverse; align-items: center; gap: 4px;
+                                             padding: 4px; }
+  #owlet-examples .gallery-item img { width: 100%; height: auto; max-height: 80px; object-fit: contain; margin: 0; }
+  #owlet-examples .gallery-item p { font-size: 0.8em; line-height: 1.25; text-align: center; margin: 0; }
 }
-""").substitute(owl=OWL, clip=PAPERCLIP, plus=PLUS)
+""").substitute(owl=OWL, clip=PAPERCLIP, plus=PLUS, tracker=STATUS_TRACKER, share=SHARE_ICON)

@@ -5,8 +5,9 @@ Gradio's concurrency is configured explicitly here: answer streams have no per-e
 serialised behind each other; ``max_threads`` bounds how many run at once and ``max_size`` how many more
 may wait in Gradio's queue before new ones are told the page is busy.
 
-Public-facing defaults (docs/security.md): Gradio's upload limit equals Owlet's own, its upload
-cache is cleaned on a schedule (``ui.app``), every other request body is capped (``ui.edge.body_limits``),
+Public-facing defaults (docs/security.md): the upload route refuses a file over Owlet's limit as it streams in
+(``ui.gradio_adapters.upload_parser``), Gradio's upload cache is cleaned on a schedule (``ui.app``), every other
+request body is capped (``ui.edge.body_limits``),
 uploads have byte budgets per address and in total (``ui.uploads.budget``), requests that stay open are limited
 per address and uploads must arrive in time (``ui.edge.held_connections``), only the routes the page uses answer
 (``ui.edge.public_routes``), ``/metrics`` needs a bearer token (``ui.ops.endpoints``), and the client address is
@@ -39,13 +40,14 @@ from ui.edge.tab_guard import TabGuard
 from ui.gradio_adapters.event_costs import (calm_idle_queue, drop_queue_analytics, share_component_schemas,
                                             skip_missing_matplotlib)
 from ui.gradio_adapters.fair_event_slots import share_event_slots_fairly
+from ui.gradio_adapters.front_end import check_front_end
 from ui.gradio_adapters.internals import check_event_data, check_login_cookies, check_queue_reads, queue_of
 from ui.gradio_adapters.malformed_inputs import explain_malformed_inputs, usage_by_endpoint
 from ui.gradio_adapters.named_files import NamedFiles, check_named_files, example_files
 from ui.gradio_adapters.registry import (CALM_IDLE_QUEUE, CHAT_EVENT_DATA, FAIR_EVENT_SLOTS, FORGOTTEN_COMPONENTS,
-                                         LOGIN_COOKIES, NAMED_FILES, ONE_FILE_PER_UPLOAD, QUEUE_ANALYTICS_OFF,
-                                         READABLE_INPUT_REFUSALS, SHARED_SCHEMAS, TAB_GUARD, TABS_WITH_ANSWERS,
-                                         GradioAdaptations, keep_with)
+                                         FRONT_END, LOGIN_COOKIES, NAMED_FILES, ONE_FILE_PER_UPLOAD,
+                                         QUEUE_ANALYTICS_OFF, READABLE_INPUT_REFUSALS, SHARED_SCHEMAS, TAB_GUARD,
+                                         TABS_WITH_ANSWERS, GradioAdaptations, keep_with)
 from ui.gradio_adapters.tab_config import forget_replaced_components
 from ui.gradio_adapters.tab_queues import keep_tabs_with_answers
 from ui.gradio_adapters.tab_states import open_tabs_of
@@ -56,7 +58,9 @@ from ui.ops.endpoints import ops_routes
 from ui.ops.launch import launch_page
 from ui.ops.log_budget import budget_library_warnings
 from ui.ops.metrics import UIMetrics
+from ui.page_script import page_head
 from ui.page_style import CSS
+from ui.sign_in import SignInPage
 from ui.uploads.budget import UploadBudget, UploadLedger
 from ui.uploads.cache_dirs import start_upload_dir_sweeper
 from ui.uploads.owners import UploadedPaths, UploadOwners
@@ -94,7 +98,8 @@ def build(config, client=None):
     adaptations = GradioAdaptations(allow_unverified=config.allow_unverified_gradio)
     skip_missing_matplotlib()
     adaptations.apply(SHARED_SCHEMAS, share_component_schemas)
-    adaptations.apply(ONE_FILE_PER_UPLOAD, limit_files_per_upload)
+    adaptations.apply(ONE_FILE_PER_UPLOAD, limit_files_per_upload, config.max_upload_bytes)
+    adaptations.apply(FRONT_END, check_front_end)
     client = client or make_client(config)
     metrics = UIMetrics()
     metrics.registry.register(ClusterCollector(client))
@@ -114,11 +119,13 @@ def build(config, client=None):
         server_port=config.port,
         share=config.share,
         auth=list(config.auth) or None,
-        auth_message="Sign in to Owlet." if config.auth else None,
+        auth_message=None,  # the sign-in page is Owlet's own (ui.sign_in)
         max_threads=config.max_threads,
         state_session_capacity=config.tab_states_max,  # closed tabs' state; open ones stay (tab_states)
-        # Gradio's limit is the real one: a bigger file is refused before it is written to disk.
-        max_file_size=config.max_upload_bytes,
+        # No limit of Gradio's: its front end dropped a bigger picture with a toast and sent the question without
+        # it. The page's script sends a stand-in the turn refuses (ui.page_script), and the upload route refuses a
+        # bigger file before it is written to disk (ONE_FILE_PER_UPLOAD).
+        max_file_size=None,
         app_kwargs={"routes": ops_routes(client, metrics, config.metrics_token)
                     + api_routes(handlers, config, metrics, addresses),
                     "middleware": edge_middleware(config, page, adaptations, addresses, uploads, ledger, room,
@@ -130,6 +137,7 @@ def build(config, client=None):
         quiet=True,
         footer_links=[],
         css=CSS,
+        head=page_head(config.max_upload_bytes),
         ssr_mode=False,
     )
     return page, launch_kwargs, client, metrics
@@ -160,7 +168,8 @@ def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: Cli
     """The page's ASGI middlewares, outermost first: API refusals as OpenAI error objects (on ``/v1/`` paths only),
     gradio_client's refused uploads as receipts it reads (``ui.uploads.refusal_receipts``), the count of each
     address's refusals and the brake on an address past it (``ui.edge.refusal_brake``), routes the page does not
-    use, oversized bodies, too many held connections from one address, then (with --auth) too many sign-in attempts and strangers without a login, then
+    use, oversized bodies, too many held connections from one address, then (with --auth) too many sign-in
+    attempts, strangers without a login and Owlet's sign-in page in place of Gradio's, then
     upload budgets (so nobody unauthenticated can spend the page's upload budget), then new-tab budgets (whose body
     reading is bounded by the body limits), then the routes that act on a whole tab by its session hash. A
     middleware that reads Gradio's internals is left out when its adaptation did not apply (only when unverified
@@ -168,7 +177,7 @@ def edge_middleware(config, page, adaptations: GradioAdaptations, addresses: Cli
     logins = [Middleware(LoginAttempts, ledger=NewTabLedger(config.address_logins, config.address_logins_window_s),
                          addresses=addresses)] if config.auth else []
     if config.auth and adaptations.applied(LOGIN_COOKIES):
-        logins.append(Middleware(LoginRequired))
+        logins += [Middleware(LoginRequired), Middleware(SignInPage)]
     # A session hash is bound to the network that first named it (ui.edge.tab_guard).
     tab_guard = [Middleware(TabGuard, queue=queue_of(page), addresses=addresses, heartbeats=open_tabs_of(page))
                  ] if adaptations.applied(TAB_GUARD) else []

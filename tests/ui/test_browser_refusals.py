@@ -8,7 +8,7 @@ import pytest
 
 from tests.security.pages import page_without_worker
 from tests.ui.stack import make_image
-from tests.ui.test_browser import BOT, CHROMIUM, USER
+from tests.ui.test_browser import BOT, CHROMIUM, QUESTION
 from tests.ui.test_browser_interruptions import send, wait_for
 
 pytestmark = [pytest.mark.timeout(180),
@@ -69,7 +69,7 @@ def ask_and_wait(tab, text: str, what: str) -> str:
     before = status_line(tab)
     send(tab, text)
     wait_for(lambda: "Answered in" in status_line(tab) and status_line(tab) != before
-             and not tab.locator("#owlet-input textarea").is_disabled(), what=what)
+             and not tab.locator("#owlet-input textarea").is_disabled(), what=what, tab=tab)
     return status_line(tab)
 
 
@@ -78,21 +78,22 @@ def test_a_new_picture_starts_a_new_conversation_and_no_picture_gets_a_hint(stac
     assert ask_and_wait(tab, "what colour is the circle?", "the answer").startswith("No picture in this conversation")
     attach(tab, make_image(tmp_path / "red.png"))
     status = ask_and_wait(tab, "and now?", "the first picture's answer")
-    assert "No picture" not in status and tab.locator(USER).count() == 1, "the picture started a new conversation"
+    assert "No picture" not in status and tab.locator(QUESTION).count() == 1, "the picture started a new conversation"
     assert "No picture" not in ask_and_wait(tab, "a follow-up about it", "the follow-up")
-    assert tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
+    assert tab.locator(QUESTION).count() == 2 and tab.locator(BOT).count() == 2
     damaged = tmp_path / "damaged.png"
     damaged.write_bytes(make_image(tmp_path / "whole.png").read_bytes()[:-60])
     attach(tab, damaged)
     send(tab, "and this one?")
     wait_for(lambda: "damaged" in status_line(tab), what="the damaged picture's refusal")
-    assert tab.locator(USER).count() == 3, "a refused picture leaves the conversation as it was (and says why)"
+    assert tab.locator(QUESTION).count() == 3, "a refused picture leaves the conversation as it was (and says why)"
     assert "Answered in" in ask_and_wait(tab, "still the first picture?", "an answer in the same conversation")
-    assert tab.locator(USER).count() == 3 and tab.locator(BOT).count() == 3, "the refusal was shown, not stored"
+    assert tab.locator(QUESTION).count() == 4 and tab.locator(BOT).count() == 4, "the refusal stays in the chat"
+    assert "damaged" in tab.locator(BOT).nth(2).inner_text()
     attach(tab, make_image(tmp_path / "blue.png", colour=(20, 40, 220)))
     ask_and_wait(tab, "what about this one?", "the new picture's answer")
-    assert tab.locator(USER).count() == 1 and tab.locator(BOT).count() == 1, "a new conversation"
-    assert "what about this one?" in tab.locator(USER).last.inner_text()
+    assert tab.locator(QUESTION).count() == 1 and tab.locator(BOT).count() == 1, "a new conversation"
+    assert "what about this one?" in tab.locator(QUESTION).last.inner_text()
 
 
 def test_an_upload_refused_by_the_address_budget_says_why_in_the_browser(chromium, tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from tests.ui.page_geometry import BUTTON_GROUPS, SIZES, line_count, needs_emoji_font, overlaps, page_text, \
     visible_controls, within_first_view
 from tests.ui.stack import ARTIFACTS, make_image
-from tests.ui.test_browser import BOT, CHROMIUM, USER, ask
+from tests.ui.test_browser import BOT, CHROMIUM, QUESTION, USER, ask
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
@@ -73,7 +73,7 @@ def test_the_chats_controls_never_overlap(tab, tmp_path):
     tab.wait_for_selector("#owlet-input img, #owlet-input .thumbnail-item", timeout=30_000)
     ask(tab, "What colour is the shape?")
     ask(tab, "And where is it?")
-    assert tab.locator(USER).count() == 2 and tab.locator(BOT).count() == 2
+    assert tab.locator(QUESTION).count() == 2 and tab.locator(BOT).count() == 2
     tab.locator("#owlet-chat").scroll_into_view_if_needed()
     # Scroll the messages from top to bottom, hovering each message on view (some buttons show on hover), and check
     # the chat's controls at every step: the trash button stays put while messages scroll past it.
@@ -84,7 +84,7 @@ def test_the_chats_controls_never_overlap(tab, tmp_path):
         for x, y in on_view_message_centres(tab, scroller):
             tab.mouse.move(x, y)  # (a locator's hover would scroll the message into view)
             controls = visible_controls(tab, "#owlet-chat")
-            assert len(controls) >= 3, controls
+            assert len(controls) >= 2, controls  # at least a message's copy button and another
             where = f"{tab.size_name}, messages scrolled {top} px, pointer at ({x:.0f}, {y:.0f})"
             assert not overlaps(controls), f"{where}: {overlaps(controls)}"
             covered = [c["name"] for c in controls if c["covered"]]

@@ -61,7 +61,7 @@ def test_the_pinned_gradio_gets_every_adaptation_and_the_page_says_so(redis_url,
     from ui.ops.launch import launch_page
 
     page, launch_kwargs, client = built(redis_url, auth=(("ann", "pw"),))
-    with caplog.at_level(logging.INFO, logger="owlet.ui"):
+    with caplog.at_level(logging.DEBUG, logger="owlet.ui"):
         launch_page(page, launch_kwargs)
     try:
         adaptations = adaptations_of(page)
@@ -72,7 +72,10 @@ def test_the_pinned_gradio_gets_every_adaptation_and_the_page_says_so(redis_url,
         report = [r.getMessage() for r in caplog.records if "every adaptation applied" in r.getMessage()]
         assert report and f"Gradio {VERIFIED_GRADIO} (verified): every adaptation applied ({len(ADAPTATIONS)})" \
             in report[0], report
-        assert all(a.name in report[0] for a in ADAPTATIONS)
+        assert len(report[0]) < 80, "one short line at start-up"
+        listed = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "adaptations applied" in
+                  r.getMessage()]
+        assert listed and all(a.name in listed[0] for a in ADAPTATIONS), "each one named at debug level"
         assert {"TabGuard", "LoginRequired"} <= set(middleware_names(launch_kwargs))
     finally:
         page.close()
@@ -255,3 +258,16 @@ def test_python_m_ui_with_the_override_serves_and_logs_which_defences_are_off(re
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_front_end_check_names_what_gradio_no_longer_draws():
+    """The page's style and script name parts of Gradio's compiled front end (its counters, the chat's trash and
+    Share button, the upload request): the pinned Gradio's bundle has each, and one that lost a part is named."""
+    from ui.gradio_adapters.front_end import NAMES, check_front_end
+    from ui.gradio_adapters.internals import NotAdaptable
+    from ui.page_style import SHARE_ICON
+
+    check_front_end()
+    without_share = ["".join(name for _what, name in NAMES if name != SHARE_ICON)]
+    with pytest.raises(NotAdaptable, match="no longer has the Share button's icon$"):
+        check_front_end(without_share)

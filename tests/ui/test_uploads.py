@@ -182,7 +182,8 @@ def test_a_stand_in_for_a_picture_over_the_limit_is_refused_with_its_size():
     assert stood_in_for(stand_in) == 11 * 1024 * 1024
     with pytest.raises(UploadRejected) as refused:
         check_image(stand_in, LIMITS)
-    assert refused.value.user_message == "This picture is too large: 11.0 MB; the limit is 2.0 MB. Please send a smaller one."
+    assert refused.value.user_message == ("This picture is too large: 11.0 MB; the limit is 2.0 MB. Please send a "
+                                          "smaller one.")
     assert Image.open(io.BytesIO(stand_in)).size == (64, 64), "the box shows it as a picture"
     ordinary = encode(Image.new("RGB", (20, 20), "red"), "PNG")
     for not_one in (ordinary, ordinary + MARK.encode(), ordinary + f"{MARK}12x".encode(), MARK.encode() + b"123"):

@@ -8,7 +8,7 @@ internal is there, with the shape it was written for) and what it replaced; ``se
 replacement is still in place and refuses to start, with ``GradioNotVerified`` naming the version and each
 adaptation that did not apply and the defence it carries, unless ``OWLET_UI_ALLOW_UNVERIFIED_GRADIO`` is set: then
 the page starts and logs, as an error, which defences are off. On the verified Gradio with everything applied, it
-logs one line that says so.
+logs one short line that says so (and, at debug level, which adaptations those are).
 """
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ class Adaptation:
 
 
 ONE_FILE_PER_UPLOAD = Adaptation(
-    "one file per upload", "gradio.route_utils.GradioMultiPartParser (max_files, max_fields), as upload_fn uses it",
-    "an upload request carries one file, so one address cannot use up the disk's inodes with cache directories")
+    "one file per upload", "gradio.route_utils.GradioMultiPartParser (max_files, max_fields, max_file_size), as "
+    "upload_fn uses it",
+    "an upload request carries one file, so one address cannot use up the disk's inodes with cache directories, and "
+    "a file over OWLET_UI_MAX_UPLOAD_BYTES is refused before it is written to disk (Gradio's own limit is off: its "
+    "front end dropped such a picture and sent the question without it)")
 SHARED_SCHEMAS = Adaptation(
     "shared component schemas", "Component.api_info and its per-instance _api_info_cache",
     "(a cost, not a defence) a component update does not regenerate the component's API schema (about 4 ms, twice "
@@ -84,6 +87,11 @@ LOGIN_COOKIES = Adaptation(
 LAUNCH_WITHOUT_URL_CHECK = Adaptation(
     "launch without URL check", "Blocks.launch(_frontend=False)",
     "a page whose front page answers slowly at launch is not killed by Gradio's 3 s check (Owlet waits with its own)")
+FRONT_END = Adaptation(
+    "the page's style and script", "Gradio's compiled front end: the status tracker, the chat's top panel, message "
+    "buttons and Share icon, its placeholder, scrolling box and rows, example cards, the upload request",
+    "a visitor sees no Gradio counter, trash or Share button, the latest turn is not cut off, and a picture over the "
+    "upload limit stops its turn with Owlet's sentence instead of being dropped (ui.page_style, ui.page_script)")
 OPEN_TABS_KEEP_STATE = Adaptation(
     "open tabs keep their state", "Blocks.state_holder; StateHolder.update, .session_data, .time_last_used, .lock, "
     ".capacity",
@@ -91,7 +99,7 @@ OPEN_TABS_KEEP_STATE = Adaptation(
 
 ADAPTATIONS = (ONE_FILE_PER_UPLOAD, SHARED_SCHEMAS, READABLE_INPUT_REFUSALS, NAMED_FILES, FORGOTTEN_COMPONENTS,
                FAIR_EVENT_SLOTS, CALM_IDLE_QUEUE, QUEUE_ANALYTICS_OFF, TABS_WITH_ANSWERS, TAB_GUARD, CHAT_EVENT_DATA,
-               LOGIN_COOKIES, LAUNCH_WITHOUT_URL_CHECK, OPEN_TABS_KEEP_STATE)
+               LOGIN_COOKIES, LAUNCH_WITHOUT_URL_CHECK, OPEN_TABS_KEEP_STATE, FRONT_END)
 
 
 class GradioNotVerified(RuntimeError):
@@ -156,8 +164,10 @@ class GradioAdaptations:
             log.error("%s", self.warning(failed, applied))
             return
         unused = [a.name for a in ADAPTATIONS if a not in self.patches]
-        log.info("Gradio %s (verified): every adaptation applied (%d): %s%s", self.version, len(applied),
-                 ", ".join(applied), f"; not needed by this page: {', '.join(unused)}" if unused else "")
+        # One short line at start-up; which ones, for whoever looks closer.
+        log.info("Gradio %s (verified): every adaptation applied (%d)", self.version, len(applied))
+        log.debug("Gradio adaptations applied: %s%s", ", ".join(applied),
+                  f"; not needed by this page: {', '.join(unused)}" if unused else "")
 
     def refusal(self, failed: list[Adaptation]) -> str:
         lines = ["the page will not start: Owlet's defences that adapt Gradio's internals could not be verified."]
