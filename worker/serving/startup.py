@@ -23,6 +23,12 @@ log = logging.getLogger("owlet.worker.startup")
 EXIT_CANNOT_SERVE = 3  # distinct from Celery's own usage errors (1, 2), so supervisors and tests can tell
 
 
+# What a folder must hold to be served, said wherever a folder is refused.
+MODEL_FOLDER = ("A model folder holds a checkpoint in Hugging Face layout: config.json, the weights (*.safetensors), "
+                "and the tokenizer and processor files (tokenizer.json or tokenizer_config.json, processor_config.json "
+                "or preprocessor_config.json, the chat template): every file of a downloaded model repository.")
+
+
 class CannotServe(RuntimeError):
     """The worker cannot load its engine; the message says why and what to change."""
 
@@ -36,14 +42,12 @@ def check_engine_environment(env=None) -> None:
     env = os.environ if env is None else env
     model = (env.get("OWLET_MODEL") or "").strip()
     if not model:
-        raise CannotServe("OWLET_MODEL is not set: point it at a local checkpoint folder "
-                          "(Hugging Face layout: config.json, weights, processor files).")
+        raise CannotServe(f"OWLET_MODEL is not set: point it at a local model folder. {MODEL_FOLDER}")
     folder = Path(model).expanduser()
     if not folder.exists():
-        raise CannotServe(f"OWLET_MODEL={model!r}: no such folder. Point it at a local checkpoint "
-                          "folder (Hugging Face layout: config.json, weights, processor files).")
+        raise CannotServe(f"OWLET_MODEL={model!r}: no such folder. {MODEL_FOLDER}")
     if not folder.is_dir() or not (folder / "config.json").is_file():
-        raise CannotServe(f"OWLET_MODEL={model!r} is not a checkpoint folder: it has no config.json.")
+        raise CannotServe(f"OWLET_MODEL={model!r} is not a model folder: it has no config.json. {MODEL_FOLDER}")
     _read_config(folder)
     device = (env.get("OWLET_DEVICE") or "auto").strip().lower()
     allow = parse_bool("OWLET_ALLOW_UNVERIFIED", env.get("OWLET_ALLOW_UNVERIFIED") or "false")
