@@ -43,6 +43,21 @@ def shape_free_attention(method):
     return wrapper
 
 
+class _NoGpuKernelAdvice(logging.Filter):
+    """Drops transformers' advice to install a GPU kernel package (``causal_conv1d`` for LFM2's convolutions): on a
+    CPU it cannot be used, and it was the worker's first words on the first question."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "falling back to its reference PyTorch implementation" not in record.getMessage()
+
+
+def quiet_gpu_kernel_advice() -> None:
+    """Install ``_NoGpuKernelAdvice`` on transformers' kernel logger (once)."""
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(f, _NoGpuKernelAdvice) for f in logger.filters):
+        logger.addFilter(_NoGpuKernelAdvice())
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,6 +88,8 @@ class ModelRunner:
         self.family = family or families.resolve(config.model, config.allow_unverified)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            quiet_gpu_kernel_advice()
         self.processor = AutoProcessor.from_pretrained(
             config.model, trust_remote_code=config.trust_remote_code, local_files_only=True)
         self.model = AutoModelForImageTextToText.from_pretrained(

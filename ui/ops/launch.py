@@ -22,6 +22,9 @@ for proxies is Owlet's. Its HTTP protocol is also made to close connections whos
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import time
 
@@ -32,6 +35,8 @@ from ui.gradio_adapters.internals import SKIP_URL_CHECK, check_launch_flag
 from ui.gradio_adapters.registry import (LAUNCH_WITHOUT_URL_CHECK, OPEN_TABS_KEEP_STATE, GradioNotVerified,
                                          adaptations_of)
 from ui.gradio_adapters.tab_states import keep_open_tabs_states
+
+log = logging.getLogger("owlet.ui")
 
 # What Gradio itself accepts as "the page is served": 401/30x are a login in front of it.
 SERVED = (200, 301, 302, 303, 307, 308, 401)
@@ -109,13 +114,21 @@ def launch_page(page, launch_kwargs: dict, ready_timeout_s: float = READY_TIMEOU
     if adaptations.apply(LAUNCH_WITHOUT_URL_CHECK, check_launch_flag, page):
         kwargs.update(SKIP_URL_CHECK)
     adaptations.settle()
+    said = io.StringIO()
     try:
-        page.launch(**kwargs)
+        # Gradio prints what happened to a share link itself, instructions to download its tunnel program included:
+        # that goes to the debug log, and the page says in one sentence whether it has a link (ui.server).
+        with contextlib.redirect_stdout(said):
+            page.launch(**kwargs)
     except OSError as exc:  # Gradio's "Cannot find empty port", or an address this host does not have
         where = f"{launch_kwargs.get('server_name')}:{launch_kwargs.get('server_port')}"
         raise PageNotServed(f"cannot serve the page on {where}: that port is in use, or the address is not "
                             "this machine's. Choose another with --port (OWLET_UI_PORT) or --host (OWLET_UI_HOST). "
                             f"({exc})") from exc
+    finally:
+        for line in said.getvalue().splitlines():
+            if line.strip():
+                log.debug("Gradio, launching: %s", line)
     try:
         adaptations.apply(OPEN_TABS_KEEP_STATE, keep_open_tabs_states, page)  # the state holder exists now
         adaptations.settle(final=True)
