@@ -14,8 +14,8 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "owlet: installing the requirements and the project into .venv (the first time: about 6 GB, mostly torch" \
-       "and its CUDA libraries, and a few minutes; README \"Two commands\"); pip's output: $log" >&2
+  echo "owlet: installing the requirements and the project into .venv (the first time: 3.2 GB to download, 6.4 GB" \
+       "installed, a few minutes; README \"Two commands\"); pip's output: $log" >&2
   if ! { "$venv/bin/pip" install --upgrade pip "setuptools>=64" \
          && "$venv/bin/pip" install -r "$root/requirements.txt" \
          && "$venv/bin/pip" install --no-deps --no-build-isolation -e "$root"; } > "$log" 2>&1; then

@@ -1,6 +1,6 @@
 """Print the README's sample conversation: the bundled example picture, asked in one session through LLMEngine.
 
-    python scripts/sample_conversation.py [--model models/owlet-shapes-vl] [--dtype float32]
+    .venv/bin/python scripts/sample_conversation.py [--model models/owlet-shapes-vl] [--dtype float32]
 
 Each turn carries the model's own earlier answers, as in the page; the last column shows how much of each
 prompt the session cache served.

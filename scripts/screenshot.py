@@ -2,7 +2,7 @@
 model, the page), and in headless Chromium at a laptop's size (1280x800) and a phone's (390x844) click the first
 example picture, ask its suggested question and a follow-up, and capture the page as a visitor sees it.
 
-    python scripts/screenshot.py [--model models/owlet-shapes-vl] [--out docs]
+    .venv/bin/python scripts/screenshot.py [--model models/owlet-shapes-vl] [--out docs]
 
 Writes ``docs/screenshot-desktop.png`` and ``docs/screenshot-phone.png``, reduced to a small palette so they stay
 small in the repository. Needs Chromium (``scripts/ensure_test_tools.sh``); no emoji font (the page draws its own

@@ -84,3 +84,36 @@ def test_readme_worker_and_page_commands_answer_a_question_from_another_folder(r
         if keys:
             r.delete(*keys)
         r.close()
+
+
+VENV_PYTHON = ".venv/bin/python"
+RUNS_PYTHON = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:\S*/)?python3?(?:\s|$)")
+
+
+def readme_python_commands() -> list[str]:
+    """Every command in the README that starts Python: the lines of its code blocks and its inline code spans (a
+    span may wrap onto the next line)."""
+    text = (ROOT / "README.md").read_text()
+    lines = [line.strip() for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for line in block.splitlines()]
+    spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+    return [command for command in lines + spans if RUNS_PYTHON.match(command)]
+
+
+def test_readme_python_commands_work_as_typed_outside_the_venv():
+    """`python scripts/sample_conversation.py` gave "No module named 'PIL'" to anyone who had not activated the venv.
+    Every Python command in the README names the project's interpreter, and the scripts it runs start (their imports
+    and arguments: `--help`) from the checkout with no venv on PATH."""
+    import subprocess
+
+    commands = readme_python_commands()
+    assert len(commands) >= 10, commands
+    bare = [command for command in commands if split_command(command)[1][0] != VENV_PYTHON]
+    assert not bare, f"run Python as {VENV_PYTHON}: {bare}"
+    scripts = sorted({words[1] for words in (split_command(c)[1] for c in commands) if words[1].endswith(".py")})
+    assert len(scripts) >= 2 and all((ROOT / script).is_file() for script in scripts), scripts
+    plain = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    runs = {script: subprocess.Popen([VENV_PYTHON, script, "--help"], cwd=ROOT, env=plain, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for script in scripts}
+    for script, run in runs.items():
+        output = run.communicate(timeout=180)[0]
+        assert run.returncode == 0 and "usage:" in output, (script, output[-2000:])
