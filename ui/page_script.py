@@ -43,11 +43,12 @@ _HEAD = Template("""<script>
     const url = typeof input === "string" ? input : (input && input.url) || "";
     const body = init && init.body;
     if (body instanceof FormData && /\\/gradio_api\\/upload(\\?|$$)/.test(url)
-        && body.getAll("files").some((f) => f instanceof File && f.size > LIMIT)) {
+        && body.getAll("files").some((f) => f instanceof Blob && f.size > LIMIT)) {
       const form = new FormData();
       for (const [key, value] of body.entries()) {
-        const over = key === "files" && value instanceof File && value.size > LIMIT;
-        form.append(key, over ? new File([STAND_IN, MARK + value.size], value.name, {type: "image/png"}) : value);
+        const over = key === "files" && value instanceof Blob && value.size > LIMIT;
+        const name = value.name || "picture.png";
+        form.append(key, over ? new File([STAND_IN, MARK + value.size], name, {type: "image/png"}) : value);
       }
       init = {...init, body: form};
     }

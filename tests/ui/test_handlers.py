@@ -247,6 +247,41 @@ def test_retry_and_edit_keep_the_stored_history_consistent(stack, tmp_path):
         h.client.close()
 
 
+def test_a_refused_picture_stays_in_the_chat_until_an_edit_asks_again_before_it(stack, tmp_path):
+    """The reason a picture was refused stayed in the chat only until the next turn re-rendered the stored history.
+    The tab keeps it where it was asked; a retry of it says it was never sent, and an edit of an earlier question
+    takes it away with the turns after that question."""
+    h = make_handlers(stack.redis_url, stack.prefix)
+    browser, req = h.issuer.mint(), gr.Request(session_hash="refusals")
+    image, notes = str(make_image(tmp_path / "green.png", (20, 200, 20))), tmp_path / "notes.png"
+    notes.write_text("not a picture\n" * 20)
+
+    async def scenario():
+        *_, (_b, _c, status, session) = await drain(ask(h, "first question", browser=browser, files=[image]))
+        assert "Answered in" in status, status
+        *_, (_b, chat, status, session) = await drain(ask(h, "and this one?", session, browser, files=[str(notes)]))
+        assert status.startswith("This file is not an image") and len(chat) == 4
+        *_, (_b, chat, status, session) = await drain(ask(h, "second question", session, browser))
+        assert "Answered in" in status, status
+        shown = [message_text(m) for m in chat]
+        assert len(shown) == 6 and shown[2] == "and this one?" and shown[4] == "second question", shown
+        assert shown[3].startswith(wording.warning("This file is not an image")), "the refusal stays where it was"
+
+        retry = gr.RetryData(None, {"index": 2, "value": "and this one?"})
+        *_, (_b, _c, status, session) = await drain(h.retry(24, session, browser, retry, req))
+        assert status == wording.NEVER_SENT
+
+        edit = gr.EditData(None, {"index": 0, "value": [{"type": "text", "text": "edited first"}],
+                                  "previous_value": "first question"})
+        *_, (_b, chat, status, session) = await drain(h.edit(24, session, browser, edit, req))
+        assert "Answered in" in status and len(chat) == 2 and session["refusals"] == [], status
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        h.client.close()
+
+
 def test_redis_down_is_a_clear_message_not_a_traceback():
     from tests.ui.stack import free_port
 
