@@ -89,8 +89,9 @@ def build_page(handlers: ChatHandlers, config) -> gr.Blocks:
         streamed = [box, chatbot, status, tab]
         # The question shows in the chat at once, in the browser, however busy the page and the workers are; the
         # page's first update replaces it (ui.page_script).
-        sent = box.submit(None, [box, chatbot], [chatbot, status], js=show_sent_question(config.max_text_chars),
-                          queue=False, show_progress="hidden", api_visibility="private", trigger_mode="multiple")
+        sent = box.submit(None, [box, chatbot], [chatbot, status],
+                          js=show_sent_question(config.max_text_chars, BROWSER_ID_KEY), queue=False,
+                          show_progress="hidden", api_visibility="private", trigger_mode="multiple")
         # trigger_mode="multiple": a question sent right after Stop or "New conversation", while the old answer's
         # event has not ended yet (its worker busy), is sent; Gradio's default dropped that Enter silently.
         chat_event = sent.then(handlers.respond, [box, answer_length, tab, browser_id], streamed,

@@ -13,7 +13,8 @@
   visitor who scrolls up to read is left there until they send again or come back to the end.
 
 ``show_sent_question`` gives the send event's first step, run in the browser: the question shows in the chat at once,
-with Owlet's waiting line, however busy the page and the workers are; the page's first update then replaces it.
+with Owlet's waiting line, however busy the page and the workers are; the page's first update then replaces it. A
+question sent before the page's load event has given a new browser its identity waits for it, in the browser.
 
 The front-end parts this script and the page's style rely on are checked at start-up
 (``ui.gradio_adapters.front_end``).
@@ -104,7 +105,11 @@ def page_head(max_upload_bytes: int) -> str:
                             row=json.dumps("." + USER_ROW), scroller=json.dumps(CHAT_SCROLLER))
 
 
-_SHOW_SENT = Template("""(box, chat) => {
+_SHOW_SENT = Template("""async (box, chat) => {
+  // A new browser gets its identity from the page's load event, kept in its storage under $key: a question sent
+  // before then was refused ("could not tell who you are"), so the send waits for it (a moment, at most $wait_ms ms).
+  for (let waited = 0; !localStorage.getItem($key) && waited < $wait_ms; waited += 50)
+    await new Promise((done) => setTimeout(done, 50));
   const text = ((box && box.text) || "").trim(), files = (box && box.files) || [];
   if ((!text && !files.length) || text.length > $max_chars) return [chat, ""];
   // A picture as Markdown: the chat draws it at once, where an image message would first load its component.
@@ -116,9 +121,14 @@ _SHOW_SENT = Template("""(box, chat) => {
 }""")
 
 
-def show_sent_question(max_text_chars: int) -> str:
+IDENTITY_WAIT_MS = 15000  # how long a send waits for a new browser's identity before it goes anyway
+
+
+def show_sent_question(max_text_chars: int, identity_key: str) -> str:
     """The send event's first step (a ``js`` function of the box and the chat, giving the chat and the status
-    line): the question and a waiting line, shown before the page answers. Nothing is shown for what the page
-    refuses before it reads it (an empty box, a question over ``max_text_chars``)."""
+    line): once the browser holds its identity (the ``gr.BrowserState`` stored under ``identity_key``), the question
+    and a waiting line, shown before the page answers. Nothing is shown for what the page refuses before it reads it
+    (an empty box, a question over ``max_text_chars``)."""
     return _SHOW_SENT.substitute(max_chars=int(max_text_chars), waiting=json.dumps(wording.waiting(SENDING)),
-                                 sending=json.dumps(SENDING))
+                                 sending=json.dumps(SENDING), key=json.dumps(identity_key),
+                                 wait_ms=IDENTITY_WAIT_MS)

@@ -55,6 +55,7 @@ def ask(page, text: str) -> tuple[list[str], str]:
         # Components re-render separately: wait for this answer's own line, not the previous one, and
         # for the input box to be open again (the last update of a turn).
         if "Answered in" in status and whole != status_before and page.locator(BOT).count() > bots_before \
+                and not page.locator(BOT).last.inner_text().startswith(wording.WAITING_MARK) \
                 and not page.locator("#owlet-input textarea").is_disabled():
             return seen, status
         assert wording.WARNING_MARK not in status, status

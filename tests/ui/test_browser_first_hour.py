@@ -22,6 +22,7 @@ from tests.ui.page_geometry import SIZES, within_first_view
 from tests.ui.stack import ARTIFACTS, make_image
 from tests.ui.test_browser import BOT, CHROMIUM, USER
 from tests.ui.test_browser_interruptions import paused, wait_for
+from ui.chat.wording import WAITING_MARK
 from ui.page_script import SENDING
 from ui.sign_in import WRONG_PAIR
 from ui.uploads.image_check import too_large_message
@@ -90,10 +91,12 @@ def send(tab, text: str) -> None:
 
 
 def answered_after(tab, before: str, what: str, timeout: float = 60) -> None:
-    """Wait for an answer whose status line is not ``before`` (the figures differ between two answers)."""
+    """Wait for an answer whose status line is not ``before`` (the figures differ between two answers), in place of
+    the waiting bubble a sent question shows at once."""
     def done():
         now = tab.locator("#owlet-status").text_content()
         return ("Answered in" in now and now != before
+                and not tab.locator(BOT).last.inner_text().startswith(WAITING_MARK)
                 and not tab.locator("#owlet-input textarea").is_disabled())
     wait_for(done, timeout=timeout, what=what, tab=tab)
 
@@ -143,6 +146,7 @@ def test_a_visitor_asks_edits_is_refused_and_asks_on(tab, stack, tmp_path):
     tab.locator("#owlet-chat textarea.edit-textarea").fill(edited)
     before = tab.locator("#owlet-status").text_content()
     tab.locator("#owlet-chat button[aria-label='Submit']").click()
+    wait_for(lambda: edited in tab.locator("#owlet-chat").inner_text(), what="the edited question", tab=tab)
     answered_after(tab, before, "the edited question's answer")
     assert edited in tab.locator(USER).last.inner_text() and first not in tab.locator("#owlet-chat").inner_text()
     wait_for(lambda: tab.locator(f"{USER} img").count() == 1, what="the picture, redrawn")

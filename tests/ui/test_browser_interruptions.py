@@ -13,6 +13,7 @@ import pytest
 
 from tests.security.pages import page_without_worker
 from tests.ui.test_browser import BOT, CHROMIUM, LAUNCH_ARGS, USER
+from ui.chat.wording import WAITING_MARK
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
@@ -73,9 +74,11 @@ def open_tab(context, url: str):
 
 
 def answered(tab, bots: int) -> bool:
-    """The tab shows ``bots`` answers, the last one finished, and the box is open again."""
+    """The tab shows ``bots`` answers, the last one finished (not the waiting bubble a sent question shows at once),
+    and the box is open again."""
     return (tab.locator(BOT).count() == bots and not tab.locator("#owlet-input textarea").is_disabled()
-            and "Answered in" in tab.locator("#owlet-status").inner_text())
+            and "Answered in" in tab.locator("#owlet-status").inner_text()
+            and not tab.locator(BOT).last.inner_text().startswith(WAITING_MARK))
 
 
 def queued(tab, bots: int) -> bool:

@@ -10,6 +10,7 @@ from tests.security.pages import page_without_worker
 from tests.ui.stack import make_image
 from tests.ui.test_browser import BOT, CHROMIUM, QUESTION
 from tests.ui.test_browser_interruptions import send, wait_for
+from ui.chat import wording
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
@@ -65,11 +66,14 @@ def status_line(tab) -> str:
 
 
 def ask_and_wait(tab, text: str, what: str) -> str:
-    """Send ``text`` and wait for this answer's own final status (not the one before); returns it."""
-    before = status_line(tab)
+    """Send ``text`` and wait for this answer's own final status (not the one before); returns it. The page shows a
+    sent question at once, with a waiting bubble under it, before the answer replaces the bubble."""
+    def answered():
+        return (text in tab.locator(QUESTION).last.inner_text() and "Answered in" in status_line(tab)
+                and not tab.locator(BOT).last.inner_text().startswith(wording.WAITING_MARK)
+                and not tab.locator("#owlet-input textarea").is_disabled())
     send(tab, text)
-    wait_for(lambda: "Answered in" in status_line(tab) and status_line(tab) != before
-             and not tab.locator("#owlet-input textarea").is_disabled(), what=what, tab=tab)
+    wait_for(answered, what=what, tab=tab)
     return status_line(tab)
 
 

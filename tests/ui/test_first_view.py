@@ -76,21 +76,24 @@ def test_the_chats_controls_never_overlap(tab, tmp_path):
     assert tab.locator(QUESTION).count() == 2 and tab.locator(BOT).count() == 2
     tab.locator("#owlet-chat").scroll_into_view_if_needed()
     # Scroll the messages from top to bottom, hovering each message on view (some buttons show on hover), and check
-    # the chat's controls at every step: the trash button stays put while messages scroll past it.
+    # the chat's controls at every step: no two of them meet, and nothing lies over one.
     scroller = "#owlet-chat .bubble-wrap"
     travel = tab.evaluate(f"(e => e.scrollHeight - e.clientHeight)(document.querySelector('{scroller}'))")
+    seen = set()
     for top in [*range(0, int(travel), 15), travel]:
         tab.evaluate(f"document.querySelector('{scroller}').scrollTop = {top}")
         for x, y in on_view_message_centres(tab, scroller):
             tab.mouse.move(x, y)  # (a locator's hover would scroll the message into view)
             controls = visible_controls(tab, "#owlet-chat")
-            assert len(controls) >= 2, controls  # at least a message's copy button and another
+            seen.update((c["name"], round(c["y"] + tab.evaluate(f"document.querySelector('{scroller}').scrollTop")))
+                        for c in controls)
             where = f"{tab.size_name}, messages scrolled {top} px, pointer at ({x:.0f}, {y:.0f})"
             assert not overlaps(controls), f"{where}: {overlaps(controls)}"
             covered = [c["name"] for c in controls if c["covered"]]
             assert not covered, f"{where}: covered by something else: {covered}"
             groups = visible_controls(tab, "#owlet-chat", BUTTON_GROUPS)  # their borders, too, must not meet
             assert not overlaps(groups), f"{where}: button groups {overlaps(groups)}"
+    assert len(seen) >= 6, f"the scroll went past the messages' buttons (copy, edit, retry): {sorted(seen)}"
     page_controls = visible_controls(tab, "#owlet-status-row") + visible_controls(tab, "#owlet-input")
     assert not overlaps(page_controls), overlaps(page_controls)
     ARTIFACTS.mkdir(exist_ok=True)

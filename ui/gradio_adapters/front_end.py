@@ -27,6 +27,7 @@ NAMES = (
     ("an example's card", "gallery-item"),
     ("the upload request", "this.upload_files("),
     ("the upload request's file field", "append(`files`"),
+    ("a BrowserState kept in localStorage under its storage_key", "localStorage.getItem(s.props.storage_key)"),
 )
 
 
