@@ -82,6 +82,16 @@ def test_uploads_keep_their_own_larger_limit(page):
     assert response.status_code == 200, response.text[:200]
 
 
+def test_an_upload_over_the_upload_limit_is_refused_as_it_arrives(page):
+    """Gradio's own size limit is off for the page (its front end dropped a bigger picture and sent the question
+    without it); the upload route refuses a file over OWLET_UI_MAX_UPLOAD_BYTES itself, before writing it."""
+    limit = UIConfig().max_upload_bytes
+    response = httpx.post(page + "gradio_api/upload", files={"files": ("big.png", b"\x89PNG" + b"0" * limit)},
+                          timeout=60)
+    assert response.status_code == 413, response.text[:200]
+    assert still_serving(page)
+
+
 def test_the_default_limit_holds_the_longest_question_and_little_more():
     """The default is sized to the page's longest question (4,000 emoji, JSON-escaped: 12 bytes each), not to a
     megabyte: parsing a body costs the page's event loop in proportion to its size."""

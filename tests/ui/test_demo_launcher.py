@@ -172,8 +172,11 @@ NOISE = ("SecurityWarning", "superuser privileges", "-------------- ", "[queues]
 def assert_the_first_lines_say_what_matters(lines: list[str], port: int, log_dir: Path) -> None:
     """The demo's first 30 lines on a fresh start: a few of its own, "ready" and the URL set apart, the page's
     sentence about the share link, and none of the children's noise (it is in their log files)."""
+    ready = next(i for i, line in enumerate(lines) if "ready: open" in line)
+    deadline = time.monotonic() + 10
+    while len(lines) < ready + 2 and time.monotonic() < deadline:  # the blank line after it, still being read
+        time.sleep(0.05)
     first = [line.rstrip("\n") for line in lines[:30]]
-    ready = next(i for i, line in enumerate(first) if "ready: open" in line)
     assert first[ready] == f"owlet-demo: ready: open http://127.0.0.1:{port}/  (Ctrl-C stops everything)", first
     assert ready <= 6 and first[ready - 1] == "" and first[ready + 1] == "", f"the ready line stands out:\n{first}"
     own = ("owlet-demo:", "    ", *RELAYED)  # the demo's lines, a child's last words, the page's sentences

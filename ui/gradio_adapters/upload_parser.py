@@ -7,7 +7,8 @@ files one request at a time). Why the count matters: ``ui.uploads.cache_dirs``.
 The size limit is Owlet's own too, applied here while the file streams in, so a bigger file is refused before it
 is written to disk (HTTP 413). Gradio's ``max_file_size`` is not used for it: that setting is also the front end's
 own check, which dropped a picture over the limit with a toast and sent the question without it; the page is
-launched without one, and its script sends a stand-in for such a picture instead (``ui.page_script``).
+launched without one, and its script sends a stand-in for such a picture instead (``ui.page_script``). The parser
+is replaced process-wide, so the page built last sets the limit (``owlet-page`` runs one page per process).
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def limit_files_per_upload(max_file_bytes: int | float = math.inf, max_files: in
     if (getattr(parser, "owlet_max_files", None), getattr(parser, "owlet_max_file_bytes", None)) == (
             max_files, max_file_bytes):
         return [Patch(route_utils, "GradioMultiPartParser", parser)]
-    require_parameters(parser, "__init__", ("max_files", "max_fields", "max_file_size"))
+    base = getattr(parser, "owlet_base", parser)  # Gradio's own, under an earlier page's limits
+    require_parameters(base, "__init__", ("max_files", "max_fields", "max_file_size"))
     if "GradioMultiPartParser" not in require(route_utils, "upload_fn").__code__.co_names:
         raise NotAdaptable("gradio.route_utils.upload_fn no longer makes its parser from GradioMultiPartParser")
-    base = getattr(parser, "owlet_base", parser)
 
     class OneUploadParser(base):
         owlet_max_files, owlet_max_file_bytes, owlet_base = max_files, max_file_bytes, base
