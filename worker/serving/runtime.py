@@ -101,13 +101,13 @@ class WorkerRuntime:
         if adopted:
             log.info("owlet worker %s: %d client groups waiting in the line's earlier form put in line", self.worker,
                      adopted)
+        if self.settings.worker_metrics_port:  # up before the heartbeat says this worker is
+            self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         self._beat()  # announce capacity before the first job can arrive
         for target, name in ((self._heartbeat_loop, "owlet-heartbeat"), (self._cancel_loop, "owlet-cancel")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        if self.settings.worker_metrics_port:
-            self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         self._trimmer = start_trimming(self.settings.malloc_trim_s)  # freed heap back to the system (owlet.allocator)
         log.info("owlet worker %s ready (capacity %s)", self.worker, self._capacity())
         engine_slots = _engine_slots(self.engine.stats())
