@@ -49,6 +49,8 @@ class IdentityRequired(ValueError):
     user_message = ("This page could not tell who you are (your identity token is missing or not valid). "
                     "Reload the page. API clients: call the /identity endpoint and pass the token it returns "
                     "as browser_id.")
+    api_message = "The API key is missing or not valid."  # what an API client is told instead
+    metric_kind, http_status, api_code = "no_identity", 401, "invalid_api_key"
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from ui.chat.job_follower import follow_job
 from ui.chat.live_streams import LiveStreams
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
 from ui.chat.stream_hub import StreamHub
-from ui.api.errors import from_exception
+from ui.chat.turn_errors import TurnErrors
 from ui.chat.view import (REFUSED, assistant_message, message_text, message_turns, parse_input, refusal,
                           render_history, then_asked, user_message)
 from ui.edge.address_slots import AddressSlots, SlotRefused
-from ui.edge.refusal_brake import BRAKE_DELAY_S, REFUSED_STATUSES, RefusalLedger, braked_sentence
+from ui.edge.refusal_brake import BRAKE_DELAY_S, RefusalLedger, braked_sentence
 from ui.gradio_adapters.fair_event_slots import SlotUsage
 from ui.gradio_adapters.internals import event_data
 from ui.identity import ClientAddresses, IdentityRequired, identify, issuer_for
@@ -33,15 +33,6 @@ from worker.errors import ConversationCleared, UnknownJob
 
 log = logging.getLogger("owlet.ui")
 
-# Error kinds for the owlet_ui_errors metric, by the worker client's exception class name.
-_ERROR_KINDS = {"UserCapReached": "user_cap", "ServiceBusy": "busy", "ConversationBusy": "conversation_busy",
-                "NotYourConversation": "not_your_conversation", "ConversationCleared": "conversation_cleared",
-                "ImageMissing": "image_missing",
-                "InvalidInput": "invalid_input", "UnknownJob": "unknown_job", "ClientBusy": "client_busy",
-                "RateLimited": "rate_limited", "QuotaExceeded": "quota", "TextQuotaExceeded": "text_quota",
-                "ImageStoreFull": "image_store_full",
-                "IdentityRequired": "no_identity",
-                "SlotRefused": "client_busy"}
 TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait for one to finish (or stop it), "
                    "then ask again.")
 
@@ -110,6 +101,7 @@ class ChatHandlers:
         # with the edge's brake, which counts the page's 429s and 503s.
         self.refusals = RefusalLedger(config.address_refusals, config.address_refusals_window_s,
                                       counted=metrics.refusals)
+        self.turn_errors = TurnErrors(metrics, self.refusals)
         # Per address, its answers' recent streaming time (ui.gradio_adapters.fair_event_slots weighs it).
         self.answer_time = SlotUsage()
         # One reader for all answer streams, and one update budget they share (ui.chat.stream_hub, ui.chat.pacing).
@@ -302,7 +294,7 @@ class ChatHandlers:
                 yield _box_as_sent(), shown, self._error_text(exc, caller.address), tab
                 return
             except UploadRejected as exc:
-                self.metrics.errors.labels("image_rejected").inc()
+                self.metrics.errors.labels(exc.metric_kind).inc()
                 self.metrics.turns.labels("rejected").inc()
                 note = exc.user_message  # what is wrong and what to do: "This picture is too large: ..."
                 shown, stored = await asyncio.to_thread(self._shown, caller.user, tab)
@@ -601,21 +593,7 @@ class ChatHandlers:
             return False
 
     def _error_text(self, exc: Exception, address: str | None = None) -> str:
-        """The sentence for what refused or failed a turn; a refusal for a limit is noted against ``address``
-        (``ui.edge.refusal_brake``) under the API's code for it."""
-        kind = _ERROR_KINDS.get(type(exc).__name__)
-        message = getattr(exc, "user_message", None)
-        if message:
-            self.metrics.errors.labels(kind or "other").inc()
-            self.metrics.turns.labels("refused").inc()
-            refused = from_exception(exc)
-            if address is not None and refused.status in REFUSED_STATUSES:
-                self.refusals.note(address, refused.code)
-            return message
-        log.exception("turn failed", exc_info=exc)
-        self.metrics.errors.labels("service_down").inc()
-        self.metrics.turns.labels("error").inc()
-        return wording.SERVICE_DOWN
+        return self.turn_errors.sentence(exc, address)
 
     def _final_bubble(self, p) -> str:
         if p.state in ("error", "lost"):

@@ -34,6 +34,8 @@ from worker.image_structure import structure_problem
 class UploadRejected(ValueError):
     """The upload cannot be used; ``user_message`` is safe to show in the chat."""
 
+    metric_kind, http_status, api_code = "image_rejected", 400, "invalid_image"
+
     def __init__(self, user_message: str):
         super().__init__(user_message)
         self.user_message = user_message
