@@ -11,9 +11,10 @@ import pytest
 from tests.redis_server import OwnedRedis, running_redis, unique_prefix
 from ui.chat import wording
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
-from ui.chat.stream_hub import UNKNOWN_JOB, StreamHub
+from ui.chat.stream_hub import StreamHub
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.errors import UnknownJob
 from worker.streams import encode
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,7 +149,7 @@ def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(clien
     got = asyncio.run(scenario())
     for job in ("a", "b"):
         assert got[job] == [f"token:{i}" for i in range(20)] + ["done:x"]
-    assert got["c"] == ["error:" + UNKNOWN_JOB]
+    assert got["c"] == ["error:" + UnknownJob.user_message]
 
 
 def _follow_through_outage(tmp_path, grace_s: float, down_s: float) -> tuple[list[str], bool]:
