@@ -182,7 +182,8 @@ def test_edit_applies_the_same_text_limit_as_chat():
     import gradio as gr
 
     from tests.redis_server import running_redis, unique_prefix
-    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.chat.handlers import ChatHandlers
+    from ui.chat.tab_state import new_tab_state
     from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
