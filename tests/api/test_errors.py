@@ -1,5 +1,5 @@
 """Every refusal an API client can meet, as its status and OpenAI error object (``ui.api.errors``), and the edge's
-plain-text refusals reshaped on ``/v1/`` paths only (``ui.edge.api_errors``). No server needed."""
+plain-text refusals reshaped on ``/v1/`` paths only (``ui.edge.api_refusals``). No server needed."""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from ui.api.errors import ApiError, for_failed_answer, from_exception
-from ui.edge.address_slots import SlotRefused
-from ui.edge.api_errors import ApiErrors
+from ui.edge.api_refusals import ApiErrors
+from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import UploadRejected
 from worker import errors
 

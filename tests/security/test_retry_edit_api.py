@@ -12,9 +12,9 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
-from ui.chat import wording
 from ui.config import UIConfig
 from ui.identity import IdentityRequired
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from tests.security.attack import LIMITS
 from ui.config import UIConfig
-from ui.edge.address_slots import SlotRefused
+from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import DecodePool, UploadLimits, UploadRejected, check_image
 
 pytestmark = pytest.mark.timeout(300)
@@ -471,7 +471,7 @@ def test_a_photo_with_a_long_comment_that_must_be_downscaled_is_stored_without_i
 def test_waiting_for_an_address_slot_is_capped_per_address():
     """A reloaded page waits for its address's answer slot; a client making many page loads must not park an
     unbounded number of waiting events."""
-    from ui.edge.address_slots import AddressSlots, SlotRefused
+    from ui.shared.address_slots import AddressSlots, SlotRefused
 
     slots = AddressSlots(1, "busy", max_waiting=2)
 

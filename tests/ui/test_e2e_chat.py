@@ -14,7 +14,7 @@ from gradio_client import Client
 from tests.ui.page_client import (METRICS_TOKEN, ask, bubble_text, engine_running, identity, metrics_text, submit,
                                   wait_for_first_token)
 from tests.ui.stack import make_image
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(240)
 

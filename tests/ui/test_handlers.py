@@ -11,12 +11,12 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import make_image
-from ui.chat import wording
 from ui.chat.handlers import ChatHandlers
 from ui.chat.tab_state import new_tab_state
 from ui.chat.view import message_text, render_history
 from ui.config import UIConfig
 from ui.ops.metrics import UIMetrics
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import ConversationCleared

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from tests.redis_server import OwnedRedis, running_redis, unique_prefix
-from ui.chat import wording
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
 from ui.chat.stream_hub import StreamHub
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import UnknownJob

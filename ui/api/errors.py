@@ -9,22 +9,18 @@ them:
 - 429 with ``Retry-After`` for per-identity and per-address caps, rate limits and quotas, each with its own code:
   ``turn_rate_limited`` (the address's turns per window; ``Retry-After`` is when the window admits one more),
   ``address_cap`` (its questions waiting or answered; a short interval), the edge's ``too_many_open_requests``
-  (``ui.edge.refusals``), and so on;
+  (``ui.shared.refusals``), and so on;
 - 503, with ``Retry-After`` too, when the service is busy as a whole, or its queue (Redis) is unreachable.
 """
 from __future__ import annotations
 
-import json
 import math
 
 from starlette.responses import JSONResponse
 
-from ui.chat import wording
+from ui.shared import wording
+from ui.shared.openai_errors import error_body
 
-# The "type" of an OpenAI error object, by status.
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-               503: "service_unavailable"}
 CAP_RETRY_S = 5  # a cap frees up when one of the client's answers ends, a busy service soon: ask again in seconds
 
 # The kinds of a worker's error event (worker.serving.runner) that say the question itself was refused.
@@ -48,22 +44,6 @@ class ApiError(Exception):
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    """``{"error": {"message", "type", "param", "code"}}``, as OpenAI's API answers an error."""
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error" if status >= 500
-                                                                 else "invalid_request_error"),
-                      "param": param, "code": code}}
-
-
-def is_error_body(raw: bytes) -> bool:
-    """Whether a response body is already an OpenAI error object."""
-    try:
-        parsed = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
 
 
 def from_exception(exc: BaseException) -> ApiError:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 import gradio as gr
 
-from ui.chat import wording
 from ui.chat.event_guard import EventGuard
 from ui.chat.input_box import box, box_as_sent
 from ui.chat.page_reads import PageReads
@@ -21,8 +20,9 @@ from ui.chat.tab_state import new_tab_state, with_refusal
 from ui.chat.turn_errors import TurnErrors
 from ui.chat.view import (REFUSED, assistant_message, message_text, message_turns, parse_input, render_history,
                           then_asked, user_message)
-from ui.edge.address_slots import SlotRefused
 from ui.gradio_adapters.internals import event_data
+from ui.shared import wording
+from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import DecodePool, UploadLimits, UploadRejected
 from ui.uploads.room import UploadRoom
 from worker.errors import ConversationCleared

@@ -13,15 +13,15 @@ import contextlib
 
 import gradio as gr
 
-from ui.chat import wording
 from ui.chat.input_box import box_as_sent
 from ui.chat.live_streams import LiveStreams
 from ui.chat.page_reads import PageReads
 from ui.chat.tab_state import belongs_to_another, new_tab_state
 from ui.chat.turn_errors import TurnErrors
-from ui.edge.address_slots import AddressSlots, SlotRefused
 from ui.edge.refusal_brake import BRAKE_DELAY_S, RefusalLedger, braked_sentence
 from ui.identity import ClientAddresses, IdentityRequired, identify
+from ui.shared import wording
+from ui.shared.address_slots import AddressSlots, SlotRefused
 
 TOO_MANY_EVENTS = ("Too many answers are open from your network at once. Wait for one to finish (or stop it), "
                    "then ask again.")

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from ui.chat import wording
+from ui.shared import wording
 from worker.keys import JobState
 from worker.redis_retry import UNREACHABLE
 from worker.stream_reader import VANISHED, vanished_event

@@ -14,7 +14,6 @@ import time
 
 import gradio as gr
 
-from ui.chat import wording
 from ui.chat.input_box import EMPTY_BOX, box, box_as_sent
 from ui.chat.job_follower import follow_job
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
@@ -22,6 +21,7 @@ from ui.chat.page_reads import PageReads
 from ui.chat.stream_hub import StreamHub
 from ui.chat.view import assistant_message
 from ui.gradio_adapters.fair_event_slots import SlotUsage
+from ui.shared import wording
 
 RELOAD_GRACE_S = 10.0  # how long an answer whose stream closed waits for a reloaded page to follow it again
 FIRST_UPDATE_S = 0.05  # the first update of a turn waits this long for the job's first events

@@ -11,7 +11,6 @@ import time
 
 import gradio as gr
 
-from ui.chat import wording
 from ui.chat.event_guard import EventGuard
 from ui.chat.input_box import box
 from ui.chat.live_streams import LiveStreams
@@ -20,6 +19,7 @@ from ui.chat.streaming import AnswerStreams
 from ui.chat.tab_state import belongs_to_another, in_use, new_tab_state
 from ui.chat.view import render_history
 from ui.identity import IdentityRequired
+from ui.shared import wording
 from worker.errors import ConversationCleared
 
 RESUME_SLOT_WAIT_S = 20.0  # how long a reloaded page waits for its address's event slot to follow its answer

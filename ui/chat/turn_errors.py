@@ -2,16 +2,16 @@
 
 A refusal (an exception carrying ``user_message``: ``worker.errors.OwletError``, ``SlotRefused``,
 ``IdentityRequired``) is shown as its own sentence and counted under the ``metric_kind`` its class declares; one
-for a limit is also noted against the caller's address under its API code (``ui.edge.refusal_brake``). Anything
+for a limit (an HTTP status of 429 or 503) is also noted against the caller's address under its API code
+(``ui.edge.refusal_brake``). Anything
 else is a failure: logged, counted as ``service_down``, and shown as the service being unavailable.
 """
 from __future__ import annotations
 
 import logging
 
-from ui.api.errors import from_exception
-from ui.chat import wording
 from ui.edge.refusal_brake import REFUSED_STATUSES, RefusalLedger
+from ui.shared import wording
 
 log = logging.getLogger("owlet.ui")
 
@@ -26,9 +26,9 @@ class TurnErrors:
         if message:
             self.metrics.errors.labels(getattr(exc, "metric_kind", None) or "other").inc()
             self.metrics.turns.labels("refused").inc()
-            refused = from_exception(exc)
-            if address is not None and refused.status in REFUSED_STATUSES:
-                self.refusals.note(address, refused.code)
+            status = getattr(exc, "http_status", None)  # as the API answers it (ui.api.errors.from_exception)
+            if address is not None and status in REFUSED_STATUSES:
+                self.refusals.note(address, exc.api_code)
             return message
         log.exception("turn failed", exc_info=exc)
         self.metrics.errors.labels("service_down").inc()

@@ -34,6 +34,8 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.shared.route_paths import API_PATHS, API_PREFIX, FILE_PREFIXES, MODELS_PATH, UPLOAD_PATH
+
 OPEN_PATHS = frozenset({
     "/", "/config", "/config/", "/favicon.ico", "/theme.css", "/manifest.json", "/robots.txt",
     "/login", "/login/", "/logout", "/healthz", "/metrics",
@@ -44,18 +46,9 @@ OPEN_PATHS = frozenset({
     "/gradio_api/upload", "/gradio_api/cancel", "/gradio_api/reset",
     "/gradio_api/reset/",
 })
-# The OpenAI-compatible API (ui.api): its routes, each opened here by name.
-API_PREFIX = "/v1/"
-CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
-KEY_PATH = "/v1/key"
-API_PATHS = frozenset({CHAT_COMPLETIONS_PATH, MODELS_PATH, KEY_PATH})
 OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon", "/gradio_api/file=", "/gradio_api/file/",
                  "/gradio_api/heartbeat/", "/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/")
 
-
-FILE_PREFIXES = ("/gradio_api/file=", "/gradio_api/file/")
-UPLOAD_PATH = "/gradio_api/upload"
 
 
 def is_open(path: str) -> bool:

@@ -33,9 +33,9 @@ from collections import Counter, deque
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
-from ui.edge.refusals import REFUSALS_LIMITED, code_of, refusal
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import REFUSALS_LIMITED, code_of, refusal
+from ui.shared.route_paths import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
 
 BRAKE_DELAY_S = 1.0  # how long a braked request waits for its refusal
 BRAKED_AT_ONCE = 4  # braked edge requests one address may have waiting for their refusal; more are refused at once

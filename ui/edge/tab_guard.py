@@ -37,12 +37,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ui.edge.refusals import TOO_MANY_UNREAD_EVENTS, refusal
 from ui.edge.request_body import buffered, json_object, replaying, session_hash_of
 from ui.edge.tab_budget import SESSION_HASH
 from ui.gradio_adapters.internals import (event_task_name, has_message_queue, live_events, pending_by_session,
                                          pending_events)
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import TOO_MANY_UNREAD_EVENTS, refusal
 
 CANCEL_PATH = "/gradio_api/cancel"
 JOIN_PATH = "/gradio_api/queue/join"

@@ -16,7 +16,7 @@ import logging
 import gradio as gr
 
 from ui.gradio_adapters.internals import Patch, replace, require_parameters
-from ui.ops.log_budget import LogBudget, first_line
+from ui.shared.log_budget import LogBudget, first_line
 
 log = logging.getLogger("owlet.ui")
 refusals = LogBudget(log)

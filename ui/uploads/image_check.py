@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ui.edge.address_slots import AddressSlots
+from ui.shared.address_slots import AddressSlots
 from ui.uploads.decode_verdicts import DecodeVerdicts, content_key, file_key
 from ui.uploads.stand_in import stood_in_for
 from worker.image_structure import structure_problem

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import FILE_PREFIXES, UPLOAD_PATH
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.route_paths import FILE_PREFIXES, UPLOAD_PATH
 from ui.uploads.budget import CHARGE_SCOPE_KEY
 
 MAX_RECORDED_PATHS = 200_000  # about 40 MB; the oldest record goes first (the cache deletes files after an hour)
