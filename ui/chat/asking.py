@@ -75,7 +75,7 @@ class Asking:
                 yield box(False, text), then_asked(shown, question) + [assistant_message(reason)], note, tab
                 return
         # A new picture starts a new conversation (once admitted: a refused turn leaves the chat as it was). The
-        # model would otherwise see both pictures and answer about either (the bundled model mixed them).
+        # model would otherwise see both pictures and answer about either (the bundled model mixes them).
         async for update in self._submit_and_stream(caller, tab, text or wording.DEFAULT_IMAGE_PROMPT,
                                                     checked, files[0] if files else None, None,
                                                     sampling=self._sampling(max_new_tokens),

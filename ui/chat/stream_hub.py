@@ -79,8 +79,8 @@ class StreamHub:
         self.started_key = self.reader.new_notices()
         self._started_last_id = "0"
         # By stream key: every follower of that stream (a reloaded page or a second tab follows the same answer
-        # as the first; one subscription per key let the newest take the stream from the others, which then
-        # waited for the stall timeout and told their user the worker was lost).
+        # as the first; with one subscription per key the newest would take the stream from the others, which
+        # would wait for the stall timeout and tell their user the worker was lost).
         self._subs: dict[str, list[Subscription]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -18,10 +18,10 @@ edge and the same per-address slots, caps and queue as the page. No other ``/v1/
 Two open routes are narrowed, because what Gradio does with them costs the host and no page needs it:
 
 - **Upload progress is closed, and uploads lose their ``upload_id``.** Gradio keeps an entry per id it is asked
-  about (``/gradio_api/upload_progress?upload_id=...`` made one for any id, up to about 40 KB long, waited 3 s,
-  answered 404 and never removed it: memory grew about 40 KB a request until the page was killed), and a progress
-  stream on an upload in flight polls every 50 ms, so a few hundred streams on one slow upload took the event loop
-  that streams every answer. Without an ``upload_id`` Gradio tracks nothing. The page only loses the progress bar
+  about (``/gradio_api/upload_progress?upload_id=...`` makes one for any id, up to about 40 KB long, waits 3 s,
+  answers 404 and never removes it: open, it grows the page's memory by about 40 KB a request until the page is
+  killed), and a progress stream on an upload in flight polls every 50 ms, so a few hundred streams on one slow
+  upload would take the event loop that streams every answer. Without an ``upload_id`` Gradio tracks nothing. The page only loses the progress bar
   of an image's upload (at most ``OWLET_UI_MAX_UPLOAD_BYTES``); the upload itself is unchanged.
 - **``/gradio_api/file=`` serves local files only.** Given a URL, Gradio fetches it and streams it back, with no
   read timeout and no size limit: an open proxy on the host's bandwidth. The page only ever names files in its
