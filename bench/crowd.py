@@ -93,7 +93,7 @@ def run_turn(client, token: str, text: str, picture: str | None, turn: Turn) -> 
     from gradio_client import handle_file
 
     from tests.ui.page_client import bubble_text
-    from ui.chat import wording
+    from ui.shared import wording
 
     files = [handle_file(picture)] if picture else []
     start = time.monotonic()

@@ -30,7 +30,7 @@ import gradio_client.utils as gc_utils  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 from tests.ui.page_client import bubble_text, submit  # noqa: E402
-from ui.chat import wording  # noqa: E402
+from ui.shared import wording  # noqa: E402
 
 CLIENT_POLL_S = 0.02
 WATCH_POLL_S = 0.002

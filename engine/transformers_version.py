@@ -3,7 +3,7 @@
 The engine drives Hugging Face models below ``generate()``: it passes ``cache=`` to their forward and reads
 ``output.cache``, builds masks and positions itself, and copies cache layers row by row. Older releases name these
 differently (``past_key_values``): there the first prefill fails with an AttributeError on every request, which on
-a GPU host with its own older transformers looked like a model that never answers. So an older release is refused
+a GPU host with its own older transformers looks like a model that never answers. So an older release is refused
 at load with the version to install, and a newer one, not yet checked against ``generate()`` by the exactness
 tests, loads with a warning.
 """

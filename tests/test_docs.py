@@ -363,3 +363,25 @@ def test_the_walkthrough_says_which_file_to_open_for_every_module():
                if p.suffix in SOURCE_EXTENSIONS and "__pycache__" not in p.parts]
     missing = sorted(str(p.relative_to(ROOT)) for p in sources if str(p.relative_to(ROOT)) not in named)
     assert sources and not missing, f"add these to the table in docs/walkthrough.md: {missing}"
+
+
+def table_files(text: str) -> list[str]:
+    """The files named in the first column of the tables under "## Which file to open" (up to the next ``## ``)."""
+    section = re.split(r"^## Which file to open.*$", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0]
+    return [m.group(1) for m in re.finditer(r"^\|\s*`([^`]+)`\s*\|", section, flags=re.M)]
+
+
+def test_every_file_the_walkthrough_table_names_exists():
+    """A row of docs/walkthrough.md's "which file to open" table names a file that exists (a moved or removed module
+    takes its row along), and no file has two rows."""
+    named = table_files((ROOT / "docs" / "walkthrough.md").read_text())
+    assert len(named) >= 100, f"the table was not found, or lost rows: {len(named)}"
+    missing = [path for path in named if not (ROOT / path).is_file()]
+    assert not missing, f"the walkthrough's table names files that do not exist: {missing}"
+    twice = sorted({path for path in named if named.count(path) > 1})
+    assert not twice, f"named twice in the walkthrough's table: {twice}"
+
+
+def test_a_table_row_for_a_missing_file_is_found():
+    text = "## Which file to open\n\n| module | open it to change… |\n|---|---|\n| `ui/chat/gone.py` | nothing |\n"
+    assert table_files(text) == ["ui/chat/gone.py"] and not (ROOT / "ui/chat/gone.py").exists()

@@ -8,10 +8,15 @@ Where things are:
 
 - here: ``__main__`` (the command), ``config`` (its settings), ``identity`` (who asks, in which group, from which
   address), ``app`` (the page's layout and events) and ``server`` (everything wired together and served);
-- ``chat/``: the handlers and the answer streams they follow;
+- ``shared/``: the lowest layer: every sentence the page shows, one shape for a refusal, per-address slots, the
+  OpenAI error object, route paths, the log budget;
 - ``uploads/``: an uploaded picture, from Gradio's upload route to a turn;
-- ``edge/``: the ASGI middlewares a request meets before Gradio;
 - ``gradio_adapters/``: Gradio's internals that Owlet reads or replaces, through one registry checked at start-up;
+- ``edge/``: the ASGI middlewares a request meets before Gradio;
+- ``chat/``: asking a turn, streaming its answer, the tab's session;
 - ``api/``: the OpenAI-compatible API (``/v1/chat/completions``, ``/v1/models``, ``/v1/key``), on the same parts;
-- ``ops/``: starting the server, ``/healthz`` and ``/metrics``, and the log.
+- ``ops/``: starting the server, ``/healthz`` and ``/metrics``.
+
+Each group imports only the groups listed before it (and ``identity`` and ``config``, which import only
+``shared/``); tests/ui/test_layers.py checks it, and docs/design.md draws the layers.
 """

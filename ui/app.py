@@ -11,7 +11,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.chat.handlers import ChatHandlers, new_tab_state
+from ui.chat.handlers import ChatHandlers
+from ui.chat.tab_state import new_tab_state
 from ui.page_script import show_sent_question
 
 TITLE = "Owlet — chat about an image"

@@ -9,7 +9,7 @@ trusted. Gradio's ``session_hash`` is chosen by the client and is never an ident
 Browsers get a token on page load (kept in localStorage by ``gr.BrowserState``); API clients call the
 ``/identity`` endpoint the same way and pass the token back as ``browser_id`` on every call. The OpenAI-compatible API
 takes the same token as its bearer key, and with logins a login's key (``l1.<login>.<signature>``, signed with the
-same key), which names the login (``ui.api.keys``).
+same key), which names the login (``ui.api.api_keys``).
 
 The group is what the worker's fairness and quotas count: the login for logged-in users, otherwise the client's address.
 The address is what the page's own per-address limits count, for everyone (connections, uploads, events, decodes in this
@@ -49,6 +49,8 @@ class IdentityRequired(ValueError):
     user_message = ("This page could not tell who you are (your identity token is missing or not valid). "
                     "Reload the page. API clients: call the /identity endpoint and pass the token it returns "
                     "as browser_id.")
+    api_message = "The API key is missing or not valid."  # what an API client is told instead
+    metric_kind, http_status, api_code = "no_identity", 401, "invalid_api_key"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import base64
 import json
 from string import Template
 
-from ui.chat import wording
+from ui.shared import wording
 from ui.uploads.stand_in import MARK, stand_in_picture
 
 # Which of the chat's elements the script reads (ui.gradio_adapters.front_end checks Gradio still draws them).

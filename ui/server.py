@@ -28,7 +28,7 @@ from ui.api.routes import api_routes
 from ui.app import build_page
 from ui.chat.handlers import ChatHandlers
 from ui.config import DEV_BROWSER_SECRET
-from ui.edge.api_errors import ApiErrors
+from ui.edge.api_refusals import ApiErrors
 from ui.edge.body_limits import PageBodyLimits, upload_request_limit
 from ui.edge.held_connections import HeldConnections
 from ui.edge.logins import LoginAttempts, LoginRequired
@@ -56,10 +56,10 @@ from ui.identity import ClientAddresses
 from ui.ops.cluster_metrics import ClusterCollector
 from ui.ops.endpoints import ops_routes
 from ui.ops.launch import launch_page
-from ui.ops.log_budget import budget_library_warnings
 from ui.ops.metrics import UIMetrics
 from ui.page_script import page_head
 from ui.page_style import CSS
+from ui.shared.log_budget import budget_library_warnings
 from ui.sign_in import SignInPage
 from ui.uploads.budget import UploadBudget, UploadLedger
 from ui.uploads.cache_dirs import start_upload_dir_sweeper

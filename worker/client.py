@@ -26,7 +26,7 @@ from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, new_job_id
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
-from worker.streams import TERMINAL, read_events
+from worker.stream_reader import StreamReader
 
 # A stateless request that starts a conversation stores every picture it names in one admission, which takes one.
 ONE_NEW_PICTURE = ("A request may send one picture the server does not hold yet. Ask about a new picture in a new "
@@ -55,6 +55,9 @@ class OwletClient:
         self.images = ImageStore(self.r, self.keys, settings.image_ttl_s, settings.image_max_bytes)
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.conversations = ConversationIndex(self.r, self.keys, self.convs, settings.history_ttl_s)
+        # Job streams, for a lone reader (``events``) and for the page's one reader of many (ui.chat.stream_hub).
+        self.stream_reader = StreamReader(self.r, self.keys, self.jobs, self.reaper, settings.read_block_ms,
+                                          settings.redis_reconnect_s)
         self._alive, self._alive_read_at = {}, float("-inf")  # the live workers' heartbeats, as last read
         self._models, self._models_read_at = [], float("-inf")  # served_models' last reading
 
@@ -243,26 +246,9 @@ class OwletClient:
         """Yield ``(stream_id, event)`` from ``last_id`` (replaying everything from "0") until a terminal event.
 
         While waiting it runs the reaper sweep, so a dead worker or an expired queue slot still ends the
-        stream even when no worker is alive to notice.
+        stream even when no worker is alive to notice (``worker.stream_reader.StreamReader.follow``).
         """
-        key = self.keys.stream(job_id)
-        if not self.r.exists(key) and not self.r.exists(self.keys.job(job_id)):
-            raise UnknownJob()
-
-        vanished = []
-
-        def on_idle() -> bool:
-            self.reaper.sweep_if_due()
-            if not self.r.exists(key):
-                vanished.append(True)
-                return False
-            # a reader resuming after the terminal event has nothing more to wait for
-            return self.job_state(job_id) not in TERMINAL
-
-        yield from read_events(self.r, key, last_id, self.settings.read_block_ms, on_idle,
-                               reconnect_s=self.settings.redis_reconnect_s)
-        if vanished:  # the stream expired under the reader: still end with a terminal event
-            yield "0-0", {"type": "error", "message": UnknownJob.user_message, "t": time.time()}
+        return self.stream_reader.follow(job_id, last_id)
 
     def cancel(self, user_id: str, job_id: str) -> bool:
         """Cancel the user's job; returns False when it had already ended. Other users' jobs are refused."""

@@ -2,14 +2,14 @@
 
 Each entry has a ``type`` field and a ``data`` field holding JSON. Readers replay from id 0, so late
 or reconnecting readers lose nothing. Terminal events are written by the Lua scripts in
-``worker.queue.scripts`` (atomically with the job's state change); this module writes the others and reads.
+``worker.queue.scripts`` (atomically with the job's state change); this module writes the others and decodes them
+(``worker.stream_reader`` reads them).
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Iterator
 
 import redis
 
@@ -54,44 +54,3 @@ class StreamWriter:
         except UNREACHABLE as exc:
             log.warning("Redis unreachable; %s events for %s dropped until it is back (%s)", event_type, self.key, exc)
             self._skip_until = time.monotonic() + self.RETRY_AFTER_S
-
-
-def read_events(r: redis.Redis, key: str, last_id: str, block_ms: int,
-                on_idle=None, reconnect_s: float = 0.0) -> Iterator[tuple[str, dict]]:
-    """Yield ``(entry_id, event)`` from ``last_id`` on until a terminal event.
-
-    ``block_ms`` stays under redis-py's 5 s socket timeout; ``on_idle()`` runs after each empty
-    wait and may return False to stop (the caller uses it to detect expired or vanished jobs).
-    If Redis becomes unreachable, reading resumes from the last id once it is back; only an outage
-    longer than ``reconnect_s`` raises.
-    """
-    down_since = None
-    stopping = False
-    while True:
-        try:
-            if stopping:
-                # on_idle said stop, but the job may have ended between the empty wait and its look (its terminal
-                # event written after the wait returned): what the stream holds is read before giving up
-                reply = r.xread({key: last_id}, count=256)
-                if not reply:
-                    return
-            else:
-                reply = r.xread({key: last_id}, count=256, block=block_ms)
-                if not reply and on_idle is not None and on_idle() is False:
-                    stopping = True
-                    continue
-        except UNREACHABLE:
-            down_since = down_since or time.monotonic()
-            if time.monotonic() - down_since >= reconnect_s:
-                raise
-            time.sleep(0.5)
-            continue
-        down_since = None
-        if not reply:
-            continue
-        for entry_id, fields in reply[0][1]:
-            last_id = entry_id.decode()
-            event = decode(fields)
-            yield last_id, event
-            if event["type"] in TERMINAL:
-                return

@@ -1,5 +1,5 @@
 """Every refusal an API client can meet, as its status and OpenAI error object (``ui.api.errors``), and the edge's
-plain-text refusals reshaped on ``/v1/`` paths only (``ui.edge.api_errors``). No server needed."""
+plain-text refusals reshaped on ``/v1/`` paths only (``ui.edge.api_refusals``). No server needed."""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from ui.api.errors import ApiError, for_failed_answer, from_exception
-from ui.edge.address_slots import SlotRefused
-from ui.edge.api_errors import ApiErrors
+from ui.edge.api_refusals import ApiErrors
+from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import UploadRejected
 from worker import errors
 
@@ -82,3 +82,36 @@ def test_the_edge_s_refusals_on_api_paths_become_error_objects_and_keep_their_he
     assert run_edge("/v1/models", 400, json.dumps(own).encode(), b"application/json")[1] == json.dumps(own).encode()
     assert run_edge("/gradio_api/upload", 429, b"plain")[1] == b"plain", "the page's own routes are untouched"
     assert run_edge("/v1/models", 200, b'{"object": "list"}')[1] == b'{"object": "list"}'
+
+
+def _all_subclasses(cls) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_all_subclasses(sub)]
+    return found
+
+
+OWLET_ERRORS = _all_subclasses(errors.OwletError)
+
+
+def test_every_owlet_error_declares_its_metric_kind_status_and_code():
+    """One table: each error class says how it is counted and answered (an inherited answer would be a guess)."""
+    assert len(OWLET_ERRORS) >= 13, "the subclasses of OwletError were not found"
+    for cls in OWLET_ERRORS:
+        missing = [name for name in ("metric_kind", "http_status", "api_code") if name not in vars(cls)]
+        assert not missing, f"{cls.__name__} declares no {missing}"
+        assert isinstance(cls.metric_kind, str) and isinstance(cls.api_code, str) and 400 <= cls.http_status < 600
+
+
+@pytest.mark.parametrize("cls", OWLET_ERRORS, ids=lambda cls: cls.__name__)
+def test_the_api_and_the_page_use_what_each_error_declares(cls):
+    from ui.chat.turn_errors import TurnErrors
+    from ui.edge.refusal_brake import RefusalLedger
+    from ui.ops.metrics import UIMetrics
+
+    error = from_exception(cls())
+    assert (error.status, error.code, error.message) == (cls.http_status, cls.api_code, cls.user_message)
+    metrics = UIMetrics()
+    assert TurnErrors(metrics, RefusalLedger(100, 60.0)).sentence(cls(), "10.0.0.1") == cls.user_message
+    assert metrics.errors.labels(cls.metric_kind)._value.get() == 1
+    assert metrics.errors.labels("other")._value.get() == 0

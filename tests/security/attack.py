@@ -10,7 +10,7 @@ import httpx
 from gradio_client import Client, handle_file
 from PIL import Image
 
-from ui.chat import wording
+from ui.shared import wording
 
 METRICS_TOKEN = "security-metrics-token"
 LIMITS = {"events": 2, "group_jobs": 2, "upload_bytes": 2 * 1024 * 1024}

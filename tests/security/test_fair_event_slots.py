@@ -12,8 +12,8 @@ import pytest
 
 from tests.security.attack import Event, cancel_jobs, http, identity
 from tests.security.pages import page_without_worker
-from ui.chat import wording
 from ui.gradio_adapters.fair_event_slots import TOO_MANY_WAITING, SlotUsage
+from ui.shared import wording
 from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 pytestmark = pytest.mark.timeout(180)

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from tests.security.attack import LIMITS, Event, cancel_jobs, chat, http, identity, status_of, stored
 from tests.redis_server import running_redis, unique_prefix
-from ui.chat import wording
+from tests.security.attack import LIMITS, Event, cancel_jobs, chat, http, identity, status_of, stored
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.heartbeat import Heartbeat, publish

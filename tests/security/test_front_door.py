@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.security.attack import LIMITS, Event, cancel_jobs, http, identity
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.security.attack import (Event, assert_can_still_ask, call, cancel_jobs, http, identity,
                                    uploaded_by_both)
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(180)
 

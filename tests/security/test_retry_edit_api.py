@@ -12,9 +12,9 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import free_port, launched_page
-from ui.chat import wording
 from ui.config import UIConfig
 from ui.identity import IdentityRequired
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +48,8 @@ def test_api_retry_and_edit_without_event_data_get_a_sentence_and_the_page_keeps
     ({"index": 0}, "edit without a value"),
 ])
 def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
-    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.chat.handlers import ChatHandlers
+    from ui.chat.tab_state import new_tab_state
     from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
@@ -82,7 +83,8 @@ def test_malformed_event_data_is_refused_and_nothing_is_truncated(data, what):
 def test_a_deeply_nested_edit_value_is_read_after_the_identity_check_and_never_recurses_without_end():
     """A 1.2 KB edit value of 500 nested lists made the page log a 145 KB traceback per call, before any identity
     or slot check."""
-    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.chat.handlers import ChatHandlers
+    from ui.chat.tab_state import new_tab_state
     from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings

@@ -15,7 +15,7 @@ import pytest
 
 from tests.security.attack import LONG, ask, gradio_client, http, identity
 from tests.ui.page_client import bubble_text
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(300)
 

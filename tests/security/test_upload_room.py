@@ -16,7 +16,7 @@ import pytest
 from tests.fake_clock import FakeClock
 from tests.security.attack import Event, cancel_jobs, http, identity, private_picture, upload
 from tests.security.pages import page_without_worker
-from ui.chat import wording
+from ui.shared import wording
 from ui.uploads.budget import UploadLedger
 from ui.uploads.owners import UploadedPaths
 from ui.uploads.room import UploadRoom

@@ -19,7 +19,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from tests.security.attack import LIMITS
 from ui.config import UIConfig
-from ui.edge.address_slots import SlotRefused
+from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import DecodePool, UploadLimits, UploadRejected, check_image
 
 pytestmark = pytest.mark.timeout(300)
@@ -182,7 +182,8 @@ def test_edit_applies_the_same_text_limit_as_chat():
     import gradio as gr
 
     from tests.redis_server import running_redis, unique_prefix
-    from ui.chat.handlers import ChatHandlers, new_tab_state
+    from ui.chat.handlers import ChatHandlers
+    from ui.chat.tab_state import new_tab_state
     from ui.ops.metrics import UIMetrics
     from worker.client import OwletClient
     from worker.config import Settings
@@ -470,7 +471,7 @@ def test_a_photo_with_a_long_comment_that_must_be_downscaled_is_stored_without_i
 def test_waiting_for_an_address_slot_is_capped_per_address():
     """A reloaded page waits for its address's answer slot; a client making many page loads must not park an
     unbounded number of waiting events."""
-    from ui.edge.address_slots import AddressSlots, SlotRefused
+    from ui.shared.address_slots import AddressSlots, SlotRefused
 
     slots = AddressSlots(1, "busy", max_waiting=2)
 

@@ -7,7 +7,7 @@ import urllib.request
 
 from gradio_client import Client, handle_file
 
-from ui.chat import wording
+from ui.shared import wording
 
 STACK_MAX_NEW_TOKENS = 96  # the stack's default answer length
 METRICS_TOKEN = "test-metrics-token"  # the stack's OWLET_UI_METRICS_TOKEN

@@ -11,7 +11,7 @@ import redis
 
 from tests.ui.page_client import engine_running, metrics_text
 from tests.ui.stack import ARTIFACTS, make_image
-from ui.chat import wording
+from ui.shared import wording
 
 CHROMIUM = os.environ.get("OWLET_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

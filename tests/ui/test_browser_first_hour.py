@@ -22,8 +22,8 @@ from tests.ui.page_geometry import SIZES, within_first_view
 from tests.ui.stack import ARTIFACTS, make_image
 from tests.ui.test_browser import BOT, CHROMIUM, USER
 from tests.ui.test_browser_interruptions import paused, wait_for
-from ui.chat.wording import WAITING_MARK
 from ui.page_script import SENDING
+from ui.shared.wording import WAITING_MARK
 from ui.sign_in import WRONG_PAIR
 from ui.uploads.image_check import too_large_message
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.security.pages import page_without_worker
 from tests.ui.test_browser import BOT, CHROMIUM, LAUNCH_ARGS, USER
-from ui.chat.wording import WAITING_MARK
+from ui.shared.wording import WAITING_MARK
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]

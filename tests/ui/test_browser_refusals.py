@@ -10,7 +10,7 @@ from tests.security.pages import page_without_worker
 from tests.ui.stack import make_image
 from tests.ui.test_browser import BOT, CHROMIUM, QUESTION
 from tests.ui.test_browser_interruptions import send, wait_for
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]

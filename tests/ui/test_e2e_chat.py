@@ -14,7 +14,7 @@ from gradio_client import Client
 from tests.ui.page_client import (METRICS_TOKEN, ask, bubble_text, engine_running, identity, metrics_text, submit,
                                   wait_for_first_token)
 from tests.ui.stack import make_image
-from ui.chat import wording
+from ui.shared import wording
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,7 +33,7 @@ def test_two_turns_stream_and_the_follow_up_hits_the_session_cache(stack, tmp_pa
     outputs, (_box, chat, status) = ask(client, "What colour is the shape?", make_image(tmp_path / "red.png"))
     answers = [bubble_text(o[1][-1]) for o in outputs if o[1] and o[1][-1]["role"] == "assistant"]
     growing = [a for a in answers if a and not a.startswith(wording.WAITING_MARK)]
-    # The first update waits up to 50 ms for the job's first events (ui.chat.handlers.FIRST_UPDATE_S), so on a quiet
+    # The first update waits up to 50 ms for the job's first events (ui.chat.streaming.FIRST_UPDATE_S), so on a quiet
     # machine it may already carry tokens; otherwise it is the queue status.
     first = answers[0]
     assert first.startswith(wording.waiting("")) or bubble_text(chat[-1]).startswith(first), answers[:3]

@@ -11,11 +11,12 @@ import pytest
 
 from tests.redis_server import running_redis, unique_prefix
 from tests.ui.stack import make_image
-from ui.chat import wording
-from ui.chat.handlers import ChatHandlers, new_tab_state
+from ui.chat.handlers import ChatHandlers
+from ui.chat.tab_state import new_tab_state
 from ui.chat.view import message_text, render_history
 from ui.config import UIConfig
 from ui.ops.metrics import UIMetrics
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import ConversationCleared
@@ -97,7 +98,7 @@ def test_a_reloaded_page_waits_for_its_address_slot_instead_of_being_refused(idl
         asking = ask(h, "first question", browser=alice, hash_="tab")
         _box, _chat, status, session = await asking.__anext__()
         assert status.startswith(wording.WAITING_STARTS), status
-        address = h._caller(gr.Request(session_hash="tab"), alice).address
+        address = h.guard.caller(gr.Request(session_hash="tab"), alice).address
         for _ in range(h.config.address_max_events - 1):  # the other people's answers
             h.event_slots.acquire(address)
         # The reload: the old tab's stream still holds the fourth slot.
@@ -329,8 +330,8 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers,
         await first.aclose()
         await asyncio.sleep(0.5)  # the grace a reloaded page gets (shortened here)
 
-    import ui.chat.handlers
-    monkeypatch.setattr(ui.chat.handlers, "RELOAD_GRACE_S", 0.1)
+    import ui.chat.streaming
+    monkeypatch.setattr(ui.chat.streaming, "RELOAD_GRACE_S", 0.1)
     asyncio.run(scenario())
     assert h.client.health()["queued"] == 0, "closing the page's streams cancelled both jobs"
 

@@ -1,8 +1,8 @@
 """Folding stream events into what the page shows (the pure part of ui.chat.job_follower)."""
 from __future__ import annotations
 
-from ui.chat import wording
 from ui.chat.job_follower import Progress, _apply
+from ui.shared import wording
 
 
 def fold(*events) -> Progress:

@@ -17,7 +17,7 @@ import pytest
 from tests.ui.page_geometry import DESKTOP
 from tests.ui.stack import ARTIFACTS, running_stack, tiny_model
 from tests.ui.test_browser import BOT, CHROMIUM
-from ui.chat import wording
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from tests.redis_server import OwnedRedis, running_redis, unique_prefix
-from ui.chat import wording
 from ui.chat.pacing import UpdatePacer, watch_loop_lag
-from ui.chat.stream_hub import UNKNOWN_JOB, StreamHub
+from ui.chat.stream_hub import StreamHub
+from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.errors import UnknownJob
 from worker.streams import encode
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,6 +116,41 @@ def test_every_follower_of_one_answer_gets_all_of_it(client):
     assert got == {"first": expected, "reloaded": expected, "late": expected}
 
 
+def test_the_hub_and_a_lone_reader_read_through_the_client_s_one_stream_reader(client):
+    """The hub holds nothing of the client but its ``StreamReader`` (no Redis connection, keys or reaper of its
+    own), and what it delivers is what ``OwletClient.events`` yields for the same stream, the vanished-stream
+    sentence included."""
+    async def scenario():
+        hub = StreamHub(SimpleNamespace(stream_reader=client.stream_reader), tick_s=0.01, block_ms=50,
+                        idle_check_s=0.3)
+        got: dict[str, list] = {"kept": [], "gone": []}
+        ended = {job: asyncio.Event() for job in got}
+
+        def deliverer(job):
+            def deliver(events, is_end):
+                got[job].extend(events)
+                if is_end:
+                    ended[job].set()
+            return deliver
+
+        for text in ("a", "b"):
+            client.r.xadd(client.keys.stream("kept"), encode("token", text=text))
+        client.r.xadd(client.keys.stream("kept"), encode("done", text="ab"))
+        client.r.xadd(client.keys.stream("gone"), encode("token", text="x"))
+        for job in got:
+            hub.subscribe(job, deliverer(job))
+        await asyncio.sleep(0.2)
+        client.r.delete(client.keys.stream("gone"))  # expired under its readers
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ended.values())), timeout=10)
+        hub.close()
+        return got
+
+    got = asyncio.run(scenario())
+    assert got["kept"] == [event for _, event in client.events("kept")]
+    assert [(e["type"], e.get("message")) for e in got["gone"]] == [("token", None),
+                                                                    ("error", UnknownJob.user_message)]
+
+
 def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(client):
     async def scenario():
         hub = StreamHub(client, tick_s=0.01, block_ms=50, idle_check_s=0.3)
@@ -148,7 +185,7 @@ def test_one_hub_follows_many_streams_in_order_until_their_terminal_events(clien
     got = asyncio.run(scenario())
     for job in ("a", "b"):
         assert got[job] == [f"token:{i}" for i in range(20)] + ["done:x"]
-    assert got["c"] == ["error:" + UNKNOWN_JOB]
+    assert got["c"] == ["error:" + UnknownJob.user_message]
 
 
 def _follow_through_outage(tmp_path, grace_s: float, down_s: float) -> tuple[list[str], bool]:

@@ -1,7 +1,7 @@
 """The status line visitors read before and after each answer, and the figures behind it."""
 from __future__ import annotations
 
-from ui.chat import wording
+from ui.shared import wording
 
 
 def test_the_queue_line_gives_a_place_in_line_and_a_time():

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 
 from ui.api.errors import ApiError
-from ui.edge.address_slots import AddressSlots, SlotRefused
+from ui.shared.address_slots import AddressSlots, SlotRefused
 
 BUSY_RETRY_S = 5
 ADDRESS_REFUSAL = ("Other requests with pictures from your network are still arriving. Wait for them, then send "

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ui.api.errors import ApiError
-from ui.chat import wording
+from ui.shared import wording
 from ui.uploads.image_check import too_large_message
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -2,7 +2,7 @@
 
 The API is one more client of the queue, served by the page process, and a request takes the page's path:
 
-1. the key names the caller (``ui.api.keys``): its identity, its group (the address, or the login) and its address;
+1. the key names the caller (``ui.api.api_keys``): its identity, its group (the address, or the login) and its address;
 2. the body is read a few large ones at a time (``ui.api.bodies``) and parsed (``ui.api.chat_request``);
 3. the caller's address takes one of its answer slots, the same ones the page's answers take
    (``ChatHandlers.event_slots``);
@@ -29,13 +29,13 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ui.api import responses as shapes
+from ui.api.api_keys import ApiKeys
 from ui.api.bodies import ApiBodies
 from ui.api.chat_request import ChatRequest, RequestLimits, parse_chat_request
 from ui.api.errors import ApiError, for_failed_answer, from_exception
-from ui.edge.refusals import REFUSAL_CODE
-from ui.api.keys import ApiKeys
-from ui.chat import wording
 from ui.chat.job_follower import follow_job
+from ui.shared import wording
+from ui.shared.refusals import REFUSAL_CODE
 from ui.uploads.image_check import UploadLimits, UploadRejected
 from worker.jobs import Message, check_image_count
 
@@ -68,7 +68,7 @@ class ChatCompletions:
             chat = await self._read(request, caller.address)
             await self._check_model(chat.model)
             self.slots.acquire(caller.address)
-        except HTTPException:  # a body over its cap: the edge answers it (ui.edge.body_limits, ui.edge.api_errors)
+        except HTTPException:  # a body over its cap: the edge answers it (ui.edge.body_limits, ui.edge.api_refusals)
             raise
         except Exception as exc:  # noqa: BLE001 — every refusal is an answer, never a traceback
             return self.refused(exc, request)

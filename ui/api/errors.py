@@ -2,39 +2,27 @@
 
 Every refusal a client can meet is a sentence it can act on, the same one the page shows: the worker's
 (``worker.errors``), the upload checks' (``ui.uploads.image_check``), the per-address slots' and the identity's.
-Never a traceback. ``from_exception`` maps each to its status:
+Never a traceback. Each refusal's class declares its ``http_status`` and ``api_code``; ``from_exception`` reads
+them:
 
 - 400 bad input, 401 a key that does not verify, 404 an unknown model, 413 a picture or body too large;
 - 429 with ``Retry-After`` for per-identity and per-address caps, rate limits and quotas, each with its own code:
   ``turn_rate_limited`` (the address's turns per window; ``Retry-After`` is when the window admits one more),
   ``address_cap`` (its questions waiting or answered; a short interval), the edge's ``too_many_open_requests``
-  (``ui.edge.refusals``), and so on;
+  (``ui.shared.refusals``), and so on;
 - 503, with ``Retry-After`` too, when the service is busy as a whole, or its queue (Redis) is unreachable.
 """
 from __future__ import annotations
 
-import json
 import math
 
 from starlette.responses import JSONResponse
 
-from ui.chat import wording
+from ui.shared import wording
+from ui.shared.openai_errors import error_body
 
-# The "type" of an OpenAI error object, by status.
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-               503: "service_unavailable"}
 CAP_RETRY_S = 5  # a cap frees up when one of the client's answers ends, a busy service soon: ask again in seconds
 
-# worker.errors classes, by name (the page does not import the worker's Redis code for this): status, code.
-_WORKER_REFUSALS = {
-    "InvalidInput": (400, "invalid_input"), "ImageMissing": (400, "image_missing"),
-    "NotYourConversation": (400, "conversation_not_found"), "ConversationCleared": (400, "conversation_cleared"),
-    "UserCapReached": (429, "identity_cap"),
-    "ClientBusy": (429, "address_cap"), "RateLimited": (429, "turn_rate_limited"), "QuotaExceeded": (429, "image_quota"),
-    "TextQuotaExceeded": (429, "text_quota"), "ConversationBusy": (429, "conversation_busy"),
-    "ServiceBusy": (503, "busy"), "ImageStoreFull": (503, "image_store_full"), "UnknownJob": (503, "job_expired"),
-}
 # The kinds of a worker's error event (worker.serving.runner) that say the question itself was refused.
 BAD_QUESTION_KINDS = frozenset({"invalid", "InvalidInput", "ImageMissing", "NotYourConversation"})
 
@@ -58,43 +46,20 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    """``{"error": {"message", "type", "param", "code"}}``, as OpenAI's API answers an error."""
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error" if status >= 500
-                                                                 else "invalid_request_error"),
-                      "param": param, "code": code}}
-
-
-def is_error_body(raw: bytes) -> bool:
-    """Whether a response body is already an OpenAI error object."""
-    try:
-        parsed = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
-
-
 def from_exception(exc: BaseException) -> ApiError:
     """The API error for what refused a request: a worker refusal, an upload check, a per-address slot, an
     unreachable queue. Anything else is a server error with a plain sentence (the caller logs it)."""
     if isinstance(exc, ApiError):
         return exc
-    name = type(exc).__name__
-    message = getattr(exc, "user_message", None)
-    if name in _WORKER_REFUSALS and message:
-        status, code = _WORKER_REFUSALS[name]
+    status = getattr(exc, "http_status", None)
+    if status is not None:  # a refusal that declares its own status and code (worker.errors.OwletError and kin)
+        message = getattr(exc, "api_message", None) or getattr(exc, "user_message", None) or wording.SERVICE_DOWN
         retry = getattr(exc, "retry_after_s", None)
         if status in (429, 503) and retry is None:
             retry = CAP_RETRY_S
-        return ApiError(status, message, code, retry_after_s=retry)
-    if name == "SlotRefused":  # ui.edge.address_slots: the address's answers or decodes at once
-        return ApiError(429, message or wording.SERVICE_DOWN, "address_busy", retry_after_s=CAP_RETRY_S)
-    if name == "UploadRejected":  # ui.uploads.image_check
-        return ApiError(400, message, "invalid_image")
-    if name == "ClientDisconnect":  # starlette: the client left while its body arrived; nobody reads this
+        return ApiError(status, message, exc.api_code, retry_after_s=retry)
+    if type(exc).__name__ == "ClientDisconnect":  # starlette: the client left while its body arrived; nobody reads
         return ApiError(499, "The client closed the request.", "client_closed_request")
-    if name == "IdentityRequired":
-        return ApiError(401, "The API key is missing or not valid.", "invalid_api_key")
     if _unreachable(exc):
         return ApiError(503, wording.SERVICE_DOWN, "queue_unreachable", retry_after_s=CAP_RETRY_S)
     return ApiError(500, "Owlet hit an internal error. Please try again.", "internal_error")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from ui.chat.wording import session_cache_hit
+from ui.shared.wording import session_cache_hit
 
 DONE = b"data: [DONE]\n\n"
 KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it; proxies see the connection is alive

@@ -2,11 +2,11 @@
 
 - ``POST /v1/chat/completions``: a chat turn, whole or streamed (``ui.api.completions``);
 - ``GET /v1/models`` and ``GET /v1/models/<name>``: the model the live workers serve (from their heartbeats);
-- ``GET /v1/key``: a key (``ui.api.keys``).
+- ``GET /v1/key``: a key (``ui.api.api_keys``).
 
 They are plain Starlette routes on Gradio's app, behind the same edge middlewares as every other route
 (``ui.edge``; ``ui.edge.public_routes`` opens exactly these), and every refusal there is an OpenAI error object too
-(``ui.edge.api_errors``).
+(``ui.edge.api_refusals``).
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ui.api import responses as shapes
+from ui.api.api_keys import ApiKeys
 from ui.api.completions import ChatCompletions
 from ui.api.errors import ApiError
-from ui.api.keys import ApiKeys
-from ui.edge.public_routes import CHAT_COMPLETIONS_PATH, KEY_PATH, MODELS_PATH
 from ui.identity import ClientAddresses
+from ui.shared.route_paths import CHAT_COMPLETIONS_PATH, KEY_PATH, MODELS_PATH
 
 
 def api_routes(handlers, config, metrics, addresses: ClientAddresses) -> list[Route]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ui.chat import wording
+from ui.shared import wording
 
 
 

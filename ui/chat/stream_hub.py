@@ -16,9 +16,10 @@ waiting answer the notice misses (a tab reloaded onto it, a notice from another 
 place poll, which finds it no longer queued. So a thousand waiting tabs cost one script call a second, not a
 thousand stream reads a tick.
 
-While a live stream is silent, the hub does what ``OwletClient.events`` does for a lone reader: it notices a
-stream that vanished or a job that ended without a terminal event, and runs the reaper sweep (so a dead
-worker or an expired queue slot still ends the stream when no worker is alive to notice).
+The hub reads through the client's ``worker.stream_reader.StreamReader``, the one that ``OwletClient.events``
+follows a lone job with: while a live stream is silent, the same check notices a stream that vanished or a job
+that ended without a terminal event, and runs the reaper sweep (so a dead worker or an expired queue slot still
+ends the stream when no worker is alive to notice).
 
 When Redis goes away (a restart), the answers keep being generated and their streams are kept (append-only
 file), so the hub does not end them at once: it tells each follower the page is reconnecting and keeps trying
@@ -32,20 +33,18 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
 
-from ui.chat import wording
-from worker.keys import EntryField, JobField, JobState
+from ui.shared import wording
+from worker.keys import JobState
 from worker.redis_retry import UNREACHABLE
-from worker.streams import TERMINAL, decode
+from worker.stream_reader import VANISHED, vanished_event
+from worker.streams import TERMINAL
 
 log = logging.getLogger("owlet.ui")
-
-UNKNOWN_JOB = "This answer is no longer available (unknown or expired job)."
 
 # deliver(events, ended): events are decoded stream events in order; ended means no more will come.
 Deliver = Callable[[list, bool], None]
@@ -73,14 +72,15 @@ class StreamHub:
     def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0,
                  outage_grace_s: float = 60.0, place_poll_s: float = 1.0):
         assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
-        self.client, self.tick_s, self.block_ms, self.idle_check_s = client, tick_s, block_ms, idle_check_s
+        self.reader = client.stream_reader  # worker.stream_reader: reads, place polls and silence checks
+        self.tick_s, self.block_ms, self.idle_check_s = tick_s, block_ms, idle_check_s
         self.outage_grace_s, self.place_poll_s = outage_grace_s, place_poll_s
         # Where the jobs this page submits announce their start (SUBMIT's ``notify``): read with the live streams.
-        self.started_key = client.keys.started_notices(uuid.uuid4().hex)
+        self.started_key = self.reader.new_notices()
         self._started_last_id = "0"
         # By stream key: every follower of that stream (a reloaded page or a second tab follows the same answer
-        # as the first; one subscription per key let the newest take the stream from the others, which then
-        # waited for the stall timeout and told their user the worker was lost).
+        # as the first; with one subscription per key the newest would take the stream from the others, which
+        # would wait for the stall timeout and tell their user the worker was lost).
         self._subs: dict[str, list[Subscription]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -90,7 +90,7 @@ class StreamHub:
     # -- the event loop's side ----------------------------------------------------------------------------
     def subscribe(self, job_id: str, deliver: Deliver) -> Subscription:
         """Follow ``job_id``'s stream from its start; ``deliver`` runs on the calling event loop."""
-        sub = Subscription(job_id, self.client.keys.stream(job_id), asyncio.get_running_loop(), deliver)
+        sub = Subscription(job_id, self.reader.key(job_id), asyncio.get_running_loop(), deliver)
         with self._lock:
             self._subs.setdefault(sub.key, []).append(sub)
             if self._thread is None or not self._thread.is_alive():
@@ -114,7 +114,7 @@ class StreamHub:
     def following(self, job_id: str) -> int:
         """How many of this page's streams follow ``job_id`` now."""
         with self._lock:
-            return len(self._subs.get(self.client.keys.stream(job_id), ()))
+            return len(self._subs.get(self.reader.key(job_id), ()))
 
     @property
     def live(self) -> int:
@@ -151,7 +151,7 @@ class StreamHub:
                     self._poll_places([s for s in subs if s.waiting and not s.ended])
                 if started - last_refresh >= STARTED_REFRESH_S:
                     last_refresh = started
-                    self.client.r.expire(self.started_key, STARTED_TTL_S)
+                    self.reader.keep_notices(self.started_key, STARTED_TTL_S)
                 if started - last_idle_check >= self.idle_check_s:
                     last_idle_check = started
                     self._check_idle(live)
@@ -184,25 +184,19 @@ class StreamHub:
         # Each stream is read from its least advanced follower; each follower is handed what it has not seen. This
         # hub's notice stream comes along, so a waiting answer that starts is read at once.
         streams = {key: min((s.last_id for s in followers), key=_id_order) for key, followers in by_key.items()}
-        streams[self.started_key] = self._started_last_id
-        reply = self.client.r.xread(streams, count=512, block=self.block_ms if block else None)
-        if not reply:
-            return
+        read, started = self.reader.read(streams, block_ms=self.block_ms if block else None,
+                                         notices=(self.started_key, self._started_last_id))
+        if started:
+            self._started(started)
         now = time.monotonic()
         batches: list[tuple[Subscription, list, bool]] = []
-        for key, entries in reply:
-            key = key.decode() if isinstance(key, bytes) else key
-            entries = [(entry_id.decode(), fields) for entry_id, fields in entries]
-            if key == self.started_key:
-                self._started(entries)
-                continue
+        for key, entries in read.items():
             for sub in by_key.get(key, []):
                 events = []
-                for entry_id, fields in entries:
+                for entry_id, event in entries:
                     if _id_order(entry_id) <= _id_order(sub.last_id):
                         continue
                     sub.last_id = entry_id
-                    event = decode(fields)
                     events.append(event)
                     if event["type"] in TERMINAL:
                         sub.ended = True
@@ -213,11 +207,10 @@ class StreamHub:
                     batches.append((sub, events, sub.ended))
         self._hand_over(batches)
 
-    def _started(self, entries: list) -> None:
+    def _started(self, notices: list[tuple[str, str]]) -> None:
         """Jobs that announced their start on this hub's notice stream: their followers are read again."""
-        if entries:
-            self._started_last_id = entries[-1][0]
-        jobs = {(fields.get(EntryField.data.encode()) or b"").decode() for _, fields in entries}
+        self._started_last_id = notices[-1][0]
+        jobs = {job_id for _, job_id in notices}
         with self._lock:
             for followers in self._subs.values():
                 for sub in followers:
@@ -230,7 +223,7 @@ class StreamHub:
         if not waiting:
             return
         jobs = sorted({s.job_id for s in waiting})
-        places, per_position = self.client.jobs.places(jobs)
+        places, per_position = self.reader.places(jobs)
         now, batches = time.time(), []
         for sub in waiting:
             position = places.get(sub.job_id)
@@ -248,20 +241,13 @@ class StreamHub:
         idle = [s for s in subs if not s.ended and now - s.last_event_at >= self.idle_check_s]
         if not idle:
             return
-        self.client.reaper.sweep_if_due()  # ends jobs of dead workers and expired queue slots
-        keys = self.client.keys
-        with self.client.r.pipeline(transaction=False) as p:
-            for s in idle:
-                p.exists(s.key)
-                p.hget(keys.job(s.job_id), JobField.state)
-            replies = p.execute()
+        found = self.reader.silent(sorted({s.job_id for s in idle}))  # runs the reaper sweep too
         batches, finished = [], []
-        for i, s in enumerate(idle):
-            stream_exists, state = replies[2 * i], replies[2 * i + 1]
-            if not stream_exists:
+        for s in idle:
+            if found.get(s.job_id) == VANISHED:
                 s.ended = True
-                batches.append((s, [{"type": "error", "message": UNKNOWN_JOB, "t": time.time()}], True))
-            elif state is not None and state.decode() in TERMINAL:
+                batches.append((s, [vanished_event()], True))
+            elif s.job_id in found:  # ended
                 finished.append(s)
         self._hand_over(batches)
         if finished:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ui.edge.public_routes import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
+from ui.shared.route_paths import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
 
 # Multipart framing and the form's other fields around an upload of at most ``max_upload_bytes``.
 UPLOAD_FRAMING_BYTES = 1024 * 1024

@@ -34,9 +34,9 @@ import threading
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import CHAT_COMPLETIONS_PATH
-from ui.edge.refusals import OPEN_REQUEST_RETRY_S, TOO_MANY_OPEN_REQUESTS, refusal
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import OPEN_REQUEST_RETRY_S, TOO_MANY_OPEN_REQUESTS, refusal
+from ui.shared.route_paths import CHAT_COMPLETIONS_PATH
 
 CALL_PREFIX = "/gradio_api/call/"
 

@@ -10,11 +10,11 @@ import math
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ui.edge.public_routes import API_PREFIX
-from ui.edge.refusals import TOO_MANY_LOGINS, refusal
 from ui.edge.request_body import buffered
 from ui.edge.tab_budget import NewTabLedger
 from ui.gradio_adapters.internals import login_cookie_names, login_tokens
+from ui.shared.refusals import TOO_MANY_LOGINS, refusal
+from ui.shared.route_paths import API_PREFIX
 
 # What a visitor needs before logging in: the login page, its static files, and the health check; and /metrics,
 # which answers only to its own bearer token (ui.ops.endpoints): Prometheus scrapes with that token alone.
@@ -22,7 +22,7 @@ _OPEN_PATHS = frozenset({"/", "/login", "/login/", "/login_check", "/login_check
                          "/favicon.ico", "/manifest.json", "/theme.css", "/gradio_api/theme.css",
                          "/gradio_api/startup-events"})  # Gradio probes this itself at launch; it says nothing
 _OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/gradio_api/static/", "/gradio_api/assets/",
-                  API_PREFIX)  # the OpenAI-compatible API answers only to its own keys (ui.api.keys)
+                  API_PREFIX)  # the OpenAI-compatible API answers only to its own keys (ui.api.api_keys)
 
 
 LOGIN_PATHS = ("/login", "/login/")
@@ -99,7 +99,7 @@ class LoginRequired:
     """ASGI middleware for ``--auth``: nothing but the login page, its assets, ``/healthz`` and ``/metrics`` (with
     its bearer token) answers without a login. Gradio guards its own API routes, but not everything it serves (``/openapi.json``,
     ``/gradio_api/cancel``, ``/gradio_api/heartbeat``), nor routes added next to it; this closes them all. The
-    OpenAI-compatible API's routes check their own keys (a login's key, ``ui.api.keys``)."""
+    OpenAI-compatible API's routes check their own keys (a login's key, ``ui.api.api_keys``)."""
 
     def __init__(self, app):
         self.app = app

@@ -18,10 +18,10 @@ edge and the same per-address slots, caps and queue as the page. No other ``/v1/
 Two open routes are narrowed, because what Gradio does with them costs the host and no page needs it:
 
 - **Upload progress is closed, and uploads lose their ``upload_id``.** Gradio keeps an entry per id it is asked
-  about (``/gradio_api/upload_progress?upload_id=...`` made one for any id, up to about 40 KB long, waited 3 s,
-  answered 404 and never removed it: memory grew about 40 KB a request until the page was killed), and a progress
-  stream on an upload in flight polls every 50 ms, so a few hundred streams on one slow upload took the event loop
-  that streams every answer. Without an ``upload_id`` Gradio tracks nothing. The page only loses the progress bar
+  about (``/gradio_api/upload_progress?upload_id=...`` makes one for any id, up to about 40 KB long, waits 3 s,
+  answers 404 and never removes it: open, it grows the page's memory by about 40 KB a request until the page is
+  killed), and a progress stream on an upload in flight polls every 50 ms, so a few hundred streams on one slow
+  upload would take the event loop that streams every answer. Without an ``upload_id`` Gradio tracks nothing. The page only loses the progress bar
   of an image's upload (at most ``OWLET_UI_MAX_UPLOAD_BYTES``); the upload itself is unchanged.
 - **``/gradio_api/file=`` serves local files only.** Given a URL, Gradio fetches it and streams it back, with no
   read timeout and no size limit: an open proxy on the host's bandwidth. The page only ever names files in its
@@ -34,6 +34,8 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ui.shared.route_paths import API_PATHS, API_PREFIX, FILE_PREFIXES, MODELS_PATH, UPLOAD_PATH
+
 OPEN_PATHS = frozenset({
     "/", "/config", "/config/", "/favicon.ico", "/theme.css", "/manifest.json", "/robots.txt",
     "/login", "/login/", "/logout", "/healthz", "/metrics",
@@ -44,18 +46,9 @@ OPEN_PATHS = frozenset({
     "/gradio_api/upload", "/gradio_api/cancel", "/gradio_api/reset",
     "/gradio_api/reset/",
 })
-# The OpenAI-compatible API (ui.api): its routes, each opened here by name.
-API_PREFIX = "/v1/"
-CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
-KEY_PATH = "/v1/key"
-API_PATHS = frozenset({CHAT_COMPLETIONS_PATH, MODELS_PATH, KEY_PATH})
 OPEN_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon", "/gradio_api/file=", "/gradio_api/file/",
                  "/gradio_api/heartbeat/", "/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/")
 
-
-FILE_PREFIXES = ("/gradio_api/file=", "/gradio_api/file/")
-UPLOAD_PATH = "/gradio_api/upload"
 
 
 def is_open(path: str) -> bool:

@@ -1,8 +1,8 @@
 """Refused requests are limited too: an address that keeps asking after its refusals is slowed, at little cost.
 
-Every refusal says when to come back (``Retry-After``, or the sentence). A client that ignored it and asked again at
-once was refused about 120 times a second, and each time the page read the request, checked it against the
-per-address slots and ran Redis's admission script; nothing slowed it.
+Every refusal says when to come back (``Retry-After``, or the sentence). A client that ignores it and asks again at
+once, unslowed, is refused about 120 times a second, and each time the page reads the request, checks it against the
+per-address slots and runs Redis's admission script.
 
 So the page counts the refusals each address receives, in a sliding window (``address_refusals`` per
 ``address_refusals_window_s``): every 429 and 503 it answers to a request that asks for something (a POST: a turn, an
@@ -33,9 +33,9 @@ from collections import Counter, deque
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
-from ui.edge.refusals import REFUSALS_LIMITED, code_of, refusal
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import REFUSALS_LIMITED, code_of, refusal
+from ui.shared.route_paths import CHAT_COMPLETIONS_PATH, UPLOAD_PATH
 
 BRAKE_DELAY_S = 1.0  # how long a braked request waits for its refusal
 BRAKED_AT_ONCE = 4  # braked edge requests one address may have waiting for their refusal; more are refused at once

@@ -59,8 +59,8 @@ def json_object(body: bytes, scope: dict | None = None) -> dict | None:
     ``MAX_JSON_DEPTH``, which Python's parser may not even survive: RecursionError).
 
     Given the request's ``scope``, the body is parsed once per request: every middleware that looks at it shares
-    that parse. Each middleware used to parse it again (four times in all, before Gradio's own), and a client
-    posting megabyte bodies from four connections held the event loop that streams everyone's answers."""
+    that parse. Parsed by each middleware, a body would be parsed four times before Gradio's own, and a client
+    posting megabyte bodies from four connections would hold the event loop that streams everyone's answers."""
     if scope is not None:
         kept = scope.get(_PARSED)
         if kept is not None and kept[0] == body:

@@ -17,7 +17,7 @@ import logging
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.ops.log_budget import LogBudget, first_line
+from ui.shared.log_budget import LogBudget, first_line
 
 log = logging.getLogger("owlet.ui")
 refusals = LogBudget(log)

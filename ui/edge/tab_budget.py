@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ui.edge.refusals import TOO_MANY_NEW_TABS, refusal
 from ui.edge.request_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, buffered, json_object, session_hash_of
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import TOO_MANY_NEW_TABS, refusal
 
 # Gradio's routes that run an event, and so make a session's state: the queue, and the direct API routes.
 _EVENT_ROUTE_MARKERS = ("/queue/join", "/call/", "/run/", "/api/")

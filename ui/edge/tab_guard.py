@@ -20,8 +20,8 @@ address) the hash stays the tab's secret, so on top of that: a cancel passes onl
 that session, and ends that event only; and a session holds one heartbeat at a time (409 for another).
 
 And two requests that cost the page more than they should: a queue stream, or an API result stream, of a session
-the queue does not know started a 200 stream, then failed inside it with a logged traceback (about 9 ms of the
-event loop and 6 KB of log a request, ten times a plain 404). They are answered 404 here, before Gradio runs, as
+the queue does not know starts a 200 stream in Gradio, then fails inside it with a logged traceback (about 9 ms of
+the event loop and 6 KB of log a request, ten times a plain 404). They are answered 404 here, before Gradio runs, as
 Gradio would have answered them.
 
 What the hash still gives someone on the same address is documented in docs/security.md ("Known limits").
@@ -37,12 +37,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ui.edge.refusals import TOO_MANY_UNREAD_EVENTS, refusal
 from ui.edge.request_body import buffered, json_object, replaying, session_hash_of
 from ui.edge.tab_budget import SESSION_HASH
 from ui.gradio_adapters.internals import (event_task_name, has_message_queue, live_events, pending_by_session,
                                          pending_events)
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.refusals import TOO_MANY_UNREAD_EVENTS, refusal
 
 CANCEL_PATH = "/gradio_api/cancel"
 JOIN_PATH = "/gradio_api/queue/join"

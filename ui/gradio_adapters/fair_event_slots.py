@@ -15,7 +15,7 @@ So:
   queue counts a client group's time in flight (worker/queue/fairness.py: same half-life, weight, bound): an event
   lines up as if it had arrived ``GROUP_USAGE_WEIGHT x usage`` later, at most ``GROUP_USAGE_CAP_S`` or the
   longest time an event has waited now, whichever is larger. ``usage`` is the seconds its address's answers
-  streamed (first token to end, charged by ui/chat/handlers.py), halved every ``GROUP_USAGE_HALF_LIFE_S``. Not the
+  streamed (first token to end, charged by ui/chat/streaming.py), halved every ``GROUP_USAGE_HALF_LIFE_S``. Not the
   seconds its events held slots: a visitor whose first answer waited in the workers' queue while holding its slot
   would then be set back for its follow-up. Without it a crowd address whose answer had just ended (so running
   nothing) and which re-asked at once would go before a visitor who arrived a moment later. The bound keeps a

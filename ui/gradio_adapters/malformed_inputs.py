@@ -1,10 +1,10 @@
 """A sentence, not a bare failure, for an API call whose inputs Gradio cannot read.
 
 Gradio converts each input before any handler runs (``Blocks.preprocess_data``). A message sent as a plain
-string, a file that was not uploaded first, a length that is not a number: each raised inside Gradio, and
-with ``show_error=False`` (Owlet never shows internal errors) the caller got ``{"error": null}`` and no idea what
-was wrong. Here such a failure becomes a ``gr.Error`` (the one kind Gradio always shows) naming the endpoint
-and what it takes. The call is refused exactly as before: nothing runs, nothing is admitted, and a file the
+string, a file that was not uploaded first, a length that is not a number: each raises inside Gradio, and
+with ``show_error=False`` (Owlet never shows internal errors) the caller would get ``{"error": null}`` and no idea
+what was wrong. Here such a failure becomes a ``gr.Error`` (the one kind Gradio always shows) naming the endpoint
+and what it takes. The call is refused all the same: nothing runs, nothing is admitted, and a file the
 client names on the server (``/etc/passwd``) is still never read. Gradio's own readable refusals (a slider
 value out of range) are ``gr.Error`` already and pass through with their wording, logged as one budgeted line
 instead of the traceback Gradio prints for each.
@@ -16,7 +16,7 @@ import logging
 import gradio as gr
 
 from ui.gradio_adapters.internals import Patch, replace, require_parameters
-from ui.ops.log_budget import LogBudget, first_line
+from ui.shared.log_budget import LogBudget, first_line
 
 log = logging.getLogger("owlet.ui")
 refusals = LogBudget(log)

@@ -3,15 +3,15 @@
 Gradio converts an event's inputs before any handler runs (``Blocks.preprocess_data``), and for a file it takes
 whatever ``path`` the client sends. Two things follow that Owlet's handlers come too late to stop:
 
-- **A URL is downloaded.** ``{"path": "https://..."}`` in a ``/chat`` message made the page fetch it into its upload
+- **A URL is downloaded.** ``{"path": "https://..."}`` in a ``/chat`` message makes Gradio fetch it into its upload
   cache: whole into memory, with no size limit and a read timeout that each trickled byte resets, before the
-  per-address event slot, the upload budget or the image checks saw it. A 600 MiB URL took the page from 1.3 to
-  2.3 GB; eight tabs of one address naming a URL that sends a byte every 3 s held all of Gradio's processing slots,
-  and every other visitor's events waited.
+  per-address event slot, the upload budget or the image checks see it. A 600 MiB URL takes the page from 1.3 to
+  2.3 GB; eight tabs of one address naming a URL that sends a byte every 3 s hold all of Gradio's processing slots,
+  and every other visitor's events wait.
 - **Another client's upload is readable by path.** Gradio names an upload's folder by its bytes, so a stranger who
   uploads the same picture learns the folder and can name the victim's file in it (``image.png`` for a pasted
-  picture): an answer meant someone had uploaded exactly that picture, "could not be read" that nobody had. Served
-  files were closed to other addresses (``ui.uploads.owners``); ``/chat`` was not.
+  picture): an answer means someone uploaded exactly that picture, "could not be read" that nobody did. Served
+  files are closed to other addresses (``ui.uploads.owners``); this closes ``/chat`` too.
 
 So before Gradio converts anything, every file object in a call's inputs must name a local path that an upload
 from the caller's address returned (``UploadedPaths``), or one of the example pictures the page itself cached at

@@ -12,9 +12,9 @@ Gradio ended the event, and the visitor saw "session not found".
 queued or running (``Queue.event_ids_to_events``) is never dropped. If every session has one, it grows past its size
 instead; that is bounded by how many events Gradio admits at all (its queue's ``max_size`` plus the running ones). An
 event that has *finished* no longer keeps its session, though Gradio counts it pending
-(``Queue.pending_event_ids_session``) until its client reads the completion: a client that never read kept every message
-of its sessions forever (0.86 MB a question, for 900 KB questions handed back to the box), so such a session's messages
-and pending ids go with it when room is needed.
+(``Queue.pending_event_ids_session``) until its client reads the completion: a client that never reads would keep every
+message of its sessions forever (0.86 MB a question, for 900 KB questions handed back to the box), so such a session's
+messages and pending ids go with it when room is needed.
 """
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class LiveTabQueues(OrderedDict):
 
 # Sessions kept before an idle one goes (Gradio keeps 2,000). Only sessions with no event queued or running are
 # ever dropped, and a tab's next event makes its entry again, so what a smaller store costs is the completions
-# nobody read: a client leaving 7 unread answers of 114 KB in each of its sessions, about 1 MB a session, grew
-# the page by 1.4 GB an hour from one address, to 2.5 GB.
+# nobody read: a client leaving 7 unread answers of 114 KB in each of its sessions, about 1 MB a session, grows
+# the page by 1.4 GB an hour from one address under Gradio's 2,000, to 2.5 GB.
 MESSAGE_STORE_TABS = 512
 
 

@@ -36,10 +36,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.address_slots import AddressSlots, SlotRefused
-from ui.edge.public_routes import UPLOAD_PATH
-from ui.edge.refusals import OPEN_REQUEST_RETRY_S, UPLOAD_BUDGET, UPLOADS_ARRIVING, refusal
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.address_slots import AddressSlots, SlotRefused
+from ui.shared.refusals import OPEN_REQUEST_RETRY_S, UPLOAD_BUDGET, UPLOADS_ARRIVING, refusal
+from ui.shared.route_paths import UPLOAD_PATH
 from ui.uploads.cache_dirs import MIN_UPLOAD_CHARGE_BYTES
 
 

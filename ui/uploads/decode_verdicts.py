@@ -1,8 +1,8 @@
 """What the page's image checks decided, remembered, so the same file is decoded once.
 
 A client can name one uploaded file in any number of questions (and upload the same bytes under other names), and a
-refused turn costs no quota or rate: each used to decode the file again, up to a second of CPU for a small file of
-many pixels (enough to keep the decode pool busy). A verdict, the checked image or the sentence that
+refused turn costs no quota or rate: without a verdict, each would decode the file again, up to a second of CPU for
+a small file of many pixels (enough to keep the decode pool busy). A verdict, the checked image or the sentence that
 refused it, is kept by the file's content (its SHA-256, with the limits it was checked under and the client's
 address), and found again by path, size and modification time without reading the file. Per address, because a
 verdict shared by everyone answers at once for bytes someone else sent: a stranger timing a check would learn that
@@ -19,7 +19,7 @@ from collections import OrderedDict
 # Verdicts (kept images and refusals together) and file names remembered: a verdict saves a decode when the same
 # bytes come back soon (a refused turn sent again, a file named in many questions), so the most recent ones are what
 # count. Each costs about 0.75 KB beyond its image's bytes (tracemalloc): small pictures never reach the byte bound,
-# and the page's memory grew with each new one until this count (4096 before: 15 MB of 3 KB pictures, more than 40
+# so the page's memory grows with each new one up to this count (4096 would be 15 MB of 3 KB pictures, more than 40
 # minutes of bench/soak.py's traffic).
 MAX_ENTRIES = 1024
 

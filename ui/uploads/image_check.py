@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ui.edge.address_slots import AddressSlots
+from ui.shared.address_slots import AddressSlots
 from ui.uploads.decode_verdicts import DecodeVerdicts, content_key, file_key
 from ui.uploads.stand_in import stood_in_for
 from worker.image_structure import structure_problem
@@ -33,6 +33,8 @@ from worker.image_structure import structure_problem
 
 class UploadRejected(ValueError):
     """The upload cannot be used; ``user_message`` is safe to show in the chat."""
+
+    metric_kind, http_status, api_code = "image_rejected", 400, "invalid_image"
 
     def __init__(self, user_message: str):
         super().__init__(user_message)

@@ -3,9 +3,9 @@
 Gradio stores each upload at ``<upload dir>/<sha256(install seed + bytes)>/<file name>`` and serves any file there
 to anyone at ``/gradio_api/file=<path>``. The folder is a function of the bytes alone, so a stranger who uploads
 the same picture learns its folder from the upload's answer, and can then ask for the names a browser gives a
-picture (``image.png`` for a pasted one): 200 meant someone had uploaded exactly that picture within the cache's
-lifetime, 403 that nobody had. That is the "did anyone upload this picture?" question
-the image quotas and decode verdicts were changed not to answer.
+picture (``image.png`` for a pasted one): 200 would mean someone uploaded exactly that picture within the cache's
+lifetime, 403 that nobody did. That is the "did anyone upload this picture?" question the image quotas and decode
+verdicts do not answer either.
 
 So every path an upload returns is recorded with the uploading client's address, and a request for a recorded
 path from any other address gets exactly what Gradio answers for a file that does not exist (403, "File not
@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import FILE_PREFIXES, UPLOAD_PATH
 from ui.identity import DIRECT, ClientAddresses
+from ui.shared.route_paths import FILE_PREFIXES, UPLOAD_PATH
 from ui.uploads.budget import CHARGE_SCOPE_KEY
 
 MAX_RECORDED_PATHS = 200_000  # about 40 MB; the oldest record goes first (the cache deletes files after an hour)

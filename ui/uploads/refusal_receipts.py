@@ -23,7 +23,7 @@ import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.edge.public_routes import UPLOAD_PATH
+from ui.shared.route_paths import UPLOAD_PATH
 
 PREFIX = "owlet-upload-refused/"
 LIMIT_STATUSES = (413, 429, 503)  # refusals for a limit; a login wall or a malformed upload stays as it is

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-from ui.ops.log_budget import LogBudget
+from ui.shared.log_budget import LogBudget
 from ui.uploads.budget import Charge, UploadLedger
 from ui.uploads.owners import UploadedPaths, path_key
 

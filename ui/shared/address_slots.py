@@ -16,7 +16,10 @@ from collections import Counter
 
 
 class SlotRefused(Exception):
-    """No free slot for this address; ``user_message`` says what to do."""
+    """No free slot for this address; ``user_message`` says what to do. Reported as ``worker.errors.OwletError``
+    subclasses are: its metric label, HTTP status and API code."""
+
+    metric_kind, http_status, api_code = "client_busy", 429, "address_busy"
 
     def __init__(self, user_message: str):
         super().__init__(user_message)

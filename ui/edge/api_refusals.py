@@ -5,7 +5,7 @@ A request to the OpenAI-compatible API (``/v1/...``) meets the same edge as ever
 answer the page's clients in plain text; an API client's library expects ``{"error": {"message", "type", "param",
 "code"}}``. This middleware, outermost, rewrites any error response on an API path that is not already such an
 object into one, keeping its status, its sentence and its headers (``Retry-After`` above all), with the code of the
-limit that refused it (``ui.edge.refusals``), so a client tells an open-request cap from a rate limit. Successful
+limit that refused it (``ui.shared.refusals``), so a client tells an open-request cap from a rate limit. Successful
 responses and the API's own errors pass through untouched.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ui.api.errors import error_body, is_error_body
-from ui.edge.public_routes import API_PREFIX
-from ui.edge.refusals import code_of
+from ui.shared.openai_errors import error_body, is_error_body
+from ui.shared.refusals import code_of
+from ui.shared.route_paths import API_PREFIX
 
 MAX_REFUSAL_BYTES = 64 * 1024  # a refusal is a sentence; anything longer is passed on as it is
 _CODES = {401: "invalid_api_key", 404: "unknown_route", 405: "method_not_allowed", 411: "length_required",

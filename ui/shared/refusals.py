@@ -2,7 +2,7 @@
 
 Each middleware that refuses a request for a limit answers with ``refusal(...)``, which also leaves the code in the
 request's scope. Outer layers read it there: the API's error objects take it as their ``code``
-(``ui.edge.api_errors``), so each limit has its own code with its own ``Retry-After`` meaning, and the refusal brake
+(``ui.edge.api_refusals``), so each limit has its own code with its own ``Retry-After`` meaning, and the refusal brake
 (``ui.edge.refusal_brake``) counts it against the address.
 
 Codes and what their ``Retry-After`` means:

@@ -1,0 +1,153 @@
+"""A tab's session: loading the page (identity, reopened chat), following an answer after a reload, what the
+browser keeps, Stop and "New conversation".
+
+Only the caller's own: a client can name any session hash, so every event here first checks that the tab (and
+the answer streaming in it) belongs to the caller, and otherwise changes nothing and learns nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import gradio as gr
+
+from ui.chat.event_guard import EventGuard
+from ui.chat.input_box import box
+from ui.chat.live_streams import LiveStreams
+from ui.chat.page_reads import PageReads
+from ui.chat.streaming import AnswerStreams
+from ui.chat.tab_state import belongs_to_another, in_use, new_tab_state
+from ui.chat.view import render_history
+from ui.identity import IdentityRequired
+from ui.shared import wording
+from worker.errors import ConversationCleared
+
+RESUME_SLOT_WAIT_S = 20.0  # how long a reloaded page waits for its address's event slot to follow its answer
+
+
+class TabSession:
+    def __init__(self, client, issuer, guard: EventGuard, streams: AnswerStreams, reads: PageReads,
+                 live: LiveStreams):
+        self.client, self.issuer, self.guard, self.streams, self.reads, self.live = (
+            client, issuer, guard, streams, reads, live)
+
+    def on_load(self, stored_browser_id, stored_conversation, tab, request: gr.Request):
+        """Give this browser a lasting id (kept in localStorage) and reopen its last conversation, if any.
+
+        The conversation is reopened only if this user still owns it and it has not expired; otherwise the page
+        starts with an empty chat (saying so when it gave way to the service's history budget). A new conversation
+        whose first answer is still being made is newer than the one the browser remembers (it learns the id when
+        that answer ends): that one is reopened, and the browser told to remember it. The page loads once per tab:
+        a load under a session hash that is already in use (a client can name any hash, and this event answers on
+        the API routes too) changes nothing, so nobody can swap their identity or conversation into another tab.
+        """
+        session_hash = getattr(request, "session_hash", None)
+        if in_use(tab) or self.live.owner(session_hash) is not None:
+            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip(), gr.skip()
+        browser_id = self.issuer.ensure(stored_browser_id)
+        tab = new_tab_state()
+        try:
+            caller = self.guard.caller(request, browser_id)
+            user = caller.user
+        except IdentityRequired:  # cannot happen with a token just ensured; the chat then stays unowned
+            caller = user = None
+        if user is not None:
+            tab["user"] = user  # the tab is the user's from here on: a later load under its hash changes nothing
+        if isinstance(stored_conversation, dict):  # what remember_conversation stored: {"conversation": id}
+            stored_conversation = stored_conversation.get("conversation")
+        # The browser learns a new conversation's id only when its first answer ends: a reload before then
+        # finds it on the server instead (it is newer than anything the browser remembers).
+        reopened = self.reads.first_answer(user)
+        conversation = reopened or stored_conversation
+        if user is not None and isinstance(conversation, str) and conversation:
+            try:
+                turns = self.client.history(user, conversation)
+            except ConversationCleared as exc:  # it gave way to newer ones: say so, and forget it
+                return browser_id, [], exc.user_message, tab, {"conversation": None}
+            except Exception:  # expired, not this user's, or Redis unavailable: start afresh
+                turns = []
+            if turns:
+                tab["conversation"] = conversation
+                tab["has_image"] = any(turn.get("image_sha") for turn in turns)
+                tab["job"] = self.reads.pending_job(user, conversation)  # resume() streams it
+                tab["images"] = self.reads.pictures_back(caller, conversation) if tab["has_image"] else {}
+                return (browser_id, render_history(turns, tab["images"]),
+                        wording.RESTORED_ANSWERING if tab["job"] else wording.RESTORED, tab,
+                        {"conversation": conversation} if reopened else gr.skip())
+        return browser_id, [], "", tab, gr.skip()
+
+    async def resume(self, tab, browser_id, request: gr.Request):
+        """After a reload: keep streaming the restored conversation's answer still in progress (``on_load`` put
+        its job in the tab), as the tab that asked would have, so a question asked before a reload is answered in
+        the reloaded page."""
+        job = tab.get("job") if isinstance(tab, dict) else None
+        if not job:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        # The reloaded tab's own stream may hold its address's slot until Gradio notices it closed (seconds):
+        # wait for it rather than refuse a page that asked nothing new (four people behind one address, one
+        # reloads: it is not told "Too many answers are open" while its answer is on its way).
+        async for update in self.guard.run(request, browser_id, tab, lambda caller: self._resume(
+                tab, caller, job), slot_wait_s=RESUME_SLOT_WAIT_S):
+            yield update
+
+    async def _resume(self, tab, caller, job):
+        tab = dict(tab)
+        started = time.monotonic()
+        base, _stored = await asyncio.to_thread(self.reads.shown, caller.user, tab)
+        async for update in self.streams.stream(caller, tab, job, base, started):
+            yield update
+
+    def identity(self, stored_token, request: gr.Request):
+        """The /identity endpoint: the caller's token if it verifies, else a fresh one. Browsers get theirs
+        on page load; API clients call this once and pass the token as ``browser_id`` on every call."""
+        return self.issuer.ensure(stored_token)
+
+    def remember_conversation(self, tab, browser_id, request: gr.Request):
+        """What the browser keeps so a reload reopens this chat. Always a (truthy) dict: BrowserState skips
+        saving falsy values, so a bare None after "New conversation" would leave the old id in place. Only for
+        the chat's owner: a client naming another tab's session hash learns nothing (gr.skip keeps its own)."""
+        tab = tab or {}
+        try:
+            user = self.guard.caller(request, browser_id).user
+        except IdentityRequired:
+            return gr.skip()
+        if belongs_to_another(tab, user):
+            return gr.skip()
+        return {"conversation": tab.get("conversation")}
+
+    def stop(self, tab, browser_id, request: gr.Request):
+        """Cancel the answer in progress (its engine slot is freed within one step)."""
+        tab = dict(tab or new_tab_state())
+        if not self._cancel_as_caller(request, browser_id, tab.get("job")):
+            # Nothing of the caller's was running (it had ended, or the tab's job is someone else's: a
+            # client can name any session hash). Say so, and leave the tab exactly as it was.
+            return box(False), wording.NOTHING_TO_STOP, tab
+        self.streams.stopped(tab["job"])  # its stream ends soon; until then it leaves the box alone
+        return box(False), wording.CANCELLED, {**tab, "job": None}
+
+    def new_conversation(self, tab, browser_id, request: gr.Request):
+        """Forget the current chat and end the caller's answer in progress; the next question starts afresh.
+
+        Only the caller's own: a tab whose chat or streaming answer belongs to another identity (a client
+        can name any session hash) is left exactly as it was.
+        """
+        tab = tab or new_tab_state()
+        user = self.guard.user_or_none(request, browser_id)
+        session_hash = getattr(request, "session_hash", None)
+        if belongs_to_another(tab, user) or self.live.owner(session_hash) not in (None, user):
+            return gr.skip(), gr.skip(), wording.NOT_YOUR_SESSION, gr.skip()
+        if user is not None:
+            self.live.abandon(session_hash, user)
+            self.reads.cancel(user, tab.get("job"))
+        # The tab stays its owner's, so a later load under its hash cannot claim it (see on_load).
+        fresh = {**new_tab_state(), "user": user} if user is not None else new_tab_state()
+        return box(False), [], wording.NEW_CONVERSATION, fresh
+
+    def _cancel_as_caller(self, request, browser_id, job) -> bool:
+        """Cancel ``job`` if the caller owns it; True if it was cancelled. A caller without a valid identity
+        cancels nothing."""
+        try:
+            return self.reads.cancel(self.guard.caller(request, browser_id).user, job)
+        except IdentityRequired:
+            return False
