@@ -4,7 +4,7 @@
 - prefetch disabled: a worker takes a job only when a thread is free, so waiting jobs stay in Redis
   where the fair dispatcher sees them; a short event-loop tick (``worker.serving.consumer_tick``) makes a freed
   thread take the next job at once, and a thread whose job ended takes the next one itself, from the fair queue, without
-  Celery (``WorkerRuntime.take_next``, ``OWLET_WORKER_TAKES_NEXT``);
+  Celery (``WorkerRuntime.run_job``, ``OWLET_WORKER_TAKES_NEXT``);
 - worker_direct: each worker also consumes its own queue ``<node>.dq2`` for conversation affinity;
 - acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams;
 - fail loudly: a worker whose engine cannot start exits non-zero with the reason (``worker.serving.startup``).

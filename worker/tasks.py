@@ -1,4 +1,4 @@
-"""The one Celery task: hand a job id to this worker's runtime. All logic lives in ``worker.serving.runner``."""
+"""The one Celery task: hand a job id to this worker's runtime (``WorkerRuntime.run_job``), which runs the job's life."""
 from __future__ import annotations
 
 from celery import Celery

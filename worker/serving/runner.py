@@ -1,16 +1,14 @@
-"""Runs one job on this worker: claim it, rebuild the chat from Redis, stream the engine's deltas.
+"""Serves one started job: rebuild the chat from Redis, stream the engine's deltas, say how the job ended.
 
-Every path ends the job's stream with exactly one terminal event (written atomically with the job's
-state by the finish script), and a bad job never takes the worker down. Its collaborators are explicit fields
-(the runtime builds one ``JobRunner`` at start-up), and every job state change goes through a named
-``JobStates`` method (``worker.queue.job_states``): ``claim``, ``take`` (through the runtime), ``finish``.
+The runner holds no per-job state and calls nothing back: ``WorkerRuntime`` (``worker.serving.runtime``) starts a
+job, hands it to ``JobRunner.serve``, and ends it with the ``JobResult`` it gets back. A bad job becomes an error
+result, never an exception out of ``serve``, so it never takes the worker down.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -21,9 +19,8 @@ from worker.errors import InvalidInput, NotYourConversation, OwletError
 from worker.history import ConversationStore, turn_json
 from worker.images import ImageStore
 from worker.jobs import Job, check_image_count, parse_job
-from worker.keys import JobField, JobState, Keys
-from worker.queue.job_states import JobStates, Started, Taken
-from worker.redis_retry import until_reachable
+from worker.keys import JobState, Keys
+from worker.queue.job_states import Started
 from worker.serving.deltas import coalesced_deltas
 from worker.serving.metrics import WorkerMetrics
 from worker.streams import StreamWriter
@@ -35,79 +32,64 @@ UNKNOWN_CONVERSATION = "This conversation no longer exists. Start a new conversa
 SERVICE_RESTARTING = "The chat service was restarting while answering. Please try again in a moment."
 
 
-class EngineSlots(Protocol):
-    """What the runner needs of the worker process around the engine (``WorkerRuntime`` provides it)."""
+@dataclass(frozen=True)
+class JobResult:
+    """How a served job ends, for its finish (``JobStates.finish_and_take``): the state it ends in (also its terminal
+    event's type), that event's fields, and what the finish records with it."""
+    state: str  # JobState.done | cancelled | error
+    event: dict = field(default_factory=dict)  # text, finish_reason, stats; an error's message and kind
+    answer_turn: str | None = None  # appended to the conversation (done)
+    holder: str | None = None  # the worker that now holds the conversation's cache (done)
+    service_s: float | None = None  # the run time, folded into the service-time average
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str): ...
-    def forget(self, job_id: str) -> None: ...
-    def dispatch_soon(self) -> None: ...
-    def hold(self, job_id: str) -> bool: ...
-    def take_args(self) -> tuple[int, int, str] | None: ...
-    def start_taken(self, taken: Taken) -> tuple[str, Started] | None: ...
+    @property
+    def error_kind(self) -> str | None:
+        """An error's kind, the metric's label (``invalid``: the question itself was refused)."""
+        return self.event.get("kind") if self.state == JobState.error else None
+
+
+def failed(message: str, kind: str, service_s: float | None = None) -> JobResult:
+    """An error for the job's user; ``kind`` goes into the error event too, so a client can tell a refused question
+    (``invalid``) from a failure of the service."""
+    return JobResult(JobState.error, dict(message=message, kind=kind), service_s=service_s)
+
+
+def failure(job_id: str, exc: Exception) -> JobResult:
+    """The error result an exception raised while serving (or finishing) a job ends it with."""
+    if isinstance(exc, OwletError):
+        return failed(exc.user_message, type(exc).__name__)
+    if isinstance(exc, ValueError):  # the engine and SamplingParams raise user-facing ValueErrors
+        return failed(str(exc), "invalid")
+    if isinstance(exc, redis.RedisError):
+        log.error("job %s: Redis failed", job_id, exc_info=exc)
+        return failed(SERVICE_RESTARTING, "redis")
+    log.error("job %s failed", job_id, exc_info=exc)
+    return failed(INTERNAL_ERROR, "internal")
 
 
 @dataclass(frozen=True)
 class JobRunner:
-    """Runs jobs on this worker. Holds no per-job state, so one instance serves every task thread."""
-    worker: str  # this worker's Celery node name: who claims, and who will hold the conversation's cache
+    """Serves jobs on this worker. Holds no per-job state, so one instance serves every task thread."""
+    worker: str  # this worker's Celery node name: who will hold the conversation's cache
     settings: Settings
-    r: redis.Redis  # the job's payload and cancel flag, and its event stream
+    r: redis.Redis  # the job's event stream
     keys: Keys
-    jobs: JobStates  # job state transitions (claim, finish)
     convs: ConversationStore  # who owns the conversation
     images: ImageStore  # image bytes by sha256
-    slots: EngineSlots  # hands requests to the engine and frees their slots
+    engine: object  # ``engine.LLMEngine`` (or the page benchmark's stub): ``add_request`` returns a handle
     metrics: WorkerMetrics
 
-    def run(self, job_id, dispatch_n) -> None:
-        """Run the job a Celery message names, then the jobs this worker takes itself, each with the finish of the one
-        before, in the slot it freed (``JobStates.finish_and_take``): a row refills with no round trip of its own
-        instead of a trip through Celery."""
-        if not isinstance(job_id, str) or not job_id:
-            log.error("dropping a task with an invalid job id %r", job_id)
-            return
-        if not isinstance(dispatch_n, int) or isinstance(dispatch_n, bool):
-            # never started here, so only a job still waiting for a worker may be ended by it
-            if self.jobs.finish(job_id, JobState.error, only_state=JobState.dispatched,
-                                message="The job message is malformed (bad dispatch number)."):
-                self.metrics.error("malformed")
-            return
-        started = self.jobs.claim(job_id, dispatch_n, self.worker)
-        if started is None:
-            log.info("job %s dispatch %s is stale or already taken; skipping", job_id, dispatch_n)
-            return
-        if not self.slots.hold(job_id):
-            log.warning("job %s came back while a thread of this worker answers it; that thread ends it", job_id)
-            return
+    def serve(self, job_id: str, started: Started) -> JobResult:
+        """Run one started job to its result; a failure becomes an error result, never an exception."""
         try:
-            taken = self._serve(job_id, started)
-            while taken is not None and (following := self.slots.start_taken(taken)) is not None:
-                taken = self._serve(*following)
-        finally:
-            self.slots.dispatch_soon()
+            return self._answer(job_id, started)
+        except Exception as exc:
+            return failure(job_id, exc)
 
-    def _serve(self, job_id: str, started: Started) -> Taken | None:
-        """Run one claimed job to its terminal event; a failure ends that job, never the thread. Returns the job the
-        finish took for this worker in the slot it freed (``JobStates.finish_and_take``), if any."""
-        try:
-            return self._run_claimed(job_id, started)
-        except OwletError as exc:
-            return self._fail(job_id, exc.user_message, type(exc).__name__)
-        except ValueError as exc:  # the engine and SamplingParams raise user-facing ValueErrors
-            return self._fail(job_id, str(exc), "invalid")
-        except redis.RedisError:
-            log.exception("job %s: Redis failed", job_id)
-            return self._fail(job_id, SERVICE_RESTARTING, "redis")
-        except Exception:
-            log.exception("job %s failed", job_id)
-            return self._fail(job_id, INTERNAL_ERROR, "internal")
-        finally:
-            self.slots.forget(job_id)
-
-    def _run_claimed(self, job_id: str, started_job: Started) -> Taken | None:
+    def _answer(self, job_id: str, started_job: Started) -> JobResult:
         s = self.settings
         if started_job.cancelled:
-            return self._end(job_id, JobState.cancelled)
+            return JobResult(JobState.cancelled)
         job = parse_job(started_job.payload, s.history_max_turns, s.history_max_chars)
         if job.job_id != job_id:
             raise InvalidInput("The job payload names a different job.")
@@ -119,7 +101,8 @@ class JobRunner:
         started = time.monotonic()
         # The session cache's share is per client group (the address or login SUBMIT recorded), not per user:
         # one network minting many identities still holds one share.
-        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv, started_job.group or job.user)
+        handle = self.engine.add_request(messages, sampling, session_id=job.conv, request_id=job_id,
+                                         deadline_s=s.job_deadline_s, group=started_job.group or job.user)
         writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
         last = None
         for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):
@@ -137,7 +120,7 @@ class JobRunner:
         if result.stats.decode_tokens_per_s:
             self.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)
         # the run time goes into the service-time average with the finish (one round trip for both)
-        return self._finish_result(job, result, time.monotonic() - started)
+        return self._result(job, result, time.monotonic() - started)
 
     def _messages(self, job: Job) -> list[dict]:
         """The engine's chat: consecutive turns of one role (e.g. an unanswered question) are merged.
@@ -160,41 +143,17 @@ class JobRunner:
                 out.append({"role": m.role, "content": content})
         return out
 
-    def _finish_result(self, job: Job, result, service_s: float) -> Taken | None:
+    def _result(self, job: Job, result, service_s: float) -> JobResult:
         reason = result.finish_reason
-        stats = asdict(result.stats)
         if reason in (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH):
             answer = turn_json("assistant", result.text, job_id=job.job_id)
-            return self._end(job.job_id, JobState.done, answer_turn=answer, holder=self.worker, text=result.text,
-                             finish_reason=reason.value, stats=stats, service_s=service_s)
+            return JobResult(JobState.done, dict(text=result.text, finish_reason=reason.value,
+                                                 stats=asdict(result.stats)),
+                             answer_turn=answer, holder=self.worker, service_s=service_s)
         elif reason == FinishReason.CANCELLED:
-            return self._end(job.job_id, JobState.cancelled, text=result.text, service_s=service_s)
+            return JobResult(JobState.cancelled, dict(text=result.text), service_s=service_s)
         elif reason == FinishReason.DEADLINE:
-            return self._fail(job.job_id, "Your answer took too long and was stopped. Try a shorter question "
-                              "or fewer tokens.", "deadline", service_s)
+            return failed("Your answer took too long and was stopped. Try a shorter question or fewer tokens.",
+                          "deadline", service_s)
         else:
-            return self._fail(job.job_id, result.error or INTERNAL_ERROR, "engine", service_s)
-
-    def _finish(self, job_id: str, event_type: str, **kwargs) -> tuple[bool, Taken | None]:
-        """The terminal event, retried while Redis restarts: a finished answer is delivered, not dropped. With it,
-        the worker's next job in the freed slot (``EngineSlots.take_args``; a retry after a lost reply ends nothing
-        and so takes nothing)."""
-        take = self.slots.take_args()
-        return until_reachable(lambda: self.jobs.finish_and_take(job_id, event_type, only_state=JobState.started,
-                                                                 only_worker=self.worker, take=take, **kwargs),
-                               self.settings.redis_reconnect_s, f"finishing job {job_id}")
-
-    def _end(self, job_id: str, event_type: str, **kwargs) -> Taken | None:
-        ended, taken = self._finish(job_id, event_type, **kwargs)
-        if ended:
-            self.metrics.job_finished(event_type)
-        return taken
-
-    def _fail(self, job_id: str, message: str, kind: str, service_s: float | None = None) -> Taken | None:
-        """End the job with ``message`` for its user; ``kind`` (the metric's label) goes into the error event too,
-        so a client can tell a refused question (``invalid``) from a failure of the service."""
-        ended, taken = self._finish(job_id, JobState.error, message=message, kind=kind, service_s=service_s)
-        if ended:
-            self.metrics.job_finished(JobState.error)
-            self.metrics.error(kind)
-        return taken
+            return failed(result.error or INTERNAL_ERROR, "engine", service_s)

@@ -1,4 +1,10 @@
-"""Everything one worker process owns: its engine, Redis clients, heartbeat and cancel-watch threads.
+"""Everything one worker process owns: its engine, Redis clients, heartbeat and cancel-watch threads, and the life
+of every job it runs.
+
+A job's life is one loop in ``WorkerRuntime.run_job``, a Celery task thread's: claim the job the message names,
+serve it (``JobRunner.serve`` returns a ``JobResult``), finish it and take this worker's next job in the same step
+(``JobStates.finish_and_take``), serve that one, and so on until a finish takes nothing. Whatever started a job in
+Redis, it starts here through ``WorkerRuntime._start``.
 
 Created in Celery's worker_init signal (``worker.celery_app``), so importing the worker loads nothing.
 The heartbeat thread also runs the reaper sweep and a dispatch pass on every tick, which keeps the
@@ -19,13 +25,14 @@ from worker import heartbeat
 from worker.config import Settings
 from worker.history import ConversationStore
 from worker.images import ImageStore
-from worker.keys import Keys
+from worker.keys import JobState, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, Started, Taken
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
 from worker.serving.metrics import WorkerMetrics
-from worker.serving.runner import JobRunner
+from worker.redis_retry import until_reachable
+from worker.serving.runner import JobResult, JobRunner, failure
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +80,21 @@ class WorkerRuntime:
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.metrics = WorkerMetrics(worker)
         self.engine = engine if engine is not None else build_engine(settings)
-        self._active: set[str] = set()  # job ids submitted to the engine and not finished
         # Job ids a thread of this worker holds, from the claim (or take) that started them to their end. A job Redis
         # records as started here that no thread holds was taken by a script whose reply was lost (Redis went away
         # between running it and answering): _sweep_unheld puts it back in line.
         self._held: set[str] = set()
         self._unheld_seen: set[str] = set()
-        self._aborted: set[str] = set()
+        self._aborted: set[str] = set()  # held jobs whose stop the engine has been told of
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
-        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, jobs=self.jobs,
-                                convs=self.convs, images=self.images, slots=self, metrics=self.metrics)
+        self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, convs=self.convs,
+                                images=self.images, engine=self.engine, metrics=self.metrics)
         # The live workers' slots and decode rows in all (the capacity POP checks), read on every heartbeat tick:
-        # a worker taking its next job itself (take_next) uses the last reading instead of a round trip per job.
+        # a worker taking its next job itself (``_take_args``) uses the last reading instead of a round trip per job.
         self._totals = (0, 0)
         self._taking = threading.Event()  # set while this worker takes jobs itself; cleared when shutdown starts
         if settings.worker_takes_next:
@@ -129,84 +135,123 @@ class WorkerRuntime:
             self._metrics_server.shutdown()
         self.engine.stop()
 
-    # -- jobs ----------------------------------------------------------------------------------------------
+    # -- jobs: claim -> serve -> finish and take -> next ----------------------------------------------------------
     def run_job(self, job_id, dispatch_n) -> None:
-        self.runner.run(job_id, dispatch_n)
+        """Celery's task: claim the job its message names, serve it, and then the jobs each finish takes for this
+        worker in the slot it freed (``JobStates.finish_and_take``): a row refills with no round trip of its own
+        instead of a trip through Celery. The thread returns once a finish takes nothing."""
+        started = self._claim(job_id, dispatch_n)
+        job = self._start(job_id, started) if started is not None else None
+        if job is None:
+            return
+        try:
+            while job is not None:
+                job = self._next(self._serve(*job))
+        finally:
+            self._wake_dispatch.set()  # a slot was freed: the heartbeat thread dispatches now, not at its next tick
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str):
-        with self._lock:
-            self._active.add(job_id)
-        return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
-                                       deadline_s=self.settings.job_deadline_s, group=group)
+    def _claim(self, job_id, dispatch_n) -> Started | None:
+        """CLAIM the job a Celery message names (``JobStates.claim``); None for a malformed, stale or duplicate
+        message."""
+        if not isinstance(job_id, str) or not job_id:
+            log.error("dropping a task with an invalid job id %r", job_id)
+            return None
+        if not isinstance(dispatch_n, int) or isinstance(dispatch_n, bool):
+            # never started here, so only a job still waiting for a worker may be ended by it
+            if self.jobs.finish(job_id, JobState.error, only_state=JobState.dispatched,
+                                message="The job message is malformed (bad dispatch number)."):
+                self.metrics.error("malformed")
+            return None
+        started = self.jobs.claim(job_id, dispatch_n, self.worker)
+        if started is None:
+            log.info("job %s dispatch %s is stale or already taken; skipping", job_id, dispatch_n)
+        return started
+
+    def _start(self, job_id: str, started: Started) -> tuple[str, Started] | None:
+        """Every job this worker runs starts here, whatever started it in Redis (a Celery message's claim or a
+        finish's take): a thread of this worker now holds it, and will end it. None when another thread of this
+        worker holds it already: it was put back in line while it ran here (this worker was presumed lost, its
+        heartbeat late on an overloaded host) and came back; the thread already answering it ends it."""
+        if not self.hold(job_id):
+            log.warning("job %s came back while a thread of this worker answers it; that thread ends it", job_id)
+            return None
+        return job_id, started
 
     def hold(self, job_id: str) -> bool:
-        """A thread of this worker has started ``job_id`` (claimed or taken) and will end it. False when another thread
-        of this worker holds it already: it was put back in line while it ran here (this worker was presumed lost,
-        its heartbeat late on an overloaded host) and came back; the thread already answering it ends it."""
+        """Mark ``job_id`` held by a thread of this worker; False when one holds it already."""
         with self._lock:
             if job_id in self._held:
                 return False
             self._held.add(job_id)
             return True
 
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            self._held.discard(job_id)
-            self._active.discard(job_id)
-            self._aborted.discard(job_id)
+    def _serve(self, job_id: str, started: Started) -> Taken | None:
+        """Serve one started job and end it (a failure ends that job, never the thread). Returns the job its finish
+        took for this worker, if any."""
+        try:
+            return self._finish(job_id, self.runner.serve(job_id, started))
+        except Exception as exc:  # the finish itself failed: end the job with that error instead
+            return self._finish(job_id, failure(job_id, exc))
+        finally:
+            with self._lock:
+                self._held.discard(job_id)
+                self._aborted.discard(job_id)
 
-    def dispatch_soon(self) -> None:
-        """A slot was freed: let the heartbeat thread dispatch now instead of at its next tick."""
-        self._wake_dispatch.set()
+    def _finish(self, job_id: str, result: JobResult) -> Taken | None:
+        """The terminal event, retried while Redis restarts (a finished answer is delivered, not dropped), and with it
+        this worker's next job in the slot the job freed (a retry after a lost reply ends nothing and so takes
+        nothing)."""
+        take = self._take_args()
+        ended, taken = until_reachable(
+            lambda: self.jobs.finish_and_take(job_id, result.state, answer_turn=result.answer_turn,
+                                              holder=result.holder, only_state=JobState.started,
+                                              only_worker=self.worker, service_s=result.service_s, take=take,
+                                              **result.event),
+            self.settings.redis_reconnect_s, f"finishing job {job_id}")
+        if ended:
+            self.metrics.job_finished(result.state)
+            if result.error_kind is not None:
+                self.metrics.error(result.error_kind)
+        return taken
 
-    def take_args(self) -> tuple[int, int, str] | None:
-        """(capacity, decode rows, this worker) for a finish that takes this worker's next job; None while it takes
+    def _take_args(self) -> tuple[int, int, str] | None:
+        """(capacity, decode rows, this worker) for a finish or take of this worker's next job; None while it takes
         none (shutting down, the setting off, no heartbeat read yet)."""
         capacity, rows = self._totals
         return (capacity, rows, self.worker) if self._taking.is_set() and capacity > 0 else None
 
-    def start_taken(self, taken: Taken) -> tuple[str, Started] | None:
-        """A job a finish took for this worker: run it here, or, when another worker holds its conversation, send it
-        there and take another (``take_next``)."""
-        if taken.started is not None:
-            return self._keep(taken)
-        try:
-            self.fair.send(taken.job, taken.dispatch_n, taken.conv)
-        except redis.RedisError as exc:  # still dispatched: the reaper re-queues it after its grace
-            log.warning("sending job %s on failed (%s)", taken.job, exc)
-            return None
-        return self.take_next()
-
-    def take_next(self, tries: int = 4) -> tuple[str, Started] | None:
-        """The next job of the fair queue, started on this worker in the slot a job of its own just freed
-        (``JobStates.take``), or None: nothing waits, no slot is free, the worker is shutting down, or the setting
-        is off. A job whose conversation another worker holds is sent to it (``FairDispatch.send``) and the next
-        one tried, ``tries`` in all."""
-        capacity, rows = self._totals
-        if not self._taking.is_set() or capacity <= 0:
-            return None
-        for _ in range(tries):
-            try:
-                taken = self.jobs.take(capacity, rows, self.worker)
-                if taken is None:
-                    return None
-                if taken.started is not None:
-                    return self._keep(taken)
-                self.fair.send(taken.job, taken.dispatch_n, taken.conv)
-            except redis.RedisError as exc:  # the thread returns to Celery; dispatch passes carry on
-                log.warning("taking the next job failed (%s)", exc)
+    def _next(self, taken: Taken | None, tries: int = 4) -> tuple[str, Started] | None:
+        """The job a finish took for this worker, started here. One whose conversation another worker holds is sent to
+        it (``FairDispatch.send``) and the next of the fair queue taken in its place (``JobStates.take``), ``tries``
+        times at most. None: nothing waits, no slot is free, the worker is shutting down, or the setting is off."""
+        for attempt in range(tries + 1):
+            if taken is None:
                 return None
+            if taken.started is not None:
+                job = self._start(taken.job, taken.started)
+                if job is not None and taken.affinity_hit:
+                    with contextlib.suppress(redis.RedisError):  # a statistic
+                        self.fair.count_affinity_hit()
+                return job
+            try:
+                self.fair.send(taken.job, taken.dispatch_n, taken.conv)
+            except redis.RedisError as exc:  # still dispatched: the reaper re-queues it after its grace
+                log.warning("sending job %s on failed (%s)", taken.job, exc)
+                return None
+            taken = self._take() if attempt < tries else None
         return None
 
-    def _keep(self, taken: Taken) -> tuple[str, Started] | None:
-        """A taken job that started on this worker: a thread of it now holds it (None: another already does)."""
-        if not self.hold(taken.job):
-            log.warning("job %s came back while a thread of this worker answers it; that thread ends it", taken.job)
+    def _take(self) -> Taken | None:
+        """The next job of the fair queue, started on this worker in the slot a job of its own just freed
+        (``JobStates.take``), or None."""
+        take = self._take_args()
+        if take is None:
             return None
-        if taken.affinity_hit:
-            with contextlib.suppress(redis.RedisError):  # a statistic
-                self.fair.count_affinity_hit()
-        return taken.job, taken.started
+        try:
+            return self.jobs.take(*take)
+        except redis.RedisError as exc:  # the thread returns to Celery; dispatch passes carry on
+            log.warning("taking the next job failed (%s)", exc)
+            return None
 
     def stop_taking(self) -> None:
         """Shutdown has begun: finish the jobs in hand, take no more (Celery waits for its threads to return)."""
@@ -264,12 +309,13 @@ class WorkerRuntime:
 
     def _cancel_loop(self) -> None:
         """Relay stopped jobs to the engine: one read a period of this worker's set of stopped jobs, however many
-        jobs it runs (a job stays in the set until it ends, so one not handed to the engine yet is seen later)."""
+        jobs it runs (a job stays in the set until it ends, so one not handed to the engine yet is told again at the
+        next read, until the engine knows it)."""
         redis_down = False  # log an outage once, not 20 tracebacks a second
         key = self.keys.cancels(self.worker)
         while not self._stop.wait(self.settings.cancel_poll_s):
             with self._lock:
-                if not self._active - self._aborted:
+                if not self._held - self._aborted:
                     continue
             try:
                 stopped = {raw.decode() for raw in self.r.smembers(key)}
@@ -280,8 +326,11 @@ class WorkerRuntime:
                 continue
             redis_down = False
             with self._lock:
-                jobs = sorted((self._active - self._aborted) & stopped)
-                self._aborted.update(jobs)
+                jobs = sorted((self._held - self._aborted) & stopped)
             for job in jobs:
-                self.engine.abort(job)
+                if not self.engine.abort(job):  # not handed to the engine yet, or ended there already
+                    continue
                 self.metrics.cancels.inc()
+                with self._lock:
+                    if job in self._held:
+                        self._aborted.add(job)
