@@ -45,7 +45,7 @@ class DynamicBatch:
         """Merge a batch-1 cache holding ``length`` tokens, whose next input is ``last_token``."""
         row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
         row = (torch.tensor([length], device=self.device), torch.tensor([last_token], device=self.device))
-        delta = torch.tensor([request.position_delta], device=self.device)
+        delta = torch.tensor([request.scratch.position_delta], device=self.device)
         if self.cache is None:
             self.cache, self.mask = cache, row_mask
             self.seq_lens, self.last_tokens = row

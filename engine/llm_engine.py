@@ -28,7 +28,7 @@ from .families import make_runner
 from .handle import RequestHandle
 from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder
-from .request import Request, Status
+from .request import Request, RunnerScratch, Status, Where
 from .runner_interface import Runner
 from .sampler import make_generator, sample_next_tokens
 from .sampling_params import SamplingParams
@@ -206,9 +206,9 @@ class LLMEngine:
         for req in victims:
             snap = self.batch.snapshot(req)
             assert snap.length == req.num_tokens - 1, "a row's cache must hold all but its pending token"
-            req.parked = kv_cache.moved(snap, host)
+            req.kv.move(Where.PARKED, kv_cache.moved(snap, host))
             req.status = Status.PAUSED
-            req.pauses += 1
+            req.slicing.pauses += 1
             self._counters["pauses"] += 1
         self.batch.filter([i for i, r in enumerate(self.batch.requests) if r.status is Status.RUNNING])
         for req in victims:
@@ -216,7 +216,8 @@ class LLMEngine:
 
     def _resume(self, req: Request) -> None:
         """A paused answer's turn: its cache goes back into a row exactly as it left, and decoding goes on."""
-        parked = req.parked
+        assert req.kv.where is Where.PARKED, f"resuming {req.request_id} whose cache is {req.kv.where}"
+        parked = req.kv.data
         try:
             cache = kv_cache.cache_from_snapshot(kv_cache.moved(parked, self.runner.device), self.runner.text_config)
             self.batch.add(req, cache, parked.length, req.output_ids[-1])
@@ -231,10 +232,10 @@ class LLMEngine:
             self._counters["step_errors"] += 1
             self._finish(req, FinishReason.ERROR, error=f"the model failed mid-answer ({type(exc).__name__})")
             return
-        req.parked = None
+        req.kv.move(Where.IN_ROW)
         req.status = Status.RUNNING
-        req.slice_start = len(req.output_ids)
-        req.overtaken = 0  # the bound on newcomers going first holds per wait
+        req.slicing.start = len(req.output_ids)
+        req.slicing.overtaken = 0  # the bound on newcomers going first holds per wait
 
     def _admit_and_expire(self) -> None:
         with self._lock:
@@ -295,13 +296,12 @@ class LLMEngine:
             if req.remaining_prefill > 0:
                 return  # more chunks next step
             self.scheduler.prefill_done(req)
-            req.embeds = None
             token = sample_next_tokens(logits[None], [req.params], [req.generator])[0]
             req.status = Status.RUNNING
             if not self._accept_token(req, token):
                 self.batch.add(req, req.cache, req.num_tokens - 1, token)
-                req.slice_start = len(req.output_ids)
-            req.cache = None
+                req.kv.move(Where.IN_ROW)
+                req.slicing.start = len(req.output_ids)
         except torch.OutOfMemoryError:
             self._prefill_out_of_memory(req)
         except Exception as exc:  # noqa: BLE001 — one bad request must not stop the engine
@@ -319,8 +319,7 @@ class LLMEngine:
             return
         log.warning("out of memory in prefill of %s; freed %d session bytes, retrying", req.request_id, freed)
         req.oom_retries += 1
-        req.cache = req.embeds = req.prefill_start = req.cache_source = None
-        req.num_computed = req.cached_tokens = 0
+        req.restart_prefill()
         self.scheduler.retry(req)
 
     def _decode(self) -> None:
@@ -383,7 +382,8 @@ class LLMEngine:
         if req.status in (Status.WAITING, Status.PREFILLING, Status.PAUSED):
             self.scheduler.remove(req)
         req.status = Status.FINISHED
-        req.cache = req.embeds = req.parked = None
+        req.kv.move(Where.NOWHERE)
+        req.scratch = RunnerScratch()
         if reason is not FinishReason.ERROR:
             req.handle.push_delta(req.detokenizer.flush())
         with self._lock:

@@ -200,7 +200,7 @@ class ModelRunner:
         deepstack = "deepstack" in self.family.extra_inputs
         if deepstack:
             n_deep = len(self.model.config.vision_config.deepstack_visual_indexes)
-            request.extra = dict(visual_mask=(ids[base:] == self.image_token_id),
+            request.scratch.extra = dict(visual_mask=(ids[base:] == self.image_token_id),
                                  deepstack=[torch.zeros_like(embeds) for _ in range(n_deep)])
         slots = (ids == self.image_token_id).nonzero().flatten()
         start = 0
@@ -215,7 +215,7 @@ class ModelRunner:
                 request.image_cache_hits += int(hit)
                 keep = positions >= base  # an image can straddle the cached boundary
                 embeds[positions[keep] - base] = feats[keep].to(embeds.dtype)
-                for layer, d in zip(request.extra["deepstack"] if deepstack else (), deep or ()):
+                for layer, d in zip(request.scratch.extra["deepstack"] if deepstack else (), deep or ()):
                     layer[positions[keep] - base] = d[keep].to(embeds.dtype)
         return embeds
 
@@ -228,14 +228,14 @@ class ModelRunner:
         prefix gets exactly the positions it was cached with, because they depend only on the token ids.
         """
         if self.family.positions != "mrope":
-            request.positions, request.position_delta = None, 0
+            request.scratch.positions, request.scratch.position_delta = None, 0
             return
         ids = torch.tensor([request.prompt.token_ids], device=self.device)
         grids = [img.pixel_inputs["image_grid_thw"] for img in request.prompt.images]
         positions, delta = self.model.model.get_rope_index(
             ids, mm_token_type_ids=(ids == self.image_token_id).int(),
             image_grid_thw=torch.cat(grids).to(self.device) if grids else None)
-        request.positions, request.position_delta = positions[:, 0], int(delta.flatten()[0])
+        request.scratch.positions, request.scratch.position_delta = positions[:, 0], int(delta.flatten()[0])
 
     # -- forward passes -------------------------------------------------------
     @shape_free_attention
@@ -243,19 +243,19 @@ class ModelRunner:
     def prefill(self, request, n_tokens: int) -> torch.Tensor:
         """Run the next ``n_tokens`` prompt tokens of ``request`` (a few more or fewer to keep an image whole,
         see ``_chunk_end``) through its private cache; returns last logits."""
-        if request.embeds is None:
-            request.embeds = self.embed_prompt(request)
-            request.embeds_offset = request.num_computed
+        if request.scratch.embeds is None:
+            request.scratch.embeds = self.embed_prompt(request)
+            request.scratch.embeds_offset = request.num_computed
             self.prepare_positions(request)
         start = request.num_computed
         end = self._chunk_end(request, start, start + n_tokens)
-        offset = request.embeds_offset
-        if request.positions is None:
+        offset = request.scratch.embeds_offset
+        if request.scratch.positions is None:
             positions = torch.arange(start, end, device=self.device)[None]
         else:
-            positions = request.positions[:, None, start:end]
+            positions = request.scratch.positions[:, None, start:end]
         inputs = dict(
-            inputs_embeds=request.embeds[None, start - offset:end - offset],
+            inputs_embeds=request.scratch.embeds[None, start - offset:end - offset],
             attention_mask=torch.ones(1, end, dtype=torch.long, device=self.device),
             position_ids=positions,
             cache=request.cache,
@@ -273,8 +273,8 @@ class ModelRunner:
             logits, cache = out.logits[0, -1], out.cache
         request.cache = cache
         request.num_computed = end
-        if end == request.prompt_len:
-            request.extra = None
+        if end == request.prompt_len:  # the prompt is in the cache: only the positions are needed from here
+            request.scratch.embeds = request.scratch.extra = None
         return logits
 
     def can_prefill_together(self, request) -> bool:
@@ -297,10 +297,10 @@ class ModelRunner:
             ends.append(self._chunk_end(req, 0, req.num_computed + n))
             if req.num_computed:  # only the template head: recomputed here with the rest
                 prefill_batch.reset_head(req)
-        fresh = [req for req in requests if req.embeds is None or req.embeds_offset]
+        fresh = [req for req in requests if req.scratch.embeds is None or req.scratch.embeds_offset]
         encoded = self.encode_images([img for req in fresh for img in req.prompt.images])
         for req in fresh:
-            req.embeds, req.embeds_offset = self.embed_prompt(req, encoded), 0
+            req.scratch.embeds, req.scratch.embeds_offset = self.embed_prompt(req, encoded), 0
             self.prepare_positions(req)
         batch, longest = len(requests), max(ends)
         hidden = requests[0].embeds.shape[-1]
@@ -311,10 +311,10 @@ class ModelRunner:
                                 device=self.device)
         for row, (req, end) in enumerate(zip(requests, ends)):
             pad = longest - end
-            embeds[row, pad:] = req.embeds[:end]
+            embeds[row, pad:] = req.scratch.embeds[:end]
             mask[row, pad:] = 1
             if mrope:
-                positions[:, row, pad:] = req.positions[:, :end]
+                positions[:, row, pad:] = req.scratch.positions[:, :end]
             else:
                 positions[row, pad:] = torch.arange(end, device=self.device)
         out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
@@ -323,7 +323,7 @@ class ModelRunner:
         for req, cache, end in zip(requests, caches, ends):
             req.cache, req.num_computed = cache, end
             if end == req.prompt_len:
-                req.extra = None
+                req.scratch.embeds = req.scratch.extra = None
         return list(out.logits[:, -1])
 
     def _chunk_end(self, request, start: int, end: int) -> int:
@@ -349,10 +349,10 @@ class ModelRunner:
     def _prefill_deepstack(self, request, inputs: dict, lo: int, hi: int):
         """Qwen3-VL: the chunk's vision tokens also get their DeepStack features added in the first decoder
         layers. The outer model only builds those from pixels, so the language model is called directly."""
-        mask = request.extra["visual_mask"][lo:hi]
+        mask = request.scratch.extra["visual_mask"][lo:hi]
         if bool(mask.any()):
             inputs["visual_pos_masks"] = mask[None]
-            inputs["deepstack_visual_embeds"] = [d[lo:hi][mask] for d in request.extra["deepstack"]]
+            inputs["deepstack_visual_embeds"] = [d[lo:hi][mask] for d in request.scratch.extra["deepstack"]]
         out = self.model.model.language_model(**inputs)
         logits = self.model.lm_head(out.last_hidden_state[:, -1:])
         return logits[0, -1], out.cache

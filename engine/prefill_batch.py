@@ -49,11 +49,9 @@ def groups(lengths: list[int], max_padding_share: float = MAX_PADDING_SHARE) -> 
 def reset_head(request) -> None:
     """Forget a request's cached template head so the batch recomputes it with the rest of the prompt. Its
     embeddings stay if they start at the prompt's start (its own first chunk built them), else they go."""
-    if request.embeds_offset:
-        request.embeds = None
-    request.cache = None
-    request.num_computed = request.cached_tokens = 0
-    request.cache_source = None
+    if request.scratch.embeds_offset:
+        request.scratch.embeds = None
+    request.forget_computed()
 
 
 def starts_fresh(request) -> bool:

@@ -78,7 +78,7 @@ class Scheduler:
                     if other is req:
                         break
                     if rows[other.group] == rows[req.group] and behind_newcomers(other):
-                        other.overtaken += 1
+                        other.slicing.overtaken += 1
             self.waiting.remove(req)
             rows[req.group] += 1
             in_use += 1

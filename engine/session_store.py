@@ -33,6 +33,7 @@ from .byte_lru import ByteLRU
 from .cache_layers import kv_bytes_per_token
 from .config import EngineConfig
 from .kv_quant import StoredTensor, park_kv
+from .request import CacheHit
 
 log = logging.getLogger("owlet.engine")
 
@@ -130,7 +131,7 @@ class SessionStore:
                         req.request_id, self.evict_all())
         except Exception:  # noqa: BLE001 — a broken cache entry must not fail the request
             log.exception("could not restore a cached prefix for %s; recomputing it", req.request_id)
-        req.cache, req.num_computed, req.cached_tokens, req.cache_source = None, 0, 0, None
+        req.forget_computed()
 
     def _restore(self, req) -> None:
         entry, source = None, "session"
@@ -148,8 +149,7 @@ class SessionStore:
         else:
             outcome = "session_partial_hits" if reuse < len(entry.token_ids) else "session_hits"
         req.cache = self._materialise(entry, reuse)
-        req.num_computed = req.cached_tokens = reuse
-        req.cache_source = source
+        req.num_computed, req.hit = reuse, CacheHit(reuse, source)
         self.counters[outcome] += 1
         self.counters["reused_tokens"] += reuse
 
@@ -176,7 +176,7 @@ class SessionStore:
                 self._put(key, list(head), snap, {len(head): kv_cache.exact_states(snap)} if exact else {})
         if req.remaining_prefill == 0 and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
-            req.prompt_conv = kv_cache.exact_states(snap) or None
+            req.kv.prompt_conv = kv_cache.exact_states(snap) or None
 
     def save_turn(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""
@@ -191,8 +191,8 @@ class SessionStore:
         checkpoints = {}
         if snap.conv or snap.cropped:
             checkpoints[length] = kv_cache.exact_states(snap)
-            if req.prompt_conv is not None:
-                checkpoints[req.prompt_len] = req.prompt_conv
+            if req.kv.prompt_conv is not None:
+                checkpoints[req.prompt_len] = req.kv.prompt_conv
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints, group=req.group)
 
     def evict_all(self) -> int:

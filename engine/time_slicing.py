@@ -19,7 +19,7 @@ burst runs exactly as without time slicing. Pausing copies the row's cache out e
 back (the engine does both), so an answer's tokens do not depend on how often it was paused.
 
 This module is policy only: plain functions over requests' ``group``, ``slice_tokens``, ``output_ids``,
-``overtaken`` and queue order.
+``slicing.overtaken`` (``engine.request.TimeSlice``) and queue order.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def rows_by_group(requests: Iterable) -> Counter:
 
 def behind_newcomers(req) -> bool:
     """A paused answer that still lets not-yet-started answers of equally served groups go first."""
-    return bool(req.output_ids) and req.overtaken < OVERTAKE_LIMIT
+    return bool(req.output_ids) and req.slicing.overtaken < OVERTAKE_LIMIT
 
 
 def next_in_line(waiting: Sequence, rows: Counter):

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine import FinishReason, greedy
-from engine.request import Status
+from engine.request import Status, TimeSlice
 from engine.time_slicing import OVERTAKE_LIMIT, next_in_line, rows_by_group, rows_to_pause
 
 from .helpers import chat, image, reference_tokens, run_until_done
@@ -15,7 +15,7 @@ class Row:
     group: str | None
     slice_tokens: int = 0
     output_ids: list = field(default_factory=list)  # non-empty: a paused answer
-    overtaken: int = 0
+    slicing: TimeSlice = field(default_factory=TimeSlice)
 
 
 # -- the policy -------------------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_next_in_line_prefers_the_group_with_fewest_rows_then_the_earliest():
 def test_a_question_not_started_goes_before_paused_answers_until_they_have_let_enough_go_first():
     paused, newcomer = Row("a", output_ids=[1, 2]), Row("b")
     assert next_in_line([paused, newcomer], rows_by_group([])) is newcomer
-    paused.overtaken = OVERTAKE_LIMIT
+    paused.slicing.overtaken = OVERTAKE_LIMIT
     assert next_in_line([paused, newcomer], rows_by_group([])) is paused
     # fewer rows still comes first: a newcomer of a group already running waits behind a paused answer
     assert next_in_line([Row("a", output_ids=[1]), Row("c")], rows_by_group([Row("c")])).group == "a"
