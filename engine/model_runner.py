@@ -303,8 +303,8 @@ class ModelRunner:
             req.scratch.embeds, req.scratch.embeds_offset = self.embed_prompt(req, encoded), 0
             self.prepare_positions(req)
         batch, longest = len(requests), max(ends)
-        hidden = requests[0].embeds.shape[-1]
-        embeds = requests[0].embeds.new_zeros(batch, longest, hidden)
+        hidden = requests[0].scratch.embeds.shape[-1]
+        embeds = requests[0].scratch.embeds.new_zeros(batch, longest, hidden)
         mask = torch.zeros(batch, longest, dtype=torch.long, device=self.device)
         mrope = self.family.positions == "mrope"
         positions = torch.zeros((3, batch, longest) if mrope else (batch, longest), dtype=torch.long,
