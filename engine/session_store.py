@@ -247,7 +247,8 @@ class SessionStore:
             self.disk.put(key, entry)
 
     def _lookup(self, key: str, source: str) -> tuple[SessionEntry | None, str]:
-        """``key``'s entry from memory, else from the disk tier (then kept in memory again, source "disk")."""
+        """``key``'s entry from memory, else from the disk tier (then kept in memory again; a conversation's own
+        entry read from disk has source "disk", the shared template head stays "prefix")."""
         entry = self.entries.get(key)
         if entry is not None or self.disk is None:
             return entry, source
@@ -256,7 +257,7 @@ class SessionStore:
             return None, source
         entry = SessionEntry(**fields)
         self._store(key, entry)
-        return entry, "disk"
+        return entry, "disk" if source == "session" else source
 
     def _store(self, key: str, entry: SessionEntry) -> None:
         """Keep ``entry`` under ``key`` (replacing that key's entry), within its group's share of each pool."""
