@@ -42,6 +42,10 @@ LOCK_NAME = "owlet.lock"
 SUFFIX = ".kv"
 _FINGERPRINT_BYTES = 1 << 20  # of each weight file, with its size: tells checkpoints apart without hashing them
 _EWMA = 0.3  # weight of the newest measurement in the read and prefill speed estimates
+_MIN_PREFILL_TOKENS = 32  # shorter prefills measure per-call overhead, not the speed a file read competes with
+# Entries waiting for the writer at most: beyond, the oldest waiting is not written (the store may have evicted it
+# already, and the writer must not hold more than this many entries in host memory behind a slow disk).
+MAX_PENDING = 64
 
 
 class FolderInUse(RuntimeError):
@@ -96,7 +100,8 @@ class DiskTier:
         self.read_bytes_per_s: float | None = None
         self.prefill_tokens_per_s: float | None = None
         self.counters = dict(disk_hits=0, disk_misses=0, disk_dropped=0, disk_writes=0, disk_write_errors=0,
-                             disk_evictions=0, disk_too_large=0, disk_skipped_slower=0, disk_reopened=0)
+                             disk_evictions=0, disk_too_large=0, disk_write_skipped=0, disk_skipped_slower=0,
+                             disk_reopened=0)
         self._index()
         self._writer = threading.Thread(target=self._write_loop, name="owlet-disk-tier", daemon=True)
         self._writer.start()
@@ -109,6 +114,9 @@ class DiskTier:
                 return
             self._pending.pop(key, None)  # the newest version goes to the back of the line
             self._pending[key] = entry
+            while len(self._pending) > MAX_PENDING:
+                self._pending.pop(next(iter(self._pending)))
+                self.counters["disk_write_skipped"] += 1
             self._wake.notify()
 
     def get(self, key: str) -> dict | None:
@@ -153,8 +161,10 @@ class DiskTier:
         return nbytes / self.read_bytes_per_s < tokens / self.prefill_tokens_per_s
 
     def note_prefill(self, tokens: int, seconds: float) -> None:
-        """A prefill of ``tokens`` took ``seconds``: the speed a file read competes with."""
-        if tokens > 0 and seconds > 0:
+        """A prefill of ``tokens`` took ``seconds``: the speed a file read competes with. Measured from a turn's
+        prefill start to its first token, so time spent between chunks counts too: the estimate errs toward
+        reading."""
+        if tokens >= _MIN_PREFILL_TOKENS and seconds > 0:
             self.prefill_tokens_per_s = _blend(self.prefill_tokens_per_s, tokens / seconds)
 
     def keys(self) -> list[str]:

@@ -31,12 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kv_cache
+from . import disk_tier, kv_cache
 from .byte_lru import ByteLRU
 from .cache_layers import kv_bytes_per_token
 from .config import EngineConfig
-from . import disk_tier
-from .disk_tier import DiskTier
 from .kv_quant import StoredTensor, park_kv
 
 log = logging.getLogger("owlet.engine")
@@ -86,7 +84,7 @@ class SessionStore:
 
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
                  park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0,
-                 group_share: float = 1.0, disk: DiskTier | None = None):
+                 group_share: float = 1.0, disk: disk_tier.DiskTier | None = None):
         # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
         # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
         self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
@@ -103,10 +101,11 @@ class SessionStore:
 
     @classmethod
     def for_runner(cls, config: EngineConfig, runner) -> "SessionStore":
+        disk = disk_tier.open_for(config, runner) if config.session_cache and cls.keeps_disk_tier else None
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
                    config.park_mode, config.park_group_size, config.session_cache,
                    host_budget_bytes=int(config.session_host_budget_mb * 2**20),
-                   group_share=config.session_group_share, disk=disk_tier.open_for(config, runner) if cls.keeps_disk_tier else None)
+                   group_share=config.session_group_share, disk=disk)
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
