@@ -31,7 +31,7 @@ MAGIC = b"OWLETKV\x01"
 TRAILER = b"OWLETEND"
 FORMAT = 1
 _U32 = struct.Struct("<I")
-_ALIGN = 64  # each tensor's bytes start on a 64-byte boundary of the payload
+_ALIGN = 64  # each tensor's bytes start on a 64-byte boundary of the file
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.float64)}
@@ -80,6 +80,7 @@ def encode(key: str, entry, identity: Identity) -> list:
     header = json.dumps({"format": FORMAT, "key": key, **identity.as_dict(), "token_ids": entry.token_ids,
                          "hybrid": entry.hybrid, "group": entry.group, "kv": kv, "conv": conv,
                          "payload_bytes": offset}, separators=(",", ":")).encode()
+    header += b" " * (-(len(MAGIC) + _U32.size + len(header)) % _ALIGN)  # the payload starts aligned too
     crc = zlib.crc32(header)
     for blob in blobs:
         crc = zlib.crc32(blob, crc)
