@@ -156,3 +156,18 @@ def test_a_file_slower_to_read_than_to_recompute_is_not_read(make_engine, runner
     assert result.stats.cache_source != "disk"
     assert result.token_ids == reference_tokens(runners("llava"), messages, 8)
     assert second.stats()["disk_skipped_slower"] >= 1  # the conversation (and the template head)
+
+
+def test_a_quantised_entry_resumed_from_disk_answers_as_the_parked_one_in_memory(make_engine, tmp_path):
+    """int8 parking is lossy by design; the file adds nothing to it: the codes and scales come back bit for bit."""
+    kept = make_engine("lfm2vl", park_mode="int8")
+    prompts, results = converse(kept, "c", turns=TURNS[:2])
+    _, in_memory = follow_up(kept, "c", history_of(prompts, results), "What else is there?")
+    first = make_engine("lfm2vl", park_mode="int8", disk_cache_dir=str(tmp_path))
+    prompts, results = converse(first, "c", turns=TURNS[:2])
+    first.stop()
+    second = make_engine("lfm2vl", park_mode="int8", disk_cache_dir=str(tmp_path))
+    _, from_disk = follow_up(second, "c", history_of(prompts, results), "What else is there?")
+    assert from_disk.stats.cache_source == "disk" and in_memory.stats.cache_source == "session"
+    assert from_disk.token_ids == in_memory.token_ids
+    assert from_disk.stats.cached_tokens == in_memory.stats.cached_tokens
