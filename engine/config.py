@@ -51,6 +51,12 @@ class EngineConfig:
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
+    # Disk tier (engine/disk_tier.py): every session entry kept is also written to a file in this folder, stored as
+    # parked entries are (park_mode), so it outlives host memory and the worker; a worker started again on the same
+    # folder serves its conversations' follow-ups from those files. One worker per folder (a second is refused).
+    # None: no disk tier.
+    disk_cache_dir: str | None = None
+    disk_cache_mb: float = 4096.0  # the folder's bound: least recently used files are deleted beyond it
     # Decode batch storage (engine/decode_batch.py): auto (the path the family row names, engine/families.py) |
     # slots (K/V and conv states preallocated per running row, written in place; only for a family whose row
     # names it) | dynamic (a DynamicCache concatenated as rows join and leave; any family).
@@ -103,6 +109,8 @@ class EngineConfig:
             raise ValueError(f"park_mode must be one of {PARK_MODES}, got {self.park_mode!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.disk_cache_mb <= 0:
+            raise ValueError("disk_cache_mb must be > 0")
         if self.session_host_budget_mb < 0:
             raise ValueError("session_host_budget_mb must be >= 0")
         if self.decode_graphs not in ("auto", "off", "static", "cuda"):

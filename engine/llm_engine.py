@@ -134,6 +134,7 @@ class LLMEngine:
             leftovers = list(self._live.values())
         for req in leftovers:
             self._finish(req, FinishReason.CANCELLED, error="the engine shut down")
+        self.sessions.close()
 
     def has_work(self) -> bool:
         return bool(self._inbox or self.scheduler.waiting or self.scheduler.prefilling or len(self.batch))

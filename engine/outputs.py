@@ -26,7 +26,9 @@ class RequestStats:
     ttft_s: float | None = None  # add_request -> first token
     decode_tokens_per_s: float | None = None  # after the first token
     image_cache_hits: int = 0
-    cache_source: str | None = None  # "session" (this conversation's cache), "prefix" (shared template head), None
+    # "session" (this conversation's cache), "disk" (the same, read back from the disk tier), "prefix" (shared
+    # template head), None
+    cache_source: str | None = None
     pauses: int = 0  # times the answer gave its decode row to another group's answer (time slicing)
 
 

@@ -52,7 +52,8 @@ class RequestCache:
 class CacheHit:
     """The prefix a request reused at admission: its length in tokens, and which cache gave it."""
     tokens: int
-    source: str  # "session" (its conversation's earlier turn) or "prefix" (the shared template head)
+    source: str  # "session" (its conversation's earlier turn), "disk" (that turn read back from the disk tier) or
+    # "prefix" (the shared template head)
 
 
 @dataclass

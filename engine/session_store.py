@@ -17,6 +17,9 @@ address or login the worker names for the request) holds at most ``group_share``
 oldest entries go first, so one client's many conversations cannot flush everyone else's caches. Idle entries may
 be parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
 are restored on resume. Device bytes and host bytes are accounted separately, each under its own budget.
+With a disk tier (``engine.disk_tier``, ``EngineConfig.disk_cache_dir``) every entry kept is also written to a
+file, so it outlives host memory and the worker: a lookup that misses memory reads the file back (cache source
+"disk") when that is faster than prefilling it.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
 which is cached once as a prefix entry.
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kv_cache
+from . import disk_tier, kv_cache
 from .byte_lru import ByteLRU
 from .cache_layers import kv_bytes_per_token
 from .config import EngineConfig
@@ -78,9 +81,11 @@ class SessionEntry:
 
 
 class SessionStore:
+    keeps_disk_tier = True  # its entries are plain SessionEntry fields, which engine.entry_file writes
+
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
                  park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0,
-                 group_share: float = 1.0):
+                 group_share: float = 1.0, disk: disk_tier.DiskTier | None = None):
         # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
         # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
         self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
@@ -91,15 +96,17 @@ class SessionStore:
         self.group_size = group_size
         self.enabled = enabled
         self.group_share = group_share
+        self.disk = disk  # files behind both pools (write-through), or None
         self.counters = dict(session_hits=0, session_misses=0, session_partial_hits=0, prefix_hits=0,
                              reused_tokens=0, session_group_evictions=0, session_group_refusals=0)
 
     @classmethod
     def for_runner(cls, config: EngineConfig, runner) -> "SessionStore":
+        disk = disk_tier.open_for(config, runner) if config.session_cache and cls.keeps_disk_tier else None
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
                    config.park_mode, config.park_group_size, config.session_cache,
                    host_budget_bytes=int(config.session_host_budget_mb * 2**20),
-                   group_share=config.session_group_share)
+                   group_share=config.session_group_share, disk=disk)
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
@@ -136,12 +143,12 @@ class SessionStore:
     def _restore(self, req) -> None:
         entry, source = None, "session"
         if req.session_id is not None:
-            entry = self.entries.get(req.session_id)
+            entry, source = self._lookup(req.session_id, source)
         reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
         if reuse == 0:
             self.counters["session_misses"] += req.session_id is not None
-            key, source = self._prefix_key(req.prompt.head_ids), "prefix"
-            entry = self.entries.get(key) if key else None
+            key = self._prefix_key(req.prompt.head_ids)
+            entry, source = self._lookup(key, "prefix") if key else (None, "prefix")
             reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
             if reuse == 0:
                 return
@@ -193,6 +200,8 @@ class SessionStore:
             checkpoints[length] = kv_cache.exact_states(snap)
             if req.kv.prompt_conv is not None:
                 checkpoints[req.prompt_len] = req.kv.prompt_conv
+        if self.disk is not None and req.prefill_start is not None and req.first_token_time is not None:
+            self.disk.note_prefill(req.prompt_len - req.cached_tokens, req.first_token_time - req.prefill_start)
         self._put(req.session_id, req.all_token_ids[:length], snap, checkpoints, group=req.group)
 
     def evict_all(self) -> int:
@@ -207,7 +216,17 @@ class SessionStore:
         return dict(sessions=[k for k in e.keys() if not k.startswith("prefix:")], session_bytes=e.bytes_held,
                     session_device_bytes=e.held["device"], session_host_bytes=e.held["host"],
                     session_budget_bytes=e.budgets["device"], session_host_budget_bytes=e.budgets["host"],
-                    session_evictions=e.evictions, park_mode=self.park_mode, **self.counters)
+                    session_evictions=e.evictions, park_mode=self.park_mode, **self.counters,
+                    **(self.disk_stats() if self.disk is not None else {}))
+
+    def disk_stats(self) -> dict:
+        """The disk tier's figures, and the conversations it holds (a restarted worker announces them)."""
+        return dict(disk_sessions=[k for k in self.disk.keys() if not k.startswith("prefix:")], **self.disk.stats())
+
+    def close(self) -> None:
+        """The engine stops: finish writing the disk tier's files and let its folder go."""
+        if self.disk is not None:
+            self.disk.close()
 
     # -- internals --------------------------------------------------------------
     def _put(self, key: str, token_ids: list[int], snap: kv_cache.CacheSnapshot, checkpoints: dict,
@@ -223,6 +242,21 @@ class SessionStore:
         checkpoints = {n: {i: s.to(where) for i, s in states.items()} for n, states in checkpoints.items()}
         entry = SessionEntry(token_ids, kv, checkpoints, hybrid=bool(snap.conv) or snap.cropped, group=group)
         self._store(key, entry)
+        if self.disk is not None:
+            self.disk.put(key, entry)
+
+    def _lookup(self, key: str, source: str) -> tuple[SessionEntry | None, str]:
+        """``key``'s entry from memory, else from the disk tier (then kept in memory again; a conversation's own
+        entry read from disk has source "disk", the shared template head stays "prefix")."""
+        entry = self.entries.get(key)
+        if entry is not None or self.disk is None:
+            return entry, source
+        fields = self.disk.get(key)
+        if fields is None:
+            return None, source
+        entry = SessionEntry(**fields)
+        self._store(key, entry)
+        return entry, "disk" if source == "session" else source
 
     def _store(self, key: str, entry: SessionEntry) -> None:
         """Keep ``entry`` under ``key`` (replacing that key's entry), within its group's share of each pool."""

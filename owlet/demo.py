@@ -11,6 +11,8 @@
 2. Starts a worker (``python -m worker``, i.e. ``owlet-worker``) serving ``--model`` / ``$OWLET_MODEL``
    (default: the bundled ``models/owlet-shapes-vl``), and the page (``python -m ui``, i.e. ``owlet-page``), whose
    uploaded pictures go to ``--uploads-dir`` (default ``.cache/demo-uploads``), not the system-wide Gradio folder.
+   The worker keeps its conversations' caches on disk in ``--kv-dir`` (default ``.cache/demo-kv``), so a worker
+   the demo starts again continues them instead of recomputing them.
 3. Prints the URL once a worker heartbeat is alive and the page answers. What the worker and the page write goes to
    their own files (``--log-dir``, default ``.cache/demo-logs``; ``owlet.child_logs``), so the terminal shows the
    demo's own lines, the page's sentences for its operator (the share link, or why there is none), and the last
@@ -55,6 +57,7 @@ DEFAULT_MODEL = ROOT / "models" / "owlet-shapes-vl"
 DEFAULT_REDIS_DIR = ROOT / ".cache" / "demo-redis"
 DEFAULT_UPLOADS_DIR = ROOT / ".cache" / "demo-uploads"
 DEFAULT_LOG_DIR = ROOT / ".cache" / "demo-logs"
+DEFAULT_KV_DIR = ROOT / ".cache" / "demo-kv"
 CHILDREN = ("worker", "ui")
 
 
@@ -82,7 +85,7 @@ class Stack:
 
     def __init__(self, redis_url: str | None, model: str, host: str, port: int, ui_args: list[str],
                  worker_concurrency: int, log_dir: Path | None = None, extra_env: dict | None = None,
-                 redis_dir: Path | None = None, uploads_dir: Path | None = None):
+                 redis_dir: Path | None = None, uploads_dir: Path | None = None, kv_dir: Path | None = None):
         # None: an embedded Redis of the stack's own; a URL: that server, which must answer.
         self.requested_redis = redis_url
         self.model, self.host, self.port, self.ui_args = model, host, port, ui_args
@@ -97,6 +100,9 @@ class Stack:
         self.embedded_dir: str | None = None
         # Where the page's Gradio keeps uploads (GRADIO_TEMP_DIR); None: whatever the environment says.
         self.uploads_dir = uploads_dir
+        # The worker's disk tier (OWLET_DISK_CACHE_DIR): a restarted worker continues its conversations
+        # from their caches there instead of recomputing them. None: no disk tier.
+        self.kv_dir = kv_dir
         self.children: dict[str, subprocess.Popen] = {}
         self._commands: dict[str, tuple[list[str], dict]] = {}  # how each child was started, to restart it
 
@@ -159,6 +165,8 @@ class Stack:
         if self.uploads_dir is not None:
             Path(self.uploads_dir).mkdir(parents=True, exist_ok=True)
             env["GRADIO_TEMP_DIR"] = str(self.uploads_dir)
+        if self.kv_dir is not None:
+            env["OWLET_DISK_CACHE_DIR"] = str(self.kv_dir)
         env.update(self.extra_env)
         return env
 
@@ -299,6 +307,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--uploads-dir", type=Path, default=Path(os.environ.get("GRADIO_TEMP_DIR") or DEFAULT_UPLOADS_DIR),
                    help="where the page keeps uploaded pictures (default $GRADIO_TEMP_DIR, else .cache/demo-uploads "
                         "in the checkout)")
+    p.add_argument("--kv-dir", type=Path, default=Path(os.environ.get("OWLET_DISK_CACHE_DIR") or DEFAULT_KV_DIR),
+                   help="where the worker keeps its conversations' caches on disk, so a restarted worker continues "
+                        "them (default $OWLET_DISK_CACHE_DIR, else .cache/demo-kv in the checkout)")
     p.add_argument("--model", default=os.environ.get("OWLET_MODEL") or str(DEFAULT_MODEL),
                    help="model folder the worker serves (default $OWLET_MODEL, else the bundled demo model, "
                         "models/owlet-shapes-vl)")
@@ -401,7 +412,7 @@ def main(argv=None) -> int:
     # SIGTERM behaves like Ctrl-C, so `kill <launcher>` also cleans up.
     signal.signal(signal.SIGTERM, _interrupt)
     stack = Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency, args.log_dir,
-                  redis_dir=args.redis_dir, uploads_dir=args.uploads_dir)
+                  redis_dir=args.redis_dir, uploads_dir=args.uploads_dir, kv_dir=args.kv_dir)
     stack.logs.clear(*CHILDREN)
     try:
         with stack:

@@ -109,6 +109,10 @@ BENCHMARKS = {
         module("multiturn", "--family", "mplug-owl3", "--owl-layout", layout),
         ("followup_ttft_ratio", "int8_bytes_ratio", "int4_bytes_ratio", "session_hit_rate"),
         expect={"layout": layout}) for layout in LAYOUTS},
+    # after a restart, every follow-up is served from the disk tier; with it, more conversations keep their cache
+    "cache_tiers": QuickRun(module("cache_tiers"), (
+        "followup_ttft_ratio", "read_over_prefill_per_token", "sessions_per_gb_ratio", "index_bytes_per_file"),
+        expect={"served_from_disk": 2, "conversations": 2}, within={"sessions_per_gb_ratio": (1.01, 1e6)}),
     "peers": QuickRun(module("peers"), ("owlet_tok_s", "hf_cb_tok_s", "vs_hf_cb"), expect={"tokens_agree": True}),
     "soak": QuickRun(module("soak"), (
         "turns_answered", "page_mb_per_min", "worker_mb_per_min", "worker_beyond_caches_mb_per_min",

@@ -56,7 +56,8 @@ class WorkerMetrics:
         self.paused.set(stats.get("paused", 0))
         self.pauses.set(stats.get("pauses", 0))
         for key in ("session_hits", "session_partial_hits", "session_misses", "session_evictions", "session_bytes",
-                    "prefix_hits"):
+                    "prefix_hits", "disk_hits", "disk_misses", "disk_dropped", "disk_evictions", "disk_bytes",
+                    "disk_files", "disk_skipped_slower"):
             if isinstance(stats.get(key), (int, float)):
                 self.cache.labels(worker=self.worker, stat=key).set(stats[key])
         for key, value in (stats.get("image_cache") or {}).items():

@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 
 from owlet.allocator import start_trimming
-from worker import heartbeat
+from worker import heartbeat, held_conversations
 from worker.config import Settings
 from worker.history import ConversationStore
 from worker.images import ImageStore
@@ -110,6 +110,7 @@ class WorkerRuntime:
         if self.settings.worker_metrics_port:  # up before the heartbeat says this worker is
             self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
         self._beat()  # announce capacity before the first job can arrive
+        self._claim_held()
         for target, name in ((self._heartbeat_loop, "owlet-heartbeat"), (self._cancel_loop, "owlet-cancel")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -121,6 +122,15 @@ class WorkerRuntime:
             log.warning("owlet worker %s: %d Celery threads for an engine that holds %d answers at once: it takes %d "
                         "jobs at once (give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the engine)",
                         self.worker, self.threads, engine_slots, self.threads)
+
+    def _claim_held(self) -> None:
+        """Conversations the engine found on disk (a restart on the same OWLET_DISK_CACHE_DIR): route their
+        follow-ups here (``worker.held_conversations``)."""
+        convs = self.engine.stats().get("disk_sessions") or ()
+        if convs:
+            claimed = held_conversations.claim(self.r, self.keys, self.worker, convs, self.settings.holder_ttl_s)
+            log.info("owlet worker %s: holds %d conversations on disk, now their holder for %d", self.worker,
+                     len(convs), claimed)
 
     def stop(self) -> None:
         self._taking.clear()
