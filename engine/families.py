@@ -26,7 +26,6 @@ warning, because its answers may be silently wrong.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from dataclasses import dataclass
@@ -139,20 +138,3 @@ def check_cache_layers(family: Family, text_config, allow_unverified: bool) -> N
     if not allow_unverified:
         raise ValueError(message + ". To try it anyway, set OWLET_ALLOW_UNVERIFIED=true.")
     log.warning("%s; running anyway because allow_unverified is set", message)
-
-
-def runner_class(family: Family):
-    """The ModelRunner class serving ``family``: its custom one if the row names one, else the generic runner."""
-    if family.runner is None:
-        from .model_runner import ModelRunner
-        return ModelRunner
-    module, _, name = family.runner.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def make_runner(config, families=FAMILIES):
-    """Load the checkpoint ``config.model`` with the runner its family needs (refusing unverified ones, and a
-    transformers older than the engine is verified with)."""
-    transformers_version.check()
-    family = resolve(config.model, config.allow_unverified, families)
-    return runner_class(family)(config, family=family)

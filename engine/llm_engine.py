@@ -24,7 +24,7 @@ from . import kv_cache, prefill_batch
 from .config import EngineConfig
 from .decode_batch import make_decode_batch
 from .detokenizer import IncrementalDetokenizer
-from .families import make_runner
+from .runners import make_runner
 from .handle import RequestHandle
 from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder

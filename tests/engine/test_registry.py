@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, families, greedy
+from engine import EngineConfig, LLMEngine, families, greedy, runners
 from engine.model_runner import ModelRunner
 from engine.runner_interface import Runner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
@@ -77,7 +77,7 @@ def test_a_registry_row_can_name_its_own_runner():
     row = families.Family("Custom LLaVA", "LlavaForConditionalGeneration",
                           runner="tests.engine.test_registry:RecordingRunner")
     cfg = EngineConfig(model=str(ensure_tiny_checkpoint("llava")), dtype="float32")
-    runner = families.make_runner(cfg, families=(row,))
+    runner = runners.make_runner(cfg, families=(row,))
     assert isinstance(runner, RecordingRunner) and RecordingRunner.built == 1 and runner.family is row
     assert isinstance(runner, Runner), "the generic runner offers the engine's runner interface"
-    assert families.runner_class(families.by_architecture()["LlavaForConditionalGeneration"]) is ModelRunner
+    assert runners.runner_class(families.by_architecture()["LlavaForConditionalGeneration"]) is ModelRunner

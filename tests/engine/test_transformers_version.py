@@ -8,7 +8,7 @@ import transformers
 
 from engine import transformers_version
 from engine.config import EngineConfig
-from engine.families import make_runner
+from engine.runners import make_runner
 
 
 def test_an_older_transformers_is_refused_with_the_version_to_install():
