@@ -9,11 +9,18 @@ import pytest
 
 from engine import greedy
 
-from .helpers import image, reference_tokens, run_until_done
+from .helpers import image, run_until_done
+from .test_families import reference
 
-SYSTEM = {"role": "system", "content": "You are a careful assistant who describes pictures in a few words."}
+
+def reference_tokens(runner, messages, n: int) -> list[int]:
+    """generate() on the processor's own chat template ids (every family's, test_families.py)."""
+    return reference(runner, messages, n)
+
+SYSTEM = {"role": "system", "content": [{"type": "text", "text": "You are a careful assistant who describes pictures."}]}
 CASES = [("lfm2vl", "slots"), ("lfm2vl", "dynamic"), ("llava", "slots"), ("llava", "dynamic"),
-         ("qwen2vl", "dynamic"), ("gemma3", "dynamic"), ("mistral3", "dynamic")]
+         ("qwen2vl", "dynamic"), ("qwen2_5vl", "dynamic"), ("qwen3vl", "dynamic"), ("gemma3", "dynamic"),
+         ("mistral3", "dynamic"), ("idefics3", "dynamic"), ("smolvlm", "dynamic"), ("internvl", "dynamic")]
 
 
 def conversation(question: str, picture, system: bool = True) -> list[dict]:
