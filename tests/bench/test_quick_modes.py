@@ -109,6 +109,9 @@ BENCHMARKS = {
         module("multiturn", "--family", "mplug-owl3", "--owl-layout", layout),
         ("followup_ttft_ratio", "int8_bytes_ratio", "int4_bytes_ratio", "session_hit_rate"),
         expect={"layout": layout}) for layout in LAYOUTS},
+    # a warm example turn restores all of its prompt but one token; a fresh worker restores nothing
+    "prefix_sharing": QuickRun(module("prefix_sharing"), (
+        "cold_ttft_ms", "warm_example_ttft_ratio", "warm_other_question_ttft_ratio", "features_only_ttft_ratio")),
     "peers": QuickRun(module("peers"), ("owlet_tok_s", "hf_cb_tok_s", "vs_hf_cb"), expect={"tokens_agree": True}),
     "soak": QuickRun(module("soak"), (
         "turns_answered", "page_mb_per_min", "worker_mb_per_min", "worker_beyond_caches_mb_per_min",
