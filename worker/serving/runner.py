@@ -23,6 +23,7 @@ from worker.images import ImageStore
 from worker.jobs import Job, check_image_count, parse_job
 from worker.keys import JobField, JobState, Keys
 from worker.queue.job_states import JobStates, Started, Taken
+from worker.queue.prefix_routes import route_keys
 from worker.redis_retry import until_reachable
 from worker.serving.deltas import coalesced_deltas
 from worker.serving.metrics import WorkerMetrics
@@ -38,7 +39,7 @@ SERVICE_RESTARTING = "The chat service was restarting while answering. Please tr
 class EngineSlots(Protocol):
     """What the runner needs of the worker process around the engine (``WorkerRuntime`` provides it)."""
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str): ...
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str, prefixes=()): ...
     def forget(self, job_id: str) -> None: ...
     def dispatch_soon(self) -> None: ...
     def hold(self, job_id: str) -> bool: ...
@@ -119,7 +120,9 @@ class JobRunner:
         started = time.monotonic()
         # The session cache's share is per client group (the address or login SUBMIT recorded), not per user:
         # one network minting many identities still holds one share.
-        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv, started_job.group or job.user)
+        # The route keys of a first question's prefixes, which this worker now holds: announced for prefix routing.
+        handle = self.slots.submit_to_engine(job_id, messages, sampling, job.conv, started_job.group or job.user,
+                                             prefixes=route_keys(job.messages))
         writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
         last = None
         for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):

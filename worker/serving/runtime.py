@@ -22,6 +22,7 @@ from worker.images import ImageStore
 from worker.keys import Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, Started, Taken
+from worker.queue.prefix_routes import HeldRoutes
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
 from worker.serving.metrics import WorkerMetrics
@@ -74,6 +75,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(worker)
         self.engine = engine if engine is not None else build_engine(settings)
         self._active: set[str] = set()  # job ids submitted to the engine and not finished
+        self.routes = HeldRoutes()  # first questions it ran, announced for prefix routing (worker.queue.prefix_routes)
         # Job ids a thread of this worker holds, from the claim (or take) that started them to their end. A job Redis
         # records as started here that no thread holds was taken by a script whose reply was lost (Redis went away
         # between running it and answering): _sweep_unheld puts it back in line.
@@ -133,9 +135,10 @@ class WorkerRuntime:
     def run_job(self, job_id, dispatch_n) -> None:
         self.runner.run(job_id, dispatch_n)
 
-    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str):
+    def submit_to_engine(self, job_id: str, messages, sampling, conv: str, group: str, prefixes=()):
         with self._lock:
             self._active.add(job_id)
+        self.routes.add(prefixes)
         return self.engine.add_request(messages, sampling, session_id=conv, request_id=job_id,
                                        deadline_s=self.settings.job_deadline_s, group=group)
 
@@ -240,7 +243,8 @@ class WorkerRuntime:
         beat = heartbeat.Heartbeat(worker=self.worker, capacity=self._capacity(stats),
                                    rows=int(stats.get("max_running", 0)), model=model_name(self.engine),
                                    running=int(stats.get("running", 0)) + int(stats.get("prefilling", 0)),
-                                   waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)))
+                                   waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)),
+                                   prefixes=self.routes.recent())
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
         self.metrics.observe_engine(stats)
 
