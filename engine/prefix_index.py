@@ -118,17 +118,13 @@ class PrefixIndex:
         return entry_key is not None and entry_key in entries
 
     def chunk_stop(self, entries, req) -> int | None:
-        """Where ``req``'s next prefill chunk should end so that a share point nobody holds can be kept: every
-        such point on exact-length models (each needs its own checkpoint), else only the last one."""
-        if req.session_id is not None and req.cache_source == "session":
+        """On exact-length models, the next share point of ``req`` nobody holds: its prefill pauses there for the
+        states valid only at that length. None on full-attention models (a slice of the prompt's K/V serves)."""
+        if not self.exact_lengths or req.cache_source == "session":
             return None
         _, points, keys = self.plan(req)
         wanted = [n for n, key in zip(points, keys) if n > req.num_computed and not self.held(entries, key)]
-        if not wanted:
-            return None
-        if self.exact_lengths:
-            return wanted[0]
-        return points[-1] if wanted[-1] == points[-1] else None  # one slice of its K/V serves the shorter ones
+        return wanted[0] if wanted else None
 
     def remember_states(self, req, states: dict) -> None:
         """Exact-length states (``kv_cache.exact_states``) taken at the share point ``req`` just reached."""

@@ -12,11 +12,10 @@ Policy, in one place:
 - at most ``max_prefill_tokens`` prompt tokens per step, summed over requests. A longer prompt is prefilled in
   chunks over several steps, and the decode batch runs one step between chunks, so a long prompt (a big image)
   delays running streams by at most one chunk's compute per token;
-- a chunk stops where the prefix cache asks (``chunk_stop``): at the end of the template head when that head is not
-  cached yet, and at a prompt's share points (engine/prefix_index.py), so the session store can keep prefixes for
-  every later conversation;
+- a first chunk stops at the end of the template head when that head is not cached yet, so the session store
+  can save it for every later conversation;
 - a partly prefilled request continues before new ones start, so chunked prompts finish in arrival order.
-It imports no model code: the prefix cache is any object with ``restore(request)`` and ``chunk_stop(request)``
+It imports no model code: the prefix cache is any object with ``restore(request)`` and ``needs_head(head_ids)``
 (the engine passes its ``SessionStore``).
 """
 from __future__ import annotations
@@ -104,7 +103,8 @@ class Scheduler:
 
     def _chunk(self, req: Request, budget: int) -> int:
         n = min(req.remaining_prefill, budget)
-        stop = self.prefix_cache.chunk_stop(req) if self.prefix_cache is not None else None
-        if stop is not None and stop > req.num_computed:
-            n = min(n, stop - req.num_computed)
+        head = len(req.prompt.head_ids or ())
+        if (req.num_computed == 0 and head and self.prefix_cache is not None
+                and self.prefix_cache.needs_head(req.prompt.head_ids)):
+            n = min(n, head)
         return n

@@ -168,15 +168,10 @@ class SessionStore:
         """True while the shared template head is not cached: the scheduler then ends a first chunk there."""
         return self.enabled and bool(head_ids) and self._prefix_key(head_ids) not in self.entries
 
-    def chunk_stop(self, req) -> int | None:
-        """Where ``req``'s next prefill chunk should end so that a prefix others may share can be kept (the template
-        head, then engine/prefix_index.py's share points); None: anywhere."""
-        if not self.enabled:
-            return None
-        head = req.prompt.head_ids
-        if req.num_computed == 0 and self.needs_head(head):
-            return len(head)
-        return self.prefixes.chunk_stop(self.entries, req)
+    def share_stop(self, req) -> int | None:
+        """Where a prefill chunk of ``req`` should pause so that a prefix others may share can be kept at its exact
+        length (engine/prefix_index.py); None: nowhere."""
+        return self.prefixes.chunk_stop(self.entries, req) if self.enabled else None
 
     def checkpoint(self, req) -> None:
         """After each prefill chunk: save what can only be taken at this exact length.
@@ -206,6 +201,11 @@ class SessionStore:
         if req.cache_source == "session":
             return
         _, points, keys = self.prefixes.plan(req)
+        if not self.prefixes.exact_lengths:  # full attention: the prompt's K/V sliced at its last share point
+            if req.remaining_prefill or not points or self.prefixes.held(self.entries, keys[-1]):
+                return
+            snap = kv_cache.prefix_of(kv_cache.snapshot_row(req.cache, 0, req.prompt_len), points[-1])
+            return self._keep_prefix_entry(req, snap, {}, keys)
         if req.num_computed not in points or self.prefixes.held(self.entries, keys[points.index(req.num_computed)]):
             return
         snap = kv_cache.snapshot_row(req.cache, 0, req.num_computed)
@@ -214,9 +214,11 @@ class SessionStore:
             if states:
                 self.prefixes.remember_states(req, states)
             return
-        checkpoints = {**self.prefixes.states(req), req.num_computed: states} if states else {}
+        self._keep_prefix_entry(req, snap, {**self.prefixes.states(req), req.num_computed: states}, keys)
+
+    def _keep_prefix_entry(self, req, snap: kv_cache.CacheSnapshot, checkpoints: dict, keys: list[str]) -> None:
         key = self.prefixes.entry_key(keys[-1])
-        self._put(key, req.prompt.token_ids[:req.num_computed], snap, checkpoints, group=req.group)
+        self._put(key, req.prompt.token_ids[:snap.length], snap, checkpoints, group=req.group)
         if key in self.entries:
             self.counters["shared_prefixes_kept"] += 1
             self.prefixes.register(self.entries, key, keys)
