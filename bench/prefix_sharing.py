@@ -50,20 +50,16 @@ def ask(engine: LLMEngine, messages, conv: str, new_tokens: int):
     return handle.result(0)
 
 
-def measure(runner, base: dict, way: str, picture, repeats: int, new_tokens: int) -> tuple[list[float], float]:
-    """TTFTs of ``repeats`` new conversations asked ``way``, and the share of their prompt that was restored."""
-    ttfts, reused = [], []
-    for i in range(repeats):
-        runner.image_features.__init__(64 * 2**20)  # each way starts from its own worker state
-        shared = way not in ("features only", "cold, not shared")
-        engine = LLMEngine(EngineConfig(**base, shared_prefixes=shared), runner=runner)
-        question = OTHER_QUESTION if way == "warm, other question" else EXAMPLE_QUESTION
-        if not way.startswith("cold"):  # another conversation asked the example here before
-            ask(engine, example(picture, EXAMPLE_QUESTION), f"earlier-{i}", new_tokens)
-        result = ask(engine, example(picture, question), f"new-{i}", new_tokens)
-        ttfts.append(result.stats.ttft_s)
-        reused.append(result.stats.cached_tokens / result.stats.prompt_tokens)
-    return ttfts, statistics.mean(reused)
+def measure(runner, base: dict, way: str, picture, i: int, new_tokens: int) -> tuple[float, float]:
+    """TTFT of new conversation ``i`` asked ``way`` on a worker of its own, and the share of its prompt restored."""
+    runner.image_features.__init__(64 * 2**20)  # each way starts from its own worker state
+    shared = way not in ("features only", "cold, not shared")
+    engine = LLMEngine(EngineConfig(**base, shared_prefixes=shared), runner=runner)
+    question = OTHER_QUESTION if way == "warm, other question" else EXAMPLE_QUESTION
+    if not way.startswith("cold"):  # another conversation asked the example here before
+        ask(engine, example(picture, EXAMPLE_QUESTION), f"earlier-{i}", new_tokens)
+    result = ask(engine, example(picture, question), f"new-{i}", new_tokens)
+    return result.stats.ttft_s, result.stats.cached_tokens / result.stats.prompt_tokens
 
 
 def main(argv=None) -> dict:
@@ -86,10 +82,14 @@ def main(argv=None) -> dict:
     print(machine_line(str(runner.device), runner.dtype))
     print(f"model: {shape} LFM2-VL, {sum(p.numel() for p in runner.model.parameters()) / 1e6:.0f}M parameters")
     picture = noise_image(7, side)
-    measure(runner, base, "warm, same question", picture, 1, 2)  # one-off allocator and kernel set-up
-
     ways = ["cold", "cold, not shared", "features only", "warm, same question", "warm, other question"]
-    figures = {way: measure(runner, base, way, picture, args.repeats, args.new_tokens) for way in ways}
+    for way in ways:  # one-off allocator and kernel set-up for every shape the ways run
+        measure(runner, base, way, picture, -1, 2)
+    runs: dict[str, list] = {way: [] for way in ways}
+    for i in range(args.repeats):  # the ways take turns, so a change in the host's load meets them all
+        for way in ways:
+            runs[way].append(measure(runner, base, way, picture, i, args.new_tokens))
+    figures = {way: ([t for t, _ in got], statistics.mean(r for _, r in got)) for way, got in runs.items()}
     cold = statistics.median(figures["cold"][0])
     prompt_len = len(LLMEngine(EngineConfig(**base), runner=runner).prompts.build(
         example(picture, EXAMPLE_QUESTION)).token_ids)
