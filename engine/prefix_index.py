@@ -8,16 +8,17 @@ for every picture, so token ids alone would match two different pictures.
 Share points. A prompt offers a few lengths others may share (``share_points``): the end of its last image (the
 system prompt and the picture; questions differ after it) and its length minus one (the whole prompt: the engine
 must still run one token to get the first answer token's logits). The template head keeps its own entry
-(engine/session_store.py). When a prompt's prefill reaches its last share point and nobody holds it yet, the
-session store keeps one entry covering it, under ``entry_key``; every share point of that prompt is an alias
+(engine/session_store.py). When a prompt's prefill reaches its last share point (full attention: when it ends) and
+nobody holds that yet, the session store keeps one entry covering it, under ``entry_key``; every share point of that prompt is an alias
 (``content_key``) of that entry.
 
 Exactness, as the session cache's rules:
 - full-attention layers: K/V of a prefix is a slice, so one entry serves every shorter share point, and the
   token-by-token match may run past a share point (a common start of two questions) up to the next image;
 - conv layers (LFM2) and sliding-window layers (Gemma 3, Mistral) are valid only at the exact length they were
-  taken: for those models the scheduler ends a first prompt's chunks at its share points (``chunk_stop``) and the
-  entry keeps a checkpoint at each; a restore takes only a checkpointed length;
+  taken: for those models a first prompt's prefill pauses at its share points (``chunk_stop``; the engine runs the
+  pieces in the same step) and the entry keeps a checkpoint at each; a restore takes only a checkpointed length.
+  A batched prefill's rows do not pause, so such a row keeps nothing;
 - M-RoPE positions depend only on token ids and images, so a prefix with equal ids and images has equal positions;
 - mPLUG-Owl3's images are cross-attended by the tokens after them: the prefix's self-attention K/V depends on the
   pictures before its end, which the key includes; the request's own images are encoded (or found in the feature
