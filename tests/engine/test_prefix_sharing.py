@@ -17,7 +17,8 @@ def reference_tokens(runner, messages, n: int) -> list[int]:
     """generate() on the processor's own chat template ids (every family's, test_families.py)."""
     return reference(runner, messages, n)
 
-SYSTEM = {"role": "system", "content": [{"type": "text", "text": "You are a careful assistant who describes pictures."}]}
+SYSTEM = {"role": "system",
+          "content": [{"type": "text", "text": "You are a careful assistant who describes pictures."}]}
 CASES = [("lfm2vl", "slots"), ("lfm2vl", "dynamic"), ("llava", "slots"), ("llava", "dynamic"),
          ("qwen2vl", "dynamic"), ("qwen2_5vl", "dynamic"), ("qwen3vl", "dynamic"), ("gemma3", "dynamic"),
          ("mistral3", "dynamic"), ("idefics3", "dynamic"), ("smolvlm", "dynamic"), ("internvl", "dynamic")]

@@ -18,7 +18,8 @@ def test_keys_name_the_prompt_not_the_conversation():
     assert len(example) == 2 and example == route_keys([("user", "What is in it?", SHA)])
     other_question = route_keys([Message("user", "Which colour?", SHA)])
     assert other_question[0] != example[0] and other_question[1] == example[1]  # the same picture
-    assert route_keys([Message("user", "What is in it?")]) != example[:1] and len(route_keys([Message("user", "hi")])) == 1
+    assert route_keys([Message("user", "What is in it?")]) != example[:1]  # no picture: another prompt
+    assert len(route_keys([Message("user", "hi")])) == 1
     follow_up = [Message("user", "What is in it?", SHA), Message("assistant", "A square."), Message("user", "And?")]
     assert route_keys(follow_up) == []
 
