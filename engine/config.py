@@ -47,6 +47,9 @@ class EngineConfig:
     # derived): a client's many conversations then evict its own oldest caches, never everyone
     # else's. An entry larger than the share is not kept (that conversation's next turn recomputes). 1.0: no cap.
     session_group_share: float = 0.25
+    # Prefixes another conversation already computed (the same picture and question, the same system prompt and
+    # picture) are restored for a new conversation by content (engine/prefix_index.py), under the same budgets.
+    shared_prefixes: bool = True
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes

@@ -64,6 +64,14 @@ def snapshot_row(cache, row: int, length: int) -> CacheSnapshot:
     return CacheSnapshot(kv, conv, length, sliding)
 
 
+def prefix_of(snap: CacheSnapshot, length: int) -> CacheSnapshot:
+    """The first ``length`` tokens of a snapshot of full-attention layers only (no conv state, no sliding window,
+    which are valid only at their own length), as tensors of their own."""
+    assert not snap.conv and not snap.sliding, "only full-attention K/V can be cut to a shorter prefix"
+    kv = {i: (k[:, :, :length].clone(), v[:, :, :length].clone()) for i, (k, v) in snap.kv.items()}
+    return CacheSnapshot(kv, {}, length)
+
+
 def row_cache(cache, row: int, length: int, text_config) -> DynamicCache:
     """Row ``row``'s last ``length`` positions of a left-padded batched cache, as its own batch-1 DynamicCache
     (one copy; a batched prefill hands each request the cache a prefill of its own would have left)."""

@@ -290,8 +290,7 @@ class LLMEngine:
         end, sample its first token and move it into the decode batch."""
         try:
             if logits is None:
-                logits = self.runner.prefill(req, n_tokens)
-                self._counters["prefill_forwards"] += 1
+                logits = self._prefill_chunk(req, n_tokens)
             self.sessions.checkpoint(req)
             self._counters["prefill_tokens"] += n_tokens
             if req.remaining_prefill > 0:
@@ -309,6 +308,20 @@ class LLMEngine:
             log.exception("prefill failed for %s", req.request_id)
             self._counters["step_errors"] += 1
             self._finish(req, FinishReason.ERROR, error=f"the model failed on this request ({type(exc).__name__})")
+
+    def _prefill_chunk(self, req: Request, n_tokens: int) -> torch.Tensor:
+        """Run ``n_tokens`` more prompt tokens of ``req``, pausing (within this step) at each length where the session
+        store keeps a prefix others may share (``SessionStore.share_stop``: conv and sliding-window states exist
+        only at the exact length they were taken)."""
+        end = req.num_computed + n_tokens
+        while True:
+            stop = self.sessions.share_stop(req)
+            piece = stop - req.num_computed if stop is not None and stop < end else end - req.num_computed
+            logits = self.runner.prefill(req, piece)
+            self._counters["prefill_forwards"] += 1
+            if req.num_computed >= end:
+                return logits
+            self.sessions.checkpoint(req)
 
     def _prefill_out_of_memory(self, req: Request) -> None:
         """Free idle sessions and admit this prompt again next; a second failure fails the request."""

@@ -21,7 +21,8 @@ With a disk tier (``engine.disk_tier``, ``EngineConfig.disk_cache_dir``) every e
 file, so it outlives host memory and the worker: a lookup that misses memory reads the file back (cache source
 "disk") when that is faster than prefilling it.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
-which is cached once as a prefix entry.
+which is cached once as a prefix entry, and longer prefixes another conversation already computed (the same
+picture, the same question), found by content: engine/prefix_index.py.
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ import torch
 
 from . import disk_tier, kv_cache
 from .byte_lru import ByteLRU
-from .cache_layers import kv_bytes_per_token
+from .cache_layers import cache_layer_kinds, kv_bytes_per_token
 from .config import EngineConfig
 from .kv_quant import StoredTensor, park_kv
 from .request import CacheHit
+from .prefix_index import PrefixIndex
 
 log = logging.getLogger("owlet.engine")
 
@@ -85,7 +87,8 @@ class SessionStore:
 
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
                  park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0,
-                 group_share: float = 1.0, disk: disk_tier.DiskTier | None = None):
+                 group_share: float = 1.0, image_token_id: int | None = None,
+                 disk: disk_tier.DiskTier | None = None):
         # Two byte pools, each with its own budget: entries on the compute device, and entries parked in host
         # memory (int8/int4 on an accelerator). On a CPU engine the device is host memory: one pool is used.
         self.entries = ByteLRU({"device": budget_bytes, "host": host_budget_bytes})
@@ -97,7 +100,10 @@ class SessionStore:
         self.enabled = enabled
         self.group_share = group_share
         self.disk = disk  # files behind both pools (write-through), or None
+        # Prefixes shared across conversations (None image token: the runner cannot place images; never shared).
+        self.prefixes = PrefixIndex(image_token_id, exact_lengths=bool(cache_layer_kinds(text_config) - {"full"}))
         self.counters = dict(session_hits=0, session_misses=0, session_partial_hits=0, prefix_hits=0,
+                             shared_prefix_hits=0, shared_prefixes_kept=0,
                              reused_tokens=0, session_group_evictions=0, session_group_refusals=0)
 
     @classmethod
@@ -106,7 +112,8 @@ class SessionStore:
         return cls(cls.default_budget(config, runner), runner.text_config, runner.device, runner.dtype,
                    config.park_mode, config.park_group_size, config.session_cache,
                    host_budget_bytes=int(config.session_host_budget_mb * 2**20),
-                   group_share=config.session_group_share, disk=disk)
+                   group_share=config.session_group_share,
+                   image_token_id=runner.image_token_id if config.shared_prefixes else None, disk=disk)
 
     @staticmethod
     def default_budget(config: EngineConfig, runner) -> int:
@@ -150,9 +157,14 @@ class SessionStore:
             key = self._prefix_key(req.prompt.head_ids)
             entry, source = self._lookup(key, "prefix") if key else (None, "prefix")
             reuse = entry.usable_prefix(req.prompt.token_ids) if entry is not None else 0
+            outcome = "prefix_hits"
+            shared, usable = self.prefixes.lookup(self.entries, req)
+            if usable > reuse:
+                entry, reuse, outcome = shared, usable, "shared_prefix_hits"
+                if entry.group is not None and entry.group != req.group:
+                    entry.group = None  # a second group uses it: shared, out of every group's share, still LRU
             if reuse == 0:
                 return
-            outcome = "prefix_hits"
         else:
             outcome = "session_partial_hits" if reuse < len(entry.token_ids) else "session_hits"
         req.cache = self._materialise(entry, reuse)
@@ -163,6 +175,11 @@ class SessionStore:
     def needs_head(self, head_ids) -> bool:
         """True while the shared template head is not cached: the scheduler then ends a first chunk there."""
         return self.enabled and bool(head_ids) and self._prefix_key(head_ids) not in self.entries
+
+    def share_stop(self, req) -> int | None:
+        """Where a prefill chunk of ``req`` should pause so that a prefix others may share can be kept at its exact
+        length (engine/prefix_index.py); None: nowhere."""
+        return self.prefixes.chunk_stop(self.entries, req) if self.enabled else None
 
     def checkpoint(self, req) -> None:
         """After each prefill chunk: save what can only be taken at this exact length.
@@ -184,6 +201,36 @@ class SessionStore:
         if req.remaining_prefill == 0 and req.session_id is not None:
             snap = kv_cache.snapshot_row(req.cache, 0, req.prompt_len)
             req.kv.prompt_conv = kv_cache.exact_states(snap) or None
+        self._keep_shared_prefix(req)
+
+    def _keep_shared_prefix(self, req) -> None:
+        """At a share point of a prompt not restored from its own session (engine/prefix_index.py): keep the states
+        valid only here; at the last one, keep the prefix as an entry charged to the request's group."""
+        if req.cache_source in ("session", "disk"):  # its own conversation's cache
+            return
+        _, points, keys = self.prefixes.plan(req)
+        if not self.prefixes.exact_lengths:  # full attention: the prompt's K/V sliced at its last share point
+            if req.remaining_prefill or not points or self.prefixes.held(self.entries, keys[-1]):
+                return
+            snap = kv_cache.prefix_of(kv_cache.snapshot_row(req.cache, 0, req.prompt_len), points[-1])
+            return self._keep_prefix_entry(req, snap, {}, keys)
+        if req.num_computed not in points or self.prefixes.held(self.entries, keys[points.index(req.num_computed)]):
+            return
+        snap = kv_cache.snapshot_row(req.cache, 0, req.num_computed)
+        states = kv_cache.exact_states(snap)
+        if req.num_computed != points[-1]:
+            if states:
+                self.prefixes.remember_states(req, states)
+            return
+        self._keep_prefix_entry(req, snap, {**self.prefixes.states(req), req.num_computed: states}, keys)
+
+    def _keep_prefix_entry(self, req, snap: kv_cache.CacheSnapshot, checkpoints: dict, keys: list[str]) -> None:
+        key = self.prefixes.entry_key(keys[-1])
+        self._put(key, req.prompt.token_ids[:snap.length], snap, checkpoints, group=req.group)
+        if key in self.entries:
+            self.counters["shared_prefixes_kept"] += 1
+            self.prefixes.register(self.entries, key, keys)
+            self.prefixes.prune(self.entries)
 
     def save_turn(self, req, batch) -> None:
         """A turn finished normally: keep its cache (prompt + answer) for the conversation's next turn."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -22,6 +22,7 @@ class Heartbeat:
     t: float = 0.0
     rows: int = 0  # of the capacity, answers decoded at once (engine max_running); 0: all of it (e.g. the stub)
     model: str = ""  # the served checkpoint's name (its folder's), which the API lists; "" when the engine has none
+    prefixes: list[str] = field(default_factory=list)  # route keys of prompts it computed (worker.queue.prefix_routes)
 
     @property
     def decode_rows(self) -> int:

@@ -415,6 +415,7 @@ class StatField:
     """The counters in ``Keys.stats`` (``QueueReadouts.affinity_stats`` reads them)."""
     affinity_hits = "affinity_hits"  # follow-up turns sent to the worker holding their cache: FairDispatch
     affinity_misses = "affinity_misses"  # follow-up turns whose holder was gone or full: FairDispatch
+    prefix_route_hits = "prefix_route_hits"  # first questions sent to a worker holding their prefix: FairDispatch
     redispatched = "redispatched"  # jobs requeued after their worker was lost: Reaper
     reaped = "reaped"  # jobs the reaper requeued, failed or timed out: Reaper
 

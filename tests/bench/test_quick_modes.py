@@ -113,6 +113,9 @@ BENCHMARKS = {
     "cache_tiers": QuickRun(module("cache_tiers"), (
         "followup_ttft_ratio", "read_over_prefill_per_token", "sessions_per_gb_ratio", "index_bytes_per_file"),
         expect={"served_from_disk": 2, "conversations": 2}, within={"sessions_per_gb_ratio": (1.01, 1e6)}),
+    # a warm example turn restores all of its prompt but one token; a fresh worker restores nothing
+    "prefix_sharing": QuickRun(module("prefix_sharing"), (
+        "cold_ttft_ms", "warm_example_ttft_ratio", "warm_other_question_ttft_ratio", "features_only_ttft_ratio")),
     "peers": QuickRun(module("peers"), ("owlet_tok_s", "hf_cb_tok_s", "vs_hf_cb"), expect={"tokens_agree": True}),
     "soak": QuickRun(module("soak"), (
         "turns_answered", "page_mb_per_min", "worker_mb_per_min", "worker_beyond_caches_mb_per_min",

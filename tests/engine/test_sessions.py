@@ -99,7 +99,7 @@ def test_accounting_equals_real_tensor_bytes(family, make_engine):
 
 
 def test_image_feature_cache_hit_gives_identical_tokens(family, make_engine):
-    eng = make_engine(family)
+    eng = make_engine(family, shared_prefixes=False)  # shared, the picture's prefix is restored, not its features
     miss = converse(eng, "first", turns=TURNS[:1])[1][0]
     hit = converse(eng, "second", turns=[("Something else about it?", TURNS[0][1])])[1][0]
     assert eng.stats()["image_cache"]["hits"] >= 1

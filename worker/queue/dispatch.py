@@ -7,7 +7,9 @@ arrives for a job that was meanwhile re-dispatched is ignored by its dispatch nu
 
 Affinity: a follow-up turn goes to the direct queue of the worker that ran the conversation's last
 turn (it holds the KV cache) while that worker's heartbeat is alive and it is not saturated.
-Otherwise it goes to the shared queue and whichever worker takes it recomputes from history.
+Otherwise it goes to the shared queue and whichever worker takes it recomputes from history. A conversation's
+first question goes likewise to a worker that computed the same prompt's prefix for another conversation
+(``worker.queue.prefix_routes``), when one announces it and has a free slot.
 
 A worker whose job ended also takes the next job itself, in the slot that job freed (``JobStates.take``: the same POP,
 so the same order and capacity), without a trip through Celery; a job it takes whose conversation another worker holds
@@ -24,6 +26,7 @@ from celery.utils.nodenames import worker_direct
 from worker import heartbeat
 from worker.keys import JobField, Keys, StatField
 from worker.queue.job_states import JobStates
+from worker.queue.prefix_routes import job_route_keys, pick_worker
 
 RUN_JOB_TASK = "owlet.run_job"
 
@@ -60,7 +63,8 @@ class FairDispatch:
         ``workers``: the live heartbeats (read here when not given); ``assigned``: jobs sent to each holder in this
         pass, which its free slots must still cover."""
         workers = heartbeat.alive(self.r, self.keys) if workers is None else workers
-        target = self._affinity_target(conv, workers, {} if assigned is None else assigned)
+        assigned = {} if assigned is None else assigned
+        target = self._affinity_target(conv, workers, assigned) or self._prefix_target(job_id, workers, assigned)
         if target:  # (POP left it "": the shared queue)
             self.r.hset(self.keys.job(job_id), JobField.target, target)
         queue = worker_direct(target) if target else self.keys.celery_queue
@@ -69,6 +73,17 @@ class FairDispatch:
     def count_affinity_hit(self) -> None:
         """A follow-up turn served by the worker that holds its conversation, taken there without a dispatch."""
         self.r.hincrby(self.keys.stats, StatField.affinity_hits, 1)
+
+    def _prefix_target(self, job_id: str, workers: dict, assigned: dict[str, int]) -> str | None:
+        """A live worker with a free slot that holds this first question's prompt prefix (``prefix_routes``); None
+        for the shared queue. The job's payload is read only while some worker announces prefixes."""
+        if not any(beat.prefixes for beat in workers.values()):
+            return None
+        target = pick_worker(job_route_keys(self.r.hget(self.keys.job(job_id), JobField.payload)), workers, assigned)
+        if target:
+            assigned[target] = assigned.get(target, 0) + 1
+            self.r.hincrby(self.keys.stats, StatField.prefix_route_hits, 1)
+        return target
 
     def _affinity_target(self, conv: str, workers: dict, assigned: dict[str, int]) -> str | None:
         """The worker holding ``conv``'s cache if alive and not saturated; None for the shared queue.

@@ -21,6 +21,7 @@ from worker.images import ImageStore
 from worker.jobs import Job, check_image_count, parse_job
 from worker.keys import JobState, Keys
 from worker.queue.job_states import Started
+from worker.queue.prefix_routes import route_keys
 from worker.serving.deltas import coalesced_deltas
 from worker.serving.metrics import WorkerMetrics
 from worker.streams import StreamWriter
@@ -41,6 +42,9 @@ class JobResult:
     answer_turn: str | None = None  # appended to the conversation (done)
     holder: str | None = None  # the worker that now holds the conversation's cache (done)
     service_s: float | None = None  # the run time, folded into the service-time average
+    # route keys of the first question's prompt prefixes this worker now holds (done): its heartbeat announces them
+    # for prefix routing (worker.queue.prefix_routes)
+    routes: tuple[str, ...] = ()
 
     @property
     def error_kind(self) -> str | None:
@@ -149,7 +153,8 @@ class JobRunner:
             answer = turn_json("assistant", result.text, job_id=job.job_id)
             return JobResult(JobState.done, dict(text=result.text, finish_reason=reason.value,
                                                  stats=asdict(result.stats)),
-                             answer_turn=answer, holder=self.worker, service_s=service_s)
+                             answer_turn=answer, holder=self.worker, service_s=service_s,
+                             routes=tuple(route_keys(job.messages)))
         elif reason == FinishReason.CANCELLED:
             return JobResult(JobState.cancelled, dict(text=result.text), service_s=service_s)
         elif reason == FinishReason.DEADLINE:

@@ -28,6 +28,7 @@ from worker.images import ImageStore
 from worker.keys import JobState, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, Started, Taken
+from worker.queue.prefix_routes import HeldRoutes
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
 from worker.serving.metrics import WorkerMetrics
@@ -80,6 +81,7 @@ class WorkerRuntime:
         self.convs = ConversationStore(self.r, self.keys, settings.history_ttl_s)
         self.metrics = WorkerMetrics(worker)
         self.engine = engine if engine is not None else build_engine(settings)
+        self.routes = HeldRoutes()  # first questions it ran, announced for prefix routing (worker.queue.prefix_routes)
         # Job ids a thread of this worker holds, from the claim (or take) that started them to their end. A job Redis
         # records as started here that no thread holds was taken by a script whose reply was lost (Redis went away
         # between running it and answering): _sweep_unheld puts it back in line.
@@ -199,7 +201,9 @@ class WorkerRuntime:
         """Serve one started job and end it (a failure ends that job, never the thread). Returns the job its finish
         took for this worker, if any."""
         try:
-            return self._finish(job_id, self.runner.serve(job_id, started))
+            result = self.runner.serve(job_id, started)
+            self.routes.add(result.routes)
+            return self._finish(job_id, result)
         except Exception as exc:  # the finish itself failed: end the job with that error instead
             return self._finish(job_id, failure(job_id, exc))
         finally:
@@ -295,7 +299,8 @@ class WorkerRuntime:
         beat = heartbeat.Heartbeat(worker=self.worker, capacity=self._capacity(stats),
                                    rows=int(stats.get("max_running", 0)), model=model_name(self.engine),
                                    running=int(stats.get("running", 0)) + int(stats.get("prefilling", 0)),
-                                   waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)))
+                                   waiting=int(stats.get("waiting", 0)) + int(stats.get("paused", 0)),
+                                   prefixes=self.routes.recent())
         heartbeat.publish(self.r, self.keys, beat, self.settings.heartbeat_ttl_s)
         self.metrics.observe_engine(stats)
 
