@@ -122,7 +122,8 @@ def test_untrustworthy_files_are_dropped_and_every_turn_is_answered_right(make_e
 
 
 def test_the_folder_never_exceeds_its_bound(make_engine, tmp_path, monkeypatch):
-    probe = make_engine("llava", disk_cache_dir=str(tmp_path / "probe"))
+    # conversations only (no shared prefix entries beside them), so the budget is counted in conversations' files
+    probe = make_engine("llava", disk_cache_dir=str(tmp_path / "probe"), shared_prefixes=False)
     converse(probe, "c", turns=TURNS[:2])
     probe.stop()
     one = folder_bytes(tmp_path / "probe")
@@ -136,7 +137,7 @@ def test_the_folder_never_exceeds_its_bound(make_engine, tmp_path, monkeypatch):
         write(path, parts)
 
     monkeypatch.setattr(entry_file, "write_parts", checked_write)
-    eng = make_engine("llava", disk_cache_dir=str(folder), disk_cache_mb=budget_mb)
+    eng = make_engine("llava", disk_cache_dir=str(folder), disk_cache_mb=budget_mb, shared_prefixes=False)
     for i in range(5):
         converse(eng, f"c{i}", turns=TURNS[:2])
         assert eng.sessions.disk.flush()
