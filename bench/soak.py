@@ -310,11 +310,11 @@ def token_events_per_answer(r, most: int = 200) -> float:
 
 
 def redis_model_mb_per_min(tally: Tally, samples: list[dict], token_events: float) -> dict:
-    """What docs/redis_memory.md's model (worker.memory_model) says Redis grows by at the traffic this run had:
+    """What docs/redis_memory.md's model (worker.store.memory_model) says Redis grows by at the traffic this run had:
     its history, pictures and jobs, plus the quota keys of one new identity and address per conversation (every
     conversation here is a new visitor)."""
     from worker.config import Settings
-    from worker.memory_model import ADDRESS_BYTES, IDENTITY_BYTES, Traffic, redis_growth_bytes_per_s
+    from worker.store.memory_model import ADDRESS_BYTES, IDENTITY_BYTES, Traffic, redis_growth_bytes_per_s
 
     duration = samples[-1]["t"]
     answered, _, conversations = tally.snapshot()

@@ -5,7 +5,7 @@ An image passes three gates on its way to the model, and their numbers belong to
 - the page (``ui.uploads.image_check``) refuses files over ``UPLOAD_MAX_BYTES`` or in a format not in
   ``ALLOWED_FORMATS``, refuses headers announcing more than ``DECODE_MAX_PIXELS`` (a decompression bomb) before
   decoding, and downscales what it accepts to ``MAX_SIDE`` on the longest side;
-- the worker (``worker.images``) stores at most ``UPLOAD_MAX_BYTES`` per image and downscales what it loads to
+- the worker (``worker.store.images``) stores at most ``UPLOAD_MAX_BYTES`` per image and downscales what it loads to
   ``MAX_SIDE`` again (a client other than the page may have stored it);
 - the engine (``engine.prompt``) downscales anything over ``MODEL_MAX_PIXELS`` before preprocessing, because
   vision towers tile big images into thousands of tokens. It equals a ``MAX_SIDE`` square, so an image that

@@ -16,17 +16,17 @@ from engine.sampling_params import SamplingParams
 from worker import heartbeat
 from worker.celery_app import create_app
 from worker.config import Settings
-from worker.conversation_index import ConversationIndex, as_messages, digest
+from worker.store.conversation_index import ConversationIndex, as_messages, digest
 from worker.errors import ConversationBusy, ImageMissing, InvalidInput, NotYourConversation, UnknownJob
-from worker.history import ConversationStore, turn_json
-from worker.images import ImageStore
-from worker.jobs import ROLES, Job, Message, check_image_count
-from worker.keys import LIVE_STATES, ConvField, JobField, Keys
+from worker.store.history import ConversationStore, turn_json
+from worker.store.images import ImageStore
+from worker.store.jobs import ROLES, Job, Message, check_image_count
+from worker.store.keys import LIVE_STATES, ConvField, JobField, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, new_job_id
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
-from worker.stream_reader import StreamReader
+from worker.store.stream_reader import StreamReader
 
 # A stateless request that starts a conversation stores every picture it names in one admission, which takes one.
 ONE_NEW_PICTURE = ("A request may send one picture the server does not hold yet. Ask about a new picture in a new "
@@ -155,11 +155,11 @@ class OwletClient:
     def submit_messages(self, user_id: str, messages, images: dict[str, bytes] | None = None,
                         sampling: dict | None = None, group: str | None = None,
                         notify: str | None = None) -> "Submitted":
-        """Admit a stateless client's turn: ``messages`` (``worker.jobs.Message``) is the whole conversation, ending
+        """Admit a stateless client's turn: ``messages`` (``worker.store.jobs.Message``) is the whole conversation, ending
         with the user's new question, and ``images`` the bytes of every picture they name, by sha256.
 
         It continues the identity's stored conversation whose turns equal every message before the question, so
-        the worker's session cache serves what was computed before (``worker.conversation_index``); otherwise it
+        the worker's session cache serves what was computed before (``worker.store.conversation_index``); otherwise it
         starts a new conversation holding all of them. Only pictures that conversation does not hold are sent to
         storage (and charged), at most one per request. Limits, refusals and atomicity are ``submit``'s.
         """
@@ -208,7 +208,7 @@ class OwletClient:
         holding ``past`` before the question; otherwise ``past`` is what ``conv`` holds. ``image``: bytes to store
         with it (sha256 ``image_sha``); without bytes, ``image_sha`` is a stored picture the turn keeps alive.
         ``newest``: remember it as the identity's newest conversation (the page reopens that one on reload);
-        ``index_digest``: under this digest of a stateless client's messages (``worker.conversation_index``)."""
+        ``index_digest``: under this digest of a stateless client's messages (``worker.store.conversation_index``)."""
         s = self.settings
         if len(question.text) > s.turn_max_chars:
             raise InvalidInput(f"The question is too long ({len(question.text)} characters, limit "
@@ -246,7 +246,7 @@ class OwletClient:
         """Yield ``(stream_id, event)`` from ``last_id`` (replaying everything from "0") until a terminal event.
 
         While waiting it runs the reaper sweep, so a dead worker or an expired queue slot still ends the
-        stream even when no worker is alive to notice (``worker.stream_reader.StreamReader.follow``).
+        stream even when no worker is alive to notice (``worker.store.stream_reader.StreamReader.follow``).
         """
         return self.stream_reader.follow(job_id, last_id)
 

@@ -17,7 +17,7 @@ class Settings:
     key_prefix: str = "owlet:"  # namespaces Owlet's keys and Celery's, so deployments/tests can share a server
     fifo: bool = False  # True disables fair queuing (one shared FIFO); only the fairness benchmark uses it
     user_queue_cap: int = 8  # queued (not yet dispatched) jobs per user
-    # queued jobs in total, service-wide; 0 = as many as the Redis's memory budget holds (worker.history_budget)
+    # queued jobs in total, service-wide; 0 = as many as the Redis's memory budget holds (worker.store.history_budget)
     global_queue_cap: int = 0
     # Per client group (an address, or a login): queued plus running jobs, and admitted turns per window.
     group_job_cap: int = 8
@@ -45,8 +45,8 @@ class Settings:
     image_max_bytes: int = limits.UPLOAD_MAX_BYTES
     image_max_side: int = limits.MAX_SIDE  # larger images are downscaled before they reach the engine
     history_ttl_s: int = 7 * 24 * 3600
-    # Bytes of conversation history the whole service holds (as worker.memory_model charges them); past it the least
-    # recently used conversations give way whole. 0 = derived from Redis's maxmemory (worker.history_budget).
+    # Bytes of conversation history the whole service holds (as worker.store.memory_model charges them); past it the least
+    # recently used conversations give way whole. 0 = derived from Redis's maxmemory (worker.store.history_budget).
     history_total_bytes: int = 0
     history_max_turns: int = 64
     history_max_chars: int = 32_000

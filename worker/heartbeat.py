@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 
 @dataclass

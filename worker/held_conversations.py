@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import redis
 
 from worker import heartbeat
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 _CHUNK = 500  # conversations read per round trip
 

@@ -261,8 +261,8 @@ def test_a_progressive_jpeg_with_thousands_of_scans_is_refused_before_it_is_deco
     """A 100 KB file took 1.2 s of CPU to decode (0.15 ms a scan at 1024x1024), a 10 MB one about 134 s, and was
     stored as uploaded, so every job and every retry made a worker decode it again."""
     from worker.errors import InvalidInput
-    from worker.image_structure import MAX_JPEG_SCANS, jpeg_scans
-    from worker.images import ImageStore
+    from worker.store.image_structure import MAX_JPEG_SCANS, jpeg_scans
+    from worker.store.images import ImageStore
 
     limits = UploadLimits(10 << 20, 50_000_000, 2048, ("PNG", "JPEG", "WEBP"))
     honest = scan_bomb(0)
@@ -309,7 +309,7 @@ def test_containers_built_to_be_slow_to_parse_are_refused_before_pillow_reads_th
     """A GIF comment of one-byte sub-blocks is quadratic in Pillow (320,000 took 1.9 s, 10 MB minutes); millions
     of empty PNG chunks or JPEG comment segments took 4-6 s per 10 MB, at the page and again in the worker."""
     from worker.errors import InvalidInput
-    from worker.images import ImageStore
+    from worker.store.images import ImageStore
 
     bomb = container_bombs()[name]
     limits = UploadLimits(10 << 20, 50_000_000, 2048, ("PNG", "JPEG", "WEBP", "GIF", "BMP"))
@@ -328,7 +328,7 @@ def test_containers_built_to_be_slow_to_parse_are_refused_before_pillow_reads_th
 
 
 def test_ordinary_files_of_every_format_pass_the_structure_check():
-    from worker.image_structure import structure_problem
+    from worker.store.image_structure import structure_problem
 
     noise = Image.effect_noise((640, 480), 50).convert("RGB")
     exif = noise.getexif()
@@ -357,8 +357,8 @@ def test_run_length_bmps_are_refused_before_pillow_decodes_them():
     """Pillow decodes RLE bitmaps in Python: a 17 KB RLE8 file of 4000x4000 (each line one pixel, then end of line)
     took 4.6 s of CPU and a 1 KB one of 16,000,000x1 as long, on every /chat that named the uploaded file."""
     from worker.errors import InvalidInput
-    from worker.image_structure import structure_problem
-    from worker.images import ImageStore
+    from worker.store.image_structure import structure_problem
+    from worker.store.images import ImageStore
 
     limits = UploadLimits(10 << 20, 16_000_000, 1024, ("PNG", "JPEG", "WEBP", "GIF", "BMP"))
     bombs = {"rle8 short lines": run_length_bmp(4000, 4000, b"\x01\x07\x00\x00" * 4000 + b"\x00\x01"),

@@ -16,7 +16,7 @@ from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import UnknownJob
-from worker.streams import encode
+from worker.store.streams import encode
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from tests.redis_server import redis_url_fixture, unique_prefix
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.heartbeat import Heartbeat, publish
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 redis_url = redis_url_fixture()
 

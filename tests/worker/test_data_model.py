@@ -1,4 +1,4 @@
-"""The Redis data model is declared once (``worker.keys``): the Lua scripts and the Python code use only its names,
+"""The Redis data model is declared once (``worker.store.keys``): the Lua scripts and the Python code use only its names,
 what Redis holds matches it, and every script gets exactly the named arguments it reads."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from engine.sampling_params import SamplingParams
 from tests.redis_server import small_redis, unique_prefix
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.history import turn_json
-from worker.jobs import Message
-from worker.keys import ConvField, EntryField, JobField, JobState, Keys, SlotsField, StatField, fields_of
+from worker.store.history import turn_json
+from worker.store.jobs import Message
+from worker.store.keys import ConvField, EntryField, JobField, JobState, Keys, SlotsField, StatField, fields_of
 from worker.queue import scripts
 from worker.queue.job_states import ANSWER_BYTES_PER_TOKEN
 from worker.queue.scripts import COMMON, HELPERS, LUA_DIR, SCRIPTS, Scripts, lua_file, lua_tables
@@ -62,14 +62,14 @@ def test_the_scripts_use_only_declared_names():
     for name in (COMMON, *HELPERS, *SCRIPTS):
         code = code_of(name)
         for table, field in re.findall(r"\b(KEY|JOB|CONV|SLOTS|STATE|ENTRY)\.(\w+)", code):
-            assert field in tables[table], f"{name}.lua uses {table}.{field}, which worker.keys does not declare"
+            assert field in tables[table], f"{name}.lua uses {table}.{field}, which worker.store.keys does not declare"
         literals = re.findall(r"'([^']*)'", code)
         spelled = sorted(set(literals) & declared_values)
         assert not spelled, f"{name}.lua spells declared names itself: {spelled}"
         for call in redis_calls(code):
             for literal in re.findall(r"'([^']*)'", call):
                 assert not re.fullmatch(r"[a-z_][a-z0-9_]*", literal), \
-                    f"{name}.lua names a field or key {literal!r} that worker.keys does not declare: {call}"
+                    f"{name}.lua names a field or key {literal!r} that worker.store.keys does not declare: {call}"
         assert "KEYS[" not in code, f"{name}.lua takes its keys from the KEY table, not KEYS"
         argv = set(re.findall(r"ARGV\[(\d+)\]", code))
         assert argv <= ({"1"} if name == COMMON else {"2"} if name == "submit" else set()), (name, argv)
@@ -100,7 +100,7 @@ def test_python_reads_and_writes_hash_fields_through_the_declaration():
             fields += [key for arg in fields if isinstance(arg, ast.Dict) for key in arg.keys]
             if any(isinstance(f, ast.Constant) and isinstance(f.value, str) for f in fields):
                 stray.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not stray, f"hash fields spelled out instead of named through worker.keys: {stray}"
+    assert not stray, f"hash fields spelled out instead of named through worker.store.keys: {stray}"
 
 
 def hash_fields(r, key) -> set[str]:

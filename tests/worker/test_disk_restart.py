@@ -20,7 +20,7 @@ from tests.worker.worker_process import ROOT, WorkerProcess, worker_env
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 SAMPLING = {"max_new_tokens": 8, "ignore_eos": True}
 

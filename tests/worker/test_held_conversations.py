@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from worker import held_conversations
 from worker.heartbeat import Heartbeat, publish
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 
 def test_claims_what_no_other_live_worker_holds(r, settings, client):

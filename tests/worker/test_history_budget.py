@@ -12,14 +12,14 @@ import redis
 from PIL import Image
 
 from tests.redis_server import small_redis
-from worker import memory_model as mm
+from worker.store import memory_model as mm
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import ConversationCleared, NotYourConversation
-from worker.history import turn_json
-from worker.history_budget import UNLIMITED_REDIS_BUDGET, history_budget
-from worker.jobs import Message
-from worker.keys import ConvField, JobField, JobState
+from worker.store.history import turn_json
+from worker.store.history_budget import UNLIMITED_REDIS_BUDGET, history_budget
+from worker.store.jobs import Message
+from worker.store.keys import ConvField, JobField, JobState
 
 pytestmark = pytest.mark.timeout(300)
 MB = 1024 * 1024

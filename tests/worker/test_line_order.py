@@ -21,7 +21,7 @@ import worker.queue.scripts as scripts
 from tests.redis_server import unique_prefix
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.keys import JobField, JobState
+from worker.store.keys import JobField, JobState
 
 
 class RingModel:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 from tests.worker.live import png
-from worker.jobs import Message
-from worker.keys import JobField, Keys
+from worker.store.jobs import Message
+from worker.store.keys import JobField, Keys
 from worker.queue.prefix_routes import HeldRoutes, route_keys
 
 PICTURE = png((10, 120, 200))

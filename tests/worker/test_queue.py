@@ -8,8 +8,8 @@ import pytest
 
 from tests.worker.queue_state import set_waiting_key, waiting_key
 from worker.errors import ConversationBusy, NotYourConversation, ServiceBusy, UnknownJob, UserCapReached
-from worker.jobs import Job, Message
-from worker.keys import JobField, SlotsField
+from worker.store.jobs import Job, Message
+from worker.store.keys import JobField, SlotsField
 
 
 def submit(client, user, text="hi", conv=None):

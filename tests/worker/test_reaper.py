@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from worker.heartbeat import Heartbeat, publish
-from worker.keys import JobField
+from worker.store.keys import JobField
 from worker.queue import reaper
 
 
@@ -120,7 +120,7 @@ def test_finish_is_exactly_once(client):
     beat(client, "a@x")
     client.dispatch()
     claim(client, job, "a@x")
-    from worker.history import turn_json
+    from worker.store.history import turn_json
 
     answer = turn_json("assistant", "red", job_id=job)
     d = client.jobs
@@ -138,7 +138,7 @@ def test_answer_is_not_appended_after_its_question_was_truncated_away(client):
     client.dispatch()
     claim(client, job, "a@x")
     client.truncate("ann", conv, 0)  # retry/edit while it runs: the job gets its cancel flag
-    from worker.history import turn_json
+    from worker.store.history import turn_json
 
     assert client.jobs.finish(job, "done", answer_turn=turn_json("assistant", "late", job_id=job),
                                     only_state="started", only_worker="a@x")

@@ -1,4 +1,4 @@
-"""The Redis memory model (``worker.memory_model``, docs/redis_memory.md) holds: real keys, made through the real
+"""The Redis memory model (``worker.store.memory_model``, docs/redis_memory.md) holds: real keys, made through the real
 path (the client's SUBMIT, the runner's stream writer, FINISH as the worker calls it), measured with Redis's
 ``MEMORY USAGE``, take what the model says within its tolerance; and the document quotes the model's figures."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from PIL import Image
 
 from tests.redis_server import unique_prefix
-from worker import memory_model as mm
+from worker.store import memory_model as mm
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.history import turn_json
-from worker.jobs import Message
-from worker.keys import JobField
-from worker.streams import StreamWriter
+from worker.store.history import turn_json
+from worker.store.jobs import Message
+from worker.store.keys import JobField
+from worker.store.streams import StreamWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 200  # conversations a shape is measured over: the bookkeeping zsets and hashes past their compact encodings

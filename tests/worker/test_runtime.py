@@ -15,7 +15,7 @@ from tests.worker.test_worker_jobs import LONG
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.celery_app import create_app
 from worker.client import OwletClient
-from worker.keys import JobField
+from worker.store.keys import JobField
 from worker.serving.runtime import WorkerRuntime
 
 

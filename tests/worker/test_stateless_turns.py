@@ -12,11 +12,11 @@ import pytest
 from PIL import Image
 
 from worker.client import ONE_NEW_PICTURE, OwletClient
-from worker.conversation_index import digest
+from worker.store.conversation_index import digest
 from worker.errors import ConversationBusy, InvalidInput, RateLimited
-from worker.history import turn_json
-from worker.jobs import Job, Message, parse_job
-from worker.keys import JobField
+from worker.store.history import turn_json
+from worker.store.jobs import Job, Message, parse_job
+from worker.store.keys import JobField
 
 
 def picture(colour=(200, 30, 30)) -> tuple[str, bytes]:

@@ -1,9 +1,9 @@
-"""worker.stream_reader.StreamReader.follow: a reader that finds its job ended at an empty wait still reads the
+"""worker.store.stream_reader.StreamReader.follow: a reader that finds its job ended at an empty wait still reads the
 job's last events. A job that ended between an empty wait and that check (its terminal event written just after
 the wait returned) was read as never finished: its answer lost to that reader."""
-from worker.keys import JobState
-from worker.stream_reader import ENDED, VANISHED
-from worker.streams import encode
+from worker.store.keys import JobState
+from worker.store.stream_reader import ENDED, VANISHED
+from worker.store.streams import encode
 
 
 def test_a_job_that_ends_during_the_idle_check_is_read_to_its_terminal_event(client, monkeypatch):

@@ -6,8 +6,8 @@ test_worker_failover.py, with the setting on as shipped.
 """
 from __future__ import annotations
 
-from worker.history import turn_json
-from worker.keys import JobField, JobState
+from worker.store.history import turn_json
+from worker.store.keys import JobField, JobState
 
 ME, OTHER = "me@test", "other@test"
 

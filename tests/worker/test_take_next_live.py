@@ -17,7 +17,7 @@ from tests.worker.worker_process import WorkerProcess, worker_env
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.client import OwletClient
 from worker.config import Settings
-from worker.keys import JobField
+from worker.store.keys import JobField
 
 pytestmark = pytest.mark.timeout(120)
 

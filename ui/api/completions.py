@@ -37,7 +37,7 @@ from ui.chat.job_follower import follow_job
 from ui.shared import wording
 from ui.shared.refusals import REFUSAL_CODE
 from ui.uploads.image_check import UploadLimits, UploadRejected
-from worker.jobs import Message, check_image_count
+from worker.store.jobs import Message, check_image_count
 
 log = logging.getLogger("owlet.ui.api")
 

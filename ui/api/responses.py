@@ -1,6 +1,6 @@
 """The shapes the API answers with: a chat completion, its stream of chunks (server-sent events), usage, models.
 
-A completion's id is ``chatcmpl-<job id>``: the job's stream in Redis holds its whole history (``worker.streams``).
+A completion's id is ``chatcmpl-<job id>``: the job's stream in Redis holds its whole history (``worker.store.streams``).
 Beside OpenAI's fields an answer carries ``owlet``: the engine's stats for it (prompt and cached tokens, time to
 first token, whether the conversation's session cache was hit), as the page's status line shows them.
 """

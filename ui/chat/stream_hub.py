@@ -16,7 +16,7 @@ waiting answer the notice misses (a tab reloaded onto it, a notice from another 
 place poll, which finds it no longer queued. So a thousand waiting tabs cost one script call a second, not a
 thousand stream reads a tick.
 
-The hub reads through the client's ``worker.stream_reader.StreamReader``, the one that ``OwletClient.events``
+The hub reads through the client's ``worker.store.stream_reader.StreamReader``, the one that ``OwletClient.events``
 follows a lone job with: while a live stream is silent, the same check notices a stream that vanished or a job
 that ended without a terminal event, and runs the reaper sweep (so a dead worker or an expired queue slot still
 ends the stream when no worker is alive to notice).
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 import redis
 
 from ui.shared import wording
-from worker.keys import JobState
+from worker.store.keys import JobState
 from worker.redis_retry import UNREACHABLE
-from worker.stream_reader import VANISHED, vanished_event
-from worker.streams import TERMINAL
+from worker.store.stream_reader import VANISHED, vanished_event
+from worker.store.streams import TERMINAL
 
 log = logging.getLogger("owlet.ui")
 
@@ -72,7 +72,7 @@ class StreamHub:
     def __init__(self, client, *, tick_s: float = 0.02, block_ms: int = 100, idle_check_s: float = 1.0,
                  outage_grace_s: float = 60.0, place_poll_s: float = 1.0):
         assert tick_s >= 0 and 0 < block_ms < 5000, "tick must be >= 0 and block under redis-py's 5 s timeout"
-        self.reader = client.stream_reader  # worker.stream_reader: reads, place polls and silence checks
+        self.reader = client.stream_reader  # worker.store.stream_reader: reads, place polls and silence checks
         self.tick_s, self.block_ms, self.idle_check_s = tick_s, block_ms, idle_check_s
         self.outage_grace_s, self.place_poll_s = outage_grace_s, place_poll_s
         # Where the jobs this page submits announce their start (SUBMIT's ``notify``): read with the live streams.

@@ -1,7 +1,7 @@
 """Check an uploaded image at the edge, before it reaches Redis, and normalise it.
 
 In order: a stand-in for a picture over the upload limit (``ui.uploads.stand_in``), byte size, then the
-container's structure (``worker.image_structure``: a file built to be slow to
+container's structure (``worker.store.image_structure``: a file built to be slow to
 parse or decode, such as a JPEG of thousands of progressive scans, is refused before Pillow reads it), then the
 container type (sniffed from the bytes, not the file name), then the pixel count read from the header (so a
 decompression bomb is refused before it is decoded), then a full decode
@@ -28,7 +28,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from ui.shared.address_slots import AddressSlots
 from ui.uploads.decode_verdicts import DecodeVerdicts, content_key, file_key
 from ui.uploads.stand_in import stood_in_for
-from worker.image_structure import structure_problem
+from worker.store.image_structure import structure_problem
 
 
 class UploadRejected(ValueError):

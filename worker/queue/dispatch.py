@@ -24,7 +24,7 @@ from celery import Celery
 from celery.utils.nodenames import worker_direct
 
 from worker import heartbeat
-from worker.keys import JobField, Keys, StatField
+from worker.store.keys import JobField, Keys, StatField
 from worker.queue.job_states import JobStates
 from worker.queue.prefix_routes import job_route_keys, pick_worker
 

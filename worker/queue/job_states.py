@@ -21,9 +21,9 @@ from engine.sampling_params import SamplingParams
 from worker.config import Settings
 from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYourConversation, QuotaExceeded,
                            RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
-from worker.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
-from worker.jobs import Job
-from worker.keys import ENDED_STATES, JobField, JobState, Keys
+from worker.store.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
+from worker.store.jobs import Job
+from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
 from worker.queue.scripts import Scripts
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
@@ -119,10 +119,10 @@ class JobStates:
         user, so callers without addresses get one group per user. ``history``: turns (JSON) a new conversation
         holds before the question (a stateless client's earlier messages). ``expect_turns``: continue only while the
         conversation holds exactly that many turns, else ``ConversationBusy``. ``index_digest``: remember the
-        conversation under this digest of a stateless client's messages (``worker.conversation_index``);
+        conversation under this digest of a stateless client's messages (``worker.store.conversation_index``);
         ``newest``: as its identity's newest conversation (the page reopens that one). ``notify``: the stream its
         start is announced on (``Keys.started_notices`` of the page following it). Past the history budget, the least
-        recently used conversations give way whole (``worker.history_budget``).
+        recently used conversations give way whole (``worker.store.history_budget``).
         """
         answer_tokens = SamplingParams.from_dict(job.sampling).max_new_tokens
         assert not history or new_conv, "only a new conversation is written with earlier turns"

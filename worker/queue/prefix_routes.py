@@ -23,7 +23,7 @@ HELD_ROUTES = 64  # keys a worker announces: its most recent first questions' (a
 
 def route_keys(messages) -> list[str]:
     """Keys of the prefixes an engine keeps for this turn, longest first: none unless it is a conversation's first
-    question (no answer before it). ``messages``: ``worker.jobs.Message``s or (role, text, image_sha) tuples."""
+    question (no answer before it). ``messages``: ``worker.store.jobs.Message``s or (role, text, image_sha) tuples."""
     turns = [m if isinstance(m, tuple) else (m.role, m.text, m.image_sha) for m in messages]
     if not turns or turns[-1][0] != "user" or any(role == "assistant" for role, _, _ in turns):
         return []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker import heartbeat
-from worker.keys import Keys, StatField
+from worker.store.keys import Keys, StatField
 
 # How long one reading of the live workers' decode rows serves the ETA: every submit and every waiting tab whose
 # place changed asks for it, and a reading costs a read of every worker's heartbeat.

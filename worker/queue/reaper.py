@@ -12,7 +12,7 @@ import redis
 
 from worker import heartbeat
 from worker.config import Settings
-from worker.keys import JobField, JobState, Keys, StatField
+from worker.store.keys import JobField, JobState, Keys, StatField
 from worker.queue.job_states import JobStates
 
 LOST_AFTER_RETRY = ("The worker running your question stopped unexpectedly and a retry failed too. "

@@ -15,10 +15,10 @@ The scripts live in ``worker/queue/lua``, one file each, plus the helper files t
 (``HELPERS``). What Redis runs is put together when ``Scripts`` is built:
 
     the script file's shebang line
-    a prelude written here: the data model's names from ``worker.keys`` as the Lua tables KEY (key names and
+    a prelude written here: the data model's names from ``worker.store.keys`` as the Lua tables KEY (key names and
         prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, and TURNS_SUFFIX; the values of
         ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the history budget's charges from
-        ``worker.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and CLEARED_BYTES
+        ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and CLEARED_BYTES
     common.lua (which decodes the named arguments, and puts the key prefix in front of KEY's names)
     the helpers: usage.lua (a group's recent use), budgets.lua (pictures and history), line.lua (the fair line),
         lifecycle.lua (a job starts and ends), dispatch.lua (POP's step)
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import redis
 
-from worker import memory_model
-from worker.keys import TURNS_SUFFIX, ConvField, EntryField, JobField, JobState, Keys, SlotsField, fields_of
+from worker.store import memory_model
+from worker.store.keys import TURNS_SUFFIX, ConvField, EntryField, JobField, JobState, Keys, SlotsField, fields_of
 from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -68,7 +68,7 @@ def lua_tables() -> dict[str, dict[str, str]]:
 
 def prelude() -> str:
     """The Lua that defines the data model's names and the fairness values for one script."""
-    lines = ["-- written by worker.queue.scripts from worker.keys and worker.queue.fairness"]
+    lines = ["-- written by worker.queue.scripts from worker.store.keys and worker.queue.fairness"]
     for table, names in lua_tables().items():
         entries = ", ".join(f"{_lua_name(name)} = {_lua_string(value)}" for name, value in names.items())
         lines.append(f"local {table} = {{{entries}}}")

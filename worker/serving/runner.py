@@ -16,15 +16,15 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from worker.config import Settings
 from worker.errors import InvalidInput, NotYourConversation, OwletError
-from worker.history import ConversationStore, turn_json
-from worker.images import ImageStore
-from worker.jobs import Job, check_image_count, parse_job
-from worker.keys import JobState, Keys
+from worker.store.history import ConversationStore, turn_json
+from worker.store.images import ImageStore
+from worker.store.jobs import Job, check_image_count, parse_job
+from worker.store.keys import JobState, Keys
 from worker.queue.job_states import Started
 from worker.queue.prefix_routes import route_keys
 from worker.serving.deltas import coalesced_deltas
 from worker.serving.metrics import WorkerMetrics
-from worker.streams import StreamWriter
+from worker.store.streams import StreamWriter
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import redis
 from owlet.allocator import start_trimming
 from worker import heartbeat, held_conversations
 from worker.config import Settings
-from worker.history import ConversationStore
-from worker.images import ImageStore
-from worker.keys import JobState, Keys
+from worker.store.history import ConversationStore
+from worker.store.images import ImageStore
+from worker.store.keys import JobState, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, Started, Taken
 from worker.queue.prefix_routes import HeldRoutes

@@ -32,7 +32,7 @@ local function needed(key)
 end
 
 -- The service-wide history budget (docs/redis_memory.md). Every conversation SUBMIT stores is charged the bytes
--- worker.memory_model says it takes (CONV_BYTES, TURN_BYTES, INDEX_BYTES: the prelude's), in
+-- worker.store.memory_model says it takes (CONV_BYTES, TURN_BYTES, INDEX_BYTES: the prelude's), in
 -- KEY.conversation_sizes and their sum KEY.history_total; KEY.conversations_held orders them by when they expire,
 -- which is least recently used first, as each turn renews the TTL. Past the budget, the least recently used give
 -- way whole, and leave their owner a notice (CLEARED_BYTES, charged as well).
@@ -76,7 +76,7 @@ local function clear_conversation(conv, now)
   local tk = ck .. TURNS_SUFFIX
   local owner = redis.call('HGET', ck, CONV.user)
   for _, t in ipairs(redis.call('LRANGE', tk, 0, -1)) do
-    -- job_id is a turn's last field (worker.history.turn_json); a quote in the text is escaped, so never matches
+    -- job_id is a turn's last field (worker.store.history.turn_json); a quote in the text is escaped, so never matches
     local job = string.match(t, '"job_id": *"(%x+)"}$')
     if job and redis.call('HGET', KEY.job .. job, JOB.user) == owner then
       local st = redis.call('HGET', KEY.job .. job, JOB.state)

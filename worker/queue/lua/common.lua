@@ -1,5 +1,5 @@
 -- What every script starts with. The loader (worker.queue.scripts) puts this file after the script's shebang line
--- and a prelude it writes from worker.keys and worker.queue.fairness: the tables KEY (key names and prefixes),
+-- and a prelude it writes from worker.store.keys and worker.queue.fairness: the tables KEY (key names and prefixes),
 -- JOB, CONV and SLOTS (hash fields), STATE (a job's states) and ENTRY (a stream entry's fields), TURNS_SUFFIX, and
 -- the values HALF_LIFE, USAGE_WEIGHT and USAGE_CAP. Then come the helper files by concern (usage.lua, budgets.lua,
 -- line.lua, lifecycle.lua, dispatch.lua), then the script's own body.
@@ -12,7 +12,7 @@ local args = cjson.decode(ARGV[1])
 local KEY_NAMES, prefix = KEY, args.prefix
 KEY = setmetatable({}, {__index = function(named, name)
   local key = KEY_NAMES[name]
-  if key == nil then error('KEY.' .. tostring(name) .. ' is not a key worker.keys declares') end
+  if key == nil then error('KEY.' .. tostring(name) .. ' is not a key worker.store.keys declares') end
   key = prefix .. key
   rawset(named, name, key)
   return key

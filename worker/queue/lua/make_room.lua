@@ -2,7 +2,7 @@
 -- MAKE_ROOM: a Redis over its maxmemory refused SUBMIT whole; old conversations and pictures give way so that the
 -- turn can be admitted when it is asked again (worker.queue.job_states.JobStates.enqueue_raw). It runs over
 -- maxmemory (allow-oom), and only deletes, besides the notices left to the owners of what it clears.
--- args: room_bytes: the bytes (as charged: worker.memory_model) to give back at least, if that much may go
+-- args: room_bytes: the bytes (as charged: worker.store.memory_model) to give back at least, if that much may go
 --   keep: the conversation the refused turn continues (it stays)
 -- Conversations go least recently used first, never one a job is answering; then, if that was not enough, pictures
 -- by age, never one a live job needs. Returns the bytes given back (0: nothing could go).

@@ -18,7 +18,7 @@
 --   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
 --   history_ttl_s, stream_maxlen; and job_ttl_s: how long the job's hash and stream live
---   history_total_bytes: the history budget; global_queue_cap: the waiting room (both worker.history_budget)
+--   history_total_bytes: the history budget; global_queue_cap: the waiting room (both worker.store.history_budget)
 --   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
 --   newest: remember it as its identity's newest conversation (absent = not)
 --   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
@@ -214,7 +214,7 @@ if turn ~= '' then
   redis.call('HSET', KEY.conversation_sizes, conv, conv_size)
   redis.call('INCRBY', KEY.history_total, conv_size - conv_before)
   redis.call('ZADD', KEY.conversations_held, held_now + ttl, conv)
-  if args.index_digest then  -- a stateless client's messages, by their digest (worker.conversation_index)
+  if args.index_digest then  -- a stateless client's messages, by their digest (worker.store.conversation_index)
     local entry = KEY.chat_index .. user .. ':' .. args.index_digest
     redis.call('SET', entry, conv, 'EX', ttl)
     redis.call('SADD', KEY.chat_indexes_of .. conv, entry)

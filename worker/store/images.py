@@ -10,8 +10,8 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.limits import ALLOWED_FORMATS
 from worker.errors import ImageMissing, InvalidInput
-from worker.image_structure import structure_problem
-from worker.keys import Keys
+from worker.store.image_structure import structure_problem
+from worker.store.keys import Keys
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

@@ -46,7 +46,7 @@ class Keys:
 
     def chat_index(self, user: str, digest: str) -> str:
         """String with the history's TTL: the conversation a stateless request (the API) was stored in, under the
-        sha256 of the messages it sent, its question included (``worker.conversation_index``). The next request
+        sha256 of the messages it sent, its question included (``worker.store.conversation_index``). The next request
         sends them again with the answer, and continues that conversation. SUBMIT writes it with the turn."""
         return f"{self.prefix}chatidx:{user}:{digest}"
 
@@ -65,7 +65,7 @@ class Keys:
 
     def stream(self, job_id: str) -> str:
         """Stream of the job's events (entries of ``EntryField``): the scripts write the queued, started and
-        terminal events, the runner the tokens (``worker.streams``)."""
+        terminal events, the runner the tokens (``worker.store.streams``)."""
         return f"{self.prefix}stream:{job_id}"
 
     def started_notices(self, page: str) -> str:
@@ -275,7 +275,7 @@ class Keys:
 
     @property
     def conversation_sizes(self) -> str:
-        """Hash conversation -> the bytes it is charged (``worker.memory_model``)."""
+        """Hash conversation -> the bytes it is charged (``worker.store.memory_model``)."""
         return f"{self.prefix}conv_sizes"
 
     @property
@@ -376,7 +376,7 @@ ENDED_STATES = (JobState.done, JobState.error, JobState.cancelled)
 
 class JobField:
     """The fields of a job's hash (``Keys.job``): what it asks, whose it is, where it waits, and its state."""
-    payload = "payload"  # the job as JSON (worker.jobs.Job), what the worker runs: SUBMIT
+    payload = "payload"  # the job as JSON (worker.store.jobs.Job), what the worker runs: SUBMIT
     user = "user"  # the identity that asked: SUBMIT
     group = "group"  # its client group (an address, or a login): what caps, usage and cache shares count: SUBMIT
     qkey = "qkey"  # the identity whose queue it waits in (the user; in FIFO mode one shared queue): SUBMIT
@@ -421,6 +421,6 @@ class StatField:
 
 
 class EntryField:
-    """The fields of an entry in a job's stream (``Keys.stream``; ``worker.streams`` encodes and decodes them)."""
+    """The fields of an entry in a job's stream (``Keys.stream``; ``worker.store.streams`` encodes and decodes them)."""
     type = "type"  # the event: a JobState the job entered, or "token"
     data = "data"  # the event's JSON object (its text, position, message, ...)

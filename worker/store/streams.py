@@ -3,7 +3,7 @@
 Each entry has a ``type`` field and a ``data`` field holding JSON. Readers replay from id 0, so late
 or reconnecting readers lose nothing. Terminal events are written by the Lua scripts in
 ``worker.queue.scripts`` (atomically with the job's state change); this module writes the others and decodes them
-(``worker.stream_reader`` reads them).
+(``worker.store.stream_reader`` reads them).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from worker.keys import ENDED_STATES, EntryField, Keys
+from worker.store.keys import ENDED_STATES, EntryField, Keys
 from worker.redis_retry import UNREACHABLE
 
 log = logging.getLogger(__name__)

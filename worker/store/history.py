@@ -3,7 +3,7 @@
 A conversation is a hash (owner, pending job) plus a list of JSON turns. Ownership is checked on
 every access, so one user can never read or continue another user's conversation. A conversation lives
 ``history_ttl_s`` from its last turn, unless it gives way to the service's history budget before
-(``worker.history_budget``): then its owner is told so.
+(``worker.store.history_budget``): then its owner is told so.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import uuid
 import redis
 
 from worker.errors import ConversationCleared, NotYourConversation
-from worker.keys import ConvField, Keys
+from worker.store.keys import ConvField, Keys
 
 
 class ConversationStore:

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import redis
 
 from worker.errors import UnknownJob
-from worker.keys import EntryField, JobField, Keys
+from worker.store.keys import EntryField, JobField, Keys
 from worker.queue.job_states import JobStates
 from worker.queue.reaper import Reaper
 from worker.redis_retry import UNREACHABLE
-from worker.streams import TERMINAL, decode
+from worker.store.streams import TERMINAL, decode
 
 VANISHED, ENDED = "vanished", "ended"  # what ``silent`` finds: the stream is gone, or its job ended
 

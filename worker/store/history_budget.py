@@ -1,5 +1,5 @@
 """The service-wide budgets that come from the Redis Owlet runs on: conversation history, in bytes as
-``worker.memory_model`` charges them, and the waiting room (how many questions may wait in line at once).
+``worker.store.memory_model`` charges them, and the waiting room (how many questions may wait in line at once).
 
 Conversations past it give way whole, least recently used first (SUBMIT, ``worker/queue/lua/submit.lua``). Its
 default comes from the Redis it runs on, so that conversation text alone can never fill it: half of what
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import redis
 
-from worker import memory_model
+from worker.store import memory_model
 from worker.config import Settings
 
 UNLIMITED_REDIS_BUDGET = 512 * 1024 * 1024

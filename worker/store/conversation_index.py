@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import redis
 
-from worker.history import ConversationStore
-from worker.jobs import Message
-from worker.keys import LIVE_STATES, ConvField, JobField, Keys
+from worker.store.history import ConversationStore
+from worker.store.jobs import Message
+from worker.store.keys import LIVE_STATES, ConvField, JobField, Keys
 
 
 def digest(messages: Sequence[Message]) -> str:

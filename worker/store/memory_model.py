@@ -1,6 +1,6 @@
 """What Owlet stores in Redis, in bytes as Redis's ``MEMORY USAGE`` counts them, and the size a traffic needs.
 
-One source of truth: SUBMIT charges the history budget (``worker.history_budget``) with the first four figures
+One source of truth: SUBMIT charges the history budget (``worker.store.history_budget``) with the first four figures
 (``worker.queue.scripts`` writes them into the scripts), docs/redis_memory.md explains them all, and
 tests/worker/test_redis_memory_model.py makes real keys through the real path, measures them, and checks every
 figure here within ``TOLERANCE``.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 # A conversation's fixed cost: its hash (owner, created), its turns list's own overhead, the key naming the worker
 # that holds its cache, its owner's newest-conversation pointer, and its members in the budget's zset and hash.
 CONVERSATION_BYTES = 880
-# Each turn (a question or an answer) beyond the length of its JSON (``worker.history.turn_json``).
+# Each turn (a question or an answer) beyond the length of its JSON (``worker.store.history.turn_json``).
 TURN_BYTES = 30
 # Each entry of the API's conversation index (``Keys.chat_index``) and its member in ``Keys.chat_indexes_of``.
 INDEX_ENTRY_BYTES = 410

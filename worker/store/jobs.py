@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from worker.errors import InvalidInput
-from worker.images import SHA256_RE
+from worker.store.images import SHA256_RE
 
 ROLES = ("system", "user", "assistant")  # a system turn comes from a stateless client (the API)
 
