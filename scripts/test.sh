@@ -9,8 +9,5 @@ bash scripts/ensure_test_tools.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Two test processes side by side, each taking a whole file at a time (a file's tests share its servers and
 # models); most of the suite waits on servers, browsers and workers, so two processes fit two cores.
-# OWLET_TEST_WORKERS=0 runs every test in this one process (a debugger, -s); a -n given here wins.
-workers="${OWLET_TEST_WORKERS:-2}"
-spread=()
-if [ "$workers" != 0 ]; then spread=(-n "$workers" --dist loadfile); fi
-exec .venv/bin/python -m pytest "${spread[@]}" "$@"
+# A -n given to this script wins: -n 0 runs every test in this one process (a debugger, -s).
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
