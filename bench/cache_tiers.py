@@ -38,8 +38,8 @@ from bench.machine import machine_line
 from bench.multiturn import QUESTIONS, noise_image
 from bench.quick import add_quick_flag, parse_with_quick
 from engine import EngineConfig, LLMEngine, greedy
-from engine.disk_tier import DiskTier
-from engine.model_runner import ModelRunner
+from engine.kv.disk_tier import DiskTier
+from engine.models.model_runner import ModelRunner
 
 
 def turn(engine: LLMEngine, conv: str, history: list, content: list, new_tokens: int):
@@ -219,7 +219,7 @@ def main(argv=None) -> dict:
 
 def _identity(folder: Path):
     """The identity the files in ``folder`` were written with (read from one header)."""
-    from engine import entry_file
+    from engine.kv import entry_file
 
     header = entry_file.read_header(str(next(folder.glob("*.kv"))))
     return entry_file.Identity(header["model"], header["dtype"], header["layout"])

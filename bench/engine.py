@@ -10,7 +10,7 @@ Poisson stream. Ways:
    (at least one request) when the previous batch ends;
 3. ``engine``: Owlet's continuous-batching ``LLMEngine`` with the same ``max_running``;
 4. ``engine-unpacked`` (only when named in ``--ways``): the same engine with ``cpu_kernels=off`` (every matmul
-   through the model's own ``nn.Linear``), so the share of the lead that the CPU kernels (engine/cpu/) bring is
+   through the model's own ``nn.Linear``), so the share of the lead that the CPU kernels (engine/models/cpu/) bring is
    measured in the same run; ``engine-cpu-<kernels>`` (e.g. ``engine-cpu-onednn``, ``engine-cpu-packed+panel``):
    the engine on those kernels alone (``cpu_kernels=onednn``, ``packed,panel``), so each kernel's worth is
    measured side by side.
@@ -35,7 +35,7 @@ out load swings) and sits far from its target. The table's ``steps`` (decode for
 The Poisson rate defaults to 0.7x the engine's burst requests/s, a load the engine keeps up with.
 
 Batched prefill: after the workload, a burst of ``--burst-turns`` (64) new image turns arriving at once is served
-with prefill one prompt at a time and batched (engine/prefill_batch.py), side by side: prefill forwards per burst
+with prefill one prompt at a time and batched (engine/batch/prefill_batch.py), side by side: prefill forwards per burst
 and TTFT p50/p95 (bench/prefill_burst.py; ``--no-prefill-burst`` skips it).
 
 Run: ``python -m bench.engine`` (the "small" 87M-parameter shape, 8-10 minutes on 2 shared CPU cores),
@@ -308,7 +308,7 @@ def run_engine(engine, requests, arrivals, pattern: str, way: str = "engine") ->
     engine.runner.decode = timed_decode
     prefill_s: list[float] = []
 
-    def timed(fn):  # a prefill's time, one prompt's or a batched one's (engine/prefill_batch.py), in prefill_s
+    def timed(fn):  # a prefill's time, one prompt's or a batched one's (engine/batch/prefill_batch.py), in prefill_s
         def run(*args, **kwargs):
             t = time.perf_counter()
             try:
@@ -491,7 +491,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from engine.model_runner import resolve_dtype  # the engine's own "auto" rule, so both sides run one dtype
+    from engine.models.model_runner import resolve_dtype  # the engine's own "auto" rule, so both sides run one dtype
 
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     shape = "tiny" if args.quick else args.shape

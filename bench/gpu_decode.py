@@ -168,7 +168,7 @@ def main(argv=None) -> dict:
                               default_deadline_s=None)
         engine = LLMEngine(config, runner=runner)
         if graphs.endswith("-shapefree"):  # the captured step with the eager steps' kernels (no cuDNN attention)
-            from engine.model_runner import SHAPE_FREE_SDPA
+            from engine.models.model_runner import SHAPE_FREE_SDPA
             engine.batch.static_step.attention_backends = SHAPE_FREE_SDPA
         runner = engine.runner  # load the weights once
         weights = runner.weight_bytes

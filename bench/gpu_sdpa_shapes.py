@@ -2,7 +2,7 @@
 
 A decode step attends ``[B, heads, 1, T]`` queries over T cached positions with a boolean mask, and T grows by one
 every step, so an eager decode meets a new shape every step. A kernel that builds a plan per shape (cuDNN
-attention) pays that build every step; the engine's choice (``engine.model_runner.SHAPE_FREE_SDPA``) should not.
+attention) pays that build every step; the engine's choice (``engine.models.model_runner.SHAPE_FREE_SDPA``) should not.
 Prints a table and ``RESULT {json}``: median ms of a call on a new T and on a T already seen, per kernel choice.
 Usage: python -m bench.gpu_sdpa_shapes [--device cuda] [--quick]
 
@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.quick import add_quick_flag, parse_with_quick
-from engine.model_runner import SHAPE_FREE_SDPA
+from engine.models.model_runner import SHAPE_FREE_SDPA
 
 CHOICES = {"torch default": None, "engine (no cuDNN)": SHAPE_FREE_SDPA, "cuDNN only": [SDPBackend.CUDNN_ATTENTION]}
 

@@ -15,7 +15,7 @@ It ends with ``RESULT {json}`` holding followup_ttft_ratio, int8_bytes_ratio and
 
 With ``--family mplug-owl3`` the model is a random-init mPLUG-Owl3 (hyper attention; each image is one
 ``<|image|>`` token plus 729 image K/V per hyper layer at 378 px) in the weight layout ``--owl-layout`` names
-(engine/mplug_owl3/layout.py; ``dynamic-gate`` is 7B-240728's): the session entry then also holds the image's
+(engine/models/mplug_owl3/layout.py; ``dynamic-gate`` is 7B-240728's): the session entry then also holds the image's
 cross-attention K/V, so a follow-up neither re-encodes nor re-projects the image. ``scaled`` keeps the 2B model's
 head_dim, KV heads, hyper-layer spacing and 729 image tokens with fewer, narrower layers; ``2b`` is the full
 mPLUG-Owl3-2B shape (about 8 GB in fp32: too slow for a shared CPU).
@@ -34,8 +34,8 @@ from bench.engine import bench_checkpoint
 from bench.machine import machine_line
 from bench.quick import add_quick_flag
 from engine import EngineConfig, LLMEngine, greedy
-from engine.model_runner import ModelRunner
-from engine.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS
+from engine.models.model_runner import ModelRunner
+from engine.models.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS
 
 QUESTIONS = ["Describe the image.", "What colour is the largest shape?", "Where is it?", "How many shapes?",
              "Is there a red square?"]
@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--family", choices=("lfm2-vl", "mplug-owl3"), default="lfm2-vl")
     ap.add_argument("--owl-shape", choices=tuple(OWL_SHAPES), default="scaled")
     ap.add_argument("--owl-layout", choices=tuple(LAYOUTS), default=DYNAMIC_GATE.name,
-                    help="mPLUG-Owl3 weight layout (engine/mplug_owl3/layout.py)")
+                    help="mPLUG-Owl3 weight layout (engine/models/mplug_owl3/layout.py)")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=16)
@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
 
     if args.family == "mplug-owl3":
-        from engine.mplug_owl3 import load_runner
+        from engine.models.mplug_owl3 import load_runner
 
         shape = "tiny" if args.quick else args.owl_shape
         side = 512  # resized to the model's 378 (or tiny 56) px square: 729 (16) image K/V per hyper layer

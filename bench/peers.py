@@ -17,7 +17,7 @@ Fairness:
 
 Run: ``python -m bench.peers`` (3-5 minutes on 2 shared cores) or ``--quick`` (seconds; ``--tiny`` is the same).
 Last line: ``RESULT {json}`` with ``vs_hf_cb`` = Owlet tokens/s ÷ peer tokens/s. ``--with-nn-linear`` also times
-Owlet with every matmul through the model's own ``nn.Linear`` (``cpu_kernels=off``: engine/cpu/ unused), alternated
+Owlet with every matmul through the model's own ``nn.Linear`` (``cpu_kernels=off``: engine/models/cpu/ unused), alternated
 with the other two (``vs_owlet_nn_linear``).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ measures. Two engines serve the same burst, with ``max_running`` = the burst and
 
 - ``alone``: ``batched_prefill=off``, one prefill forward per prompt;
 - ``batched``: ``batched_prefill=on``: the prompts a step admits go through the model together
-  (engine/prefill_batch.py).
+  (engine/batch/prefill_batch.py).
 
 Each way runs ``--repeats`` times, alternated, and keeps its best run by TTFT p95. Printed per way: prefill
 forwards of the text model per burst, vision tower forwards (one per image alone; one per pixel layout batched),
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=1)
     args = parse_with_quick(ap, argv, QUICK)
-    from engine.model_runner import resolve_dtype
+    from engine.models.model_runner import resolve_dtype
 
     if args.threads and not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)

@@ -1,5 +1,5 @@
 """Prefix sharing benchmark: a new conversation's example turn on a worker that holds its prefix, against one that
-does not (engine/prefix_index.py).
+does not (engine/kv/prefix_index.py).
 
 The example turn is what a page's example button sends: a system prompt, an example picture (about 256 image
 tokens) and its question. Over the bench's "small" random-init LFM2-VL (about 100M parameters, auto dtype), one
@@ -31,7 +31,7 @@ from bench.machine import machine_line
 from bench.multiturn import noise_image
 from bench.quick import add_quick_flag, parse_with_quick
 from engine import EngineConfig, LLMEngine, greedy
-from engine.model_runner import ModelRunner
+from engine.models.model_runner import ModelRunner
 
 SYSTEM = "You are Owlet. Answer questions about the picture in one or two sentences."
 EXAMPLE_QUESTION = "What is happening in this picture?"

@@ -8,7 +8,7 @@ from owlet.settings import read_fields
 from . import limits
 
 PARK_MODES = ("none", "int8", "int4")
-CPU_KERNELS = ("packed", "onednn", "panel")  # the kernels of engine/cpu/linear.py, by the names cpu_kernels takes
+CPU_KERNELS = ("packed", "onednn", "panel")  # the kernels of engine/models/cpu/linear.py, by the names cpu_kernels takes
 ENV_PREFIX = "OWLET_"  # field max_running is read from OWLET_MAX_RUNNING
 # Default answers held per decode row with time slicing. Clients beyond the held answers wait in Redis for one to
 # end, and with slicing every held answer ends later, so this is how many distinct clients with long answers it
@@ -22,7 +22,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     trust_remote_code: bool = False  # only for checkpoints that ship their own modelling code (mPLUG-Owl3 needs none)
-    allow_unverified: bool = False  # serve an architecture missing from engine/families.py (with a warning)
+    allow_unverified: bool = False  # serve an architecture missing from engine/models/families.py (with a warning)
     max_running: int = 16  # sequences in the decode batch
     # Time slicing (engine/time_slicing.py): an answer waiting for a decode row while another group holds more
     # rows takes the row of that group's answer that has decoded the most tokens since it last (re)joined, once
@@ -48,19 +48,19 @@ class EngineConfig:
     # else's. An entry larger than the share is not kept (that conversation's next turn recomputes). 1.0: no cap.
     session_group_share: float = 0.25
     # Prefixes another conversation already computed (the same picture and question, the same system prompt and
-    # picture) are restored for a new conversation by content (engine/prefix_index.py), under the same budgets.
+    # picture) are restored for a new conversation by content (engine/kv/prefix_index.py), under the same budgets.
     shared_prefixes: bool = True
     park_mode: str = "none"  # how idle sessions are held: none (model dtype, on device) | int8 | int4 (host memory)
     session_host_budget_mb: float = 4096.0  # host memory for parked (int8/int4) sessions of an accelerator engine
     park_group_size: int = 64  # values per scale: int8 keeps 0.52 and int4 0.28 of 16-bit bytes
     image_cache_mb: float = 64.0
-    # Disk tier (engine/disk_tier.py): every session entry kept is also written to a file in this folder, stored as
+    # Disk tier (engine/kv/disk_tier.py): every session entry kept is also written to a file in this folder, stored as
     # parked entries are (park_mode), so it outlives host memory and the worker; a worker started again on the same
     # folder serves its conversations' follow-ups from those files. One worker per folder (a second is refused).
     # None: no disk tier.
     disk_cache_dir: str | None = None
     disk_cache_mb: float = 4096.0  # the folder's bound: least recently used files are deleted beyond it
-    # Decode batch storage (engine/decode_batch.py): auto (the path the family row names, engine/families.py) |
+    # Decode batch storage (engine/batch/decode_batch.py): auto (the path the family row names, engine/models/families.py) |
     # slots (K/V and conv states preallocated per running row, written in place; only for a family whose row
     # names it) | dynamic (a DynamicCache concatenated as rows join and leave; any family).
     decode_cache: str = "auto"
@@ -72,8 +72,8 @@ class EngineConfig:
     # H200 the captured step is token-identical to the same step run eagerly and 3.2-7.1x faster (docs/benchmarks.md).
     decode_graphs: str = "auto"
     # Prompts admitted in the same step are prefilled together, left-padded, in as few forwards as keep padding
-    # under a quarter of the positions (engine/prefill_batch.py), on the families verified token-exact that way
-    # (``prefill_together`` in engine/families.py); a follow-up turn and a later chunk prefill alone. on | off (every
+    # under a quarter of the positions (engine/batch/prefill_batch.py), on the families verified token-exact that way
+    # (``prefill_together`` in engine/models/families.py); a follow-up turn and a later chunk prefill alone. on | off (every
     # prompt alone) | auto: on for a CUDA device, off on CPU, where a batched forward of a burst measured slower
     # than the same prompts one by one (bench.prefill_burst, docs/benchmarks.md).
     batched_prefill: str = "auto"
@@ -82,13 +82,13 @@ class EngineConfig:
     # or cuda. Off until measured on a device (bench/gpu_decode.py --graphs off,cuda,cuda-compiled).
     decode_compile: bool = False
     # Decode attention over slots: varlen (each run of rows attends only up to its own longest row; see
-    # engine/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
+    # engine/batch/varlen_attention.py) | padded (one call over the batch's longest row, the tail masked).
     decode_attention: str = "varlen"
-    # fp32 on CPU: the text stack's matmuls through faster kernels than torch's own (engine/cpu/): MKL's packed
+    # fp32 on CPU: the text stack's matmuls through faster kernels than torch's own (engine/models/cpu/): MKL's packed
     # GEMM, oneDNN's GEMM, Owlet's panel GEMM (AVX2 C, built with the system's C compiler at first use).
     # auto: each matrix shape and row count takes the fastest of them and torch's own, as measured at load on
     # this CPU; a kernel that reads a copy of the weights (packed, panel) only where the copy fits in a quarter of
-    # the available memory | off: torch's own products, and engine/cpu/ is not even imported | a comma list of
+    # the available memory | off: torch's own products, and engine/models/cpu/ is not even imported | a comma list of
     # kernel names (e.g. "onednn", "packed,panel"): those, on every product of 3 rows or more they can take
     # (packed on decode rows, up to 16), unmeasured; refused where one cannot run.
     cpu_kernels: str = "auto"

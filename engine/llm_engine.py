@@ -6,7 +6,7 @@ final result; everything distributed lives in worker/, everything the user sees 
 
 One step is: take in new requests and aborts → pause rows that other groups' waiting answers are owed
 (``engine.time_slicing``) → prefill or resume what the scheduler picked (new prompts together in few forwards,
-engine/prefill_batch.py; a follow-up turn or a later chunk alone) →
+engine/batch/prefill_batch.py; a follow-up turn or a later chunk alone) →
 one batched decode step → emit deltas and drop finished rows. Any thread may call
 ``add_request`` and ``abort``; only the loop thread (or a caller of ``step``) touches the model.
 """
@@ -20,16 +20,17 @@ from collections import deque
 
 import torch
 
-from . import kv_cache, prefill_batch
+from .kv import kv_cache
+from .batch import prefill_batch
 from .config import EngineConfig
-from .decode_batch import make_decode_batch
+from .batch.decode_batch import make_decode_batch
 from .detokenizer import IncrementalDetokenizer
-from .runners import make_runner
+from .models.runners import make_runner
 from .handle import RequestHandle
 from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder
 from .request import Request, RunnerScratch, Status, Where
-from .runner_interface import Runner
+from .models.runner_interface import Runner
 from .sampler import make_generator, sample_next_tokens
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -41,7 +42,7 @@ log = logging.getLogger("owlet.engine")
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | None = None):
         self.config = config
-        self.runner: Runner = runner or make_runner(config)  # the family registry picks it (engine/families.py)
+        self.runner: Runner = runner or make_runner(config)  # the family registry picks it (engine/models/families.py)
         self.prompts = PromptBuilder(self.runner.processor, self.runner.image_token_id,
                                      placeholder=self.runner.image_placeholder,
                                      max_image_pixels=config.max_image_pixels,
@@ -257,7 +258,7 @@ class LLMEngine:
         self._drop_finished_rows()
 
     def _prefill_groups(self, together: list[tuple[Request, int]]) -> None:
-        """Batched prefill (engine/prefill_batch.py): the rows that start fresh, in forwards of similar lengths, the
+        """Batched prefill (engine/batch/prefill_batch.py): the rows that start fresh, in forwards of similar lengths, the
         shortest first (their first tokens come out soonest, as a shortest-job-first queue would have them)."""
         lengths = [req.num_computed + n for req, n in together]
         for group in reversed(prefill_batch.groups(lengths)):

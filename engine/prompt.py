@@ -45,7 +45,7 @@ class PromptBuilder:
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.image_token_id = image_token_id
         # What the chat template writes per image: usually the image token, but e.g. Gemma 3 writes
-        # <start_of_image> and its processor expands that (engine/families.py names it per family).
+        # <start_of_image> and its processor expands that (engine/models/families.py names it per family).
         self.image_token = placeholder or self.tokenizer.convert_ids_to_tokens(image_token_id)
         self.max_image_pixels = max_image_pixels
         self.max_images = max_images

@@ -3,7 +3,7 @@
 What is checked, in README.md and every docs/*.md (paths are relative to the repository root):
 
 - **Paths.** A word is a path when its first ``/``-separated part is an entry at the repository root
-  (``engine/dynamic_batch.py``, ``tests/engine``, ``docker-compose.yml``) or when it contains a ``/`` and ends in a
+  (``engine/batch/dynamic_batch.py``, ``tests/engine``, ``docker-compose.yml``) or when it contains a ``/`` and ends in a
   source extension (``.py``, ``.c``, ``.lua``, ``.sh``); it must exist. A bare file name with a known extension
   (``llm_engine.py``, ``config.json``) must be the name of some file in the repository. A word is a whole inline
   code span without spaces, or one whitespace-separated word of a span or fenced line that has spaces (a command);
@@ -333,7 +333,7 @@ def test_the_documents_name_many_real_paths_and_symbols():
     "`engine/no_such_module.py`", "`tests/engine/test_nothing_here.py`", "`engin/batch.py`", "`no_such_file.py`",
     "`docker-compose.yaml`", "`engine.llm_engine.NoSuchClass`", "`engine.no_such_module`",
     "`LLMEngine.no_such_method`", "`worker.client.OwletClient.no_such_method()`",
-    "`engine.mplug_owl3.runner:NoSuchRunner`", "`.venv/bin/python -m bench.no_such_bench`",
+    "`engine.models.mplug_owl3.runner:NoSuchRunner`", "`.venv/bin/python -m bench.no_such_bench`",
     "`python -m\nbench.no_such_bench` (a span that wraps)", "```\nbash scripts/no_such_script.sh\n```",
     "[a link](docs/no_such_page.md)", "[a link](#no-such-heading)",
 ])
@@ -344,9 +344,9 @@ def test_a_made_up_name_is_reported(made_up):
 
 
 @pytest.mark.parametrize("real", [
-    "`engine/dynamic_batch.py`", "`tests/engine`", "`ui/examples/`", "`llm_engine.py`", "`engine.LLMEngine`",
+    "`engine/batch/dynamic_batch.py`", "`tests/engine`", "`ui/examples/`", "`llm_engine.py`", "`engine.LLMEngine`",
     "`engine.llm_engine.LLMEngine.step`", "`EngineConfig.from_env`", "`worker.config.Settings`",
-    "`OwletClient.events`", "`engine.mplug_owl3.runner:OwlRunner`", "`python -m bench.engine --dtype float32`",
+    "`OwletClient.events`", "`engine.models.mplug_owl3.runner:OwlRunner`", "`python -m bench.engine --dtype float32`",
     "`python -m ui --help`", "`OWLET_MODEL=models/owlet-shapes-vl ./scripts/demo.sh`", "`torch.cuda.synchronize`",
     "`/models/LFM2-VL-1.6B`", "`.cache/demo-redis/`", "[the title](#title)",
 ])

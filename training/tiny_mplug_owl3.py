@@ -1,11 +1,11 @@
 """Build a tiny random-init mPLUG-Owl3 checkpoint offline, in one of the layouts Owlet serves.
 
 Same ``config.json`` keys and the same weight names as a published checkpoint of that layout
-(engine/mplug_owl3/layout.py; ``dynamic-gate`` is ``mPLUG/mPLUG-Owl3-7B-240728``'s: ``self_attn.gate_proj.0.*``,
+(engine/models/mplug_owl3/layout.py; ``dynamic-gate`` is ``mPLUG/mPLUG-Owl3-7B-240728``'s: ``self_attn.gate_proj.0.*``,
 ``vision2text_model.weight|bias`` and an untied ``language_model.lm_head``), with a few small layers: 4 decoder
 layers of which 2 are hyper layers, a 3-layer SigLIP tower on 56-pixel crops (16 image tokens), and a locally
 trained byte-level BPE tokenizer that carries mPLUG-Owl3's special tokens. Loaded back through
-``engine.mplug_owl3`` exactly like a downloaded folder, which tells the layout from the weight names.
+``engine.models.mplug_owl3`` exactly like a downloaded folder, which tells the layout from the weight names.
 
     .venv/bin/python -m training.tiny_mplug_owl3 OUT_DIR [--layout static-gate]   # build one
     ensure_tiny_mplug_owl3(layout)                                               # cached (tests)
@@ -57,10 +57,10 @@ def build_tiny_mplug_owl3(out_dir: str | Path, *, layout: str = DEFAULT_LAYOUT, 
     import torch
     from safetensors.torch import save_file
 
-    from engine.mplug_owl3.config import OwlConfig
-    from engine.mplug_owl3.layout import LAYOUTS
-    from engine.mplug_owl3.model import OwlModel
-    from engine.mplug_owl3.weights import published_state_dict
+    from engine.models.mplug_owl3.config import OwlConfig
+    from engine.models.mplug_owl3.layout import LAYOUTS
+    from engine.models.mplug_owl3.model import OwlModel
+    from engine.models.mplug_owl3.weights import published_state_dict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ back to it.
 
 Affinity (``worker.queue.dispatch``) routes a follow-up to the worker ``Keys.holder(conv)`` names; FINISH writes
 that key after each turn, for ``holder_ttl_s``. A worker restarted on the same disk-cache folder
-(``OWLET_DISK_CACHE_DIR``, ``engine.disk_tier``) holds those conversations' caches again, but the keys may name it
+(``OWLET_DISK_CACHE_DIR``, ``engine.kv.disk_tier``) holds those conversations' caches again, but the keys may name it
 under an old name (a new container's host name) or have expired. At start it therefore claims each conversation it
 holds on disk that still exists, unless a live worker other than itself holds it: that one served a later turn,
 and its cache is the newer. Claiming is a routing hint only: a claim that races a turn finishing elsewhere costs

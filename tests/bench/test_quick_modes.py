@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.mplug_owl3.layout import LAYOUTS
+from engine.models.mplug_owl3.layout import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_AT_ONCE = 2

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.model_runner import ModelRunner, resolve_device
+from engine.models.model_runner import ModelRunner, resolve_device
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 FAMILIES = ["lfm2vl", "llava"]

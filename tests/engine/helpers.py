@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from PIL import Image, ImageDraw
 
-from engine.reference_run import reference_run
+from engine.models.reference_run import reference_run
 
 
 def image(seed: int, size=(64, 64)) -> Image.Image:

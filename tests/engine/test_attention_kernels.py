@@ -2,8 +2,8 @@
 new shape: 38.5 ms a call on an H200, bench/gpu_sdpa_shapes.py)."""
 import torch
 
-from engine.model_runner import ModelRunner, shape_free_attention
-from engine.mplug_owl3.runner import OwlRunner
+from engine.models.model_runner import ModelRunner, shape_free_attention
+from engine.models.mplug_owl3.runner import OwlRunner
 
 
 def _backends() -> dict[str, bool]:

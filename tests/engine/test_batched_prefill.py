@@ -1,14 +1,14 @@
-"""Batched prefill (engine/prefill_batch.py) must not change what the model says: a burst of new prompts of mixed
+"""Batched prefill (engine/batch/prefill_batch.py) must not change what the model says: a burst of new prompts of mixed
 lengths, with and without images, prefilled in few left-padded forwards gives fp32 greedy tokens equal to
 per-request generate(), on the slot and the dynamic decode paths, and on every family the tests build."""
 import pytest
 import torch
 
 from engine import greedy
-from engine.prefill_batch import MAX_PADDING_SHARE, groups
+from engine.batch.prefill_batch import MAX_PADDING_SHARE, groups
 from engine.prompt import Prompt
 from engine.request import Request
-from engine.reference_run import reference_run
+from engine.models.reference_run import reference_run
 
 from .helpers import chat, image, reference_tokens, run_until_done
 
@@ -64,7 +64,7 @@ def test_fewer_forwards_than_one_at_a_time_with_a_warm_head(family, make_engine,
     counts = {}
     for on in (True, False):
         # Shared prefixes off: alone, a hybrid model's cold prompt also pauses at its share points (one forward each,
-        # engine/prefix_index.py); this counts what batching saves.
+        # engine/kv/prefix_index.py); this counts what batching saves.
         engine = make_engine(family, max_running=8, max_prefill_tokens=4096, batched_prefill="on" if on else "off",
                              shared_prefixes=False)
         serve_burst(engine, [(chat("warm up"), 2)])

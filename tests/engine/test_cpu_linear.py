@@ -1,14 +1,14 @@
-"""The text stack's fp32 CPU kernels (engine/cpu/linear.py): the same products through MKL's packed GEMM, oneDNN
+"""The text stack's fp32 CPU kernels (engine/models/cpu/linear.py): the same products through MKL's packed GEMM, oneDNN
 and Owlet's panel GEMM, each only where the plan puts it, only the text stack routed, and engines on each
 kernel exact (the panel kernel's own tests: test_panel_gemm.py)."""
 import pytest
 import torch
 
 from engine import EngineConfig
-from engine.cpu import linear as cpu_linear
-from engine.cpu import panel_gemm
-from engine.model_runner import ModelRunner
-from engine.reference_run import reference_run
+from engine.models.cpu import linear as cpu_linear
+from engine.models.cpu import panel_gemm
+from engine.models.model_runner import ModelRunner
+from engine.models.reference_run import reference_run
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
@@ -220,7 +220,7 @@ def test_kernels_asked_for_where_they_cannot_apply_are_refused_clearly():
 
 
 def test_auto_does_not_pack_what_would_not_fit(monkeypatch, caplog):
-    from engine import cpu
+    from engine.models import cpu
 
     monkeypatch.setattr(cpu, "_available_memory_bytes", lambda: 4 * 2**20)  # a quarter: 1 MiB
     cfg = EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32")

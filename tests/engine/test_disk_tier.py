@@ -6,11 +6,12 @@ import shutil
 import pytest
 import torch
 
-from engine import entry_file, greedy
-from engine.disk_tier import DiskTier, FolderInUse
-from engine.entry_file import Identity
-from engine.kv_quant import park_kv
-from engine.session_store import SessionEntry
+from engine import greedy
+from engine.kv import entry_file
+from engine.kv.disk_tier import DiskTier, FolderInUse
+from engine.kv.entry_file import Identity
+from engine.kv.kv_quant import park_kv
+from engine.kv.session_store import SessionEntry
 
 from .helpers import reference_tokens, run_until_done
 from .test_sessions import TURNS, converse

@@ -1,7 +1,7 @@
 """DynamicBatch.add (merge) and .filter (drop rows), each checked directly against unbatched decoding."""
 import torch
 
-from engine.dynamic_batch import DynamicBatch
+from engine.batch.dynamic_batch import DynamicBatch
 from engine.prompt import PromptBuilder
 from engine.request import Request
 from engine.handle import RequestHandle

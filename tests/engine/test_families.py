@@ -1,6 +1,6 @@
 """The VLM families people bring, each token-exact against per-request generate() on its processor's own template.
 
-Every family in engine/families.py gets the same checks on a tiny fp32 checkpoint with its real processor class:
+Every family in engine/models/families.py gets the same checks on a tiny fp32 checkpoint with its real processor class:
 prompt ids equal ``processor.apply_chat_template(..., tokenize=True)``; 6+ staggered requests with different
 images and prompt lengths; the same requests time-sliced over two rows; a session follow-up adding a new image
 batched with a fresh request; chunked prefill.
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import greedy
-from engine.reference_run import reference_run
+from engine.models.reference_run import reference_run
 
 from .helpers import chat, image, run_until_done, serve_staggered
 

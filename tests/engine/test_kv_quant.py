@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_quant import DEFAULT_GROUP_SIZE, FullPrecisionTensor, QuantizedTensor, park_kv, quantize_kv
+from engine.kv.kv_quant import DEFAULT_GROUP_SIZE, FullPrecisionTensor, QuantizedTensor, park_kv, quantize_kv
 
 MODES = ("int8", "int4")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

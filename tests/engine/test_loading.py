@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.model_runner import ModelRunner, resolve_dtype
+from engine.models.model_runner import ModelRunner, resolve_dtype
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 

@@ -1,6 +1,6 @@
 """mPLUG-Owl3 (hyper attention) served by the engine: batched = unbatched reference, session reuse = recompute,
 and a follow-up turn reuses the image's K/V instead of encoding and projecting it again. fp32, a tiny checkpoint
-per supported layout (engine/mplug_owl3/layout.py): every test that loads one runs once per layout."""
+per supported layout (engine/models/mplug_owl3/layout.py): every test that loads one runs once per layout."""
 import gc
 import json
 import shutil
@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import EngineConfig, LLMEngine, greedy
-from engine.mplug_owl3 import is_mplug_owl3
-from engine.mplug_owl3.config import OwlConfig
-from engine.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS, STATIC_GATE
-from engine.mplug_owl3.reference import greedy_generate
-from engine.dynamic_batch import DynamicBatch
-from engine.mplug_owl3.runner import OwlRunner, image_starts
-from engine.runner_interface import Runner
+from engine.models.mplug_owl3 import is_mplug_owl3
+from engine.models.mplug_owl3.config import OwlConfig
+from engine.models.mplug_owl3.layout import DYNAMIC_GATE, LAYOUTS, STATIC_GATE
+from engine.models.mplug_owl3.reference import greedy_generate
+from engine.batch.dynamic_batch import DynamicBatch
+from engine.models.mplug_owl3.runner import OwlRunner, image_starts
+from engine.models.runner_interface import Runner
 from training.tiny_mplug_owl3 import TINY_CONFIG, ensure_tiny_mplug_owl3
 
 from .helpers import image, run_until_done
@@ -57,7 +57,7 @@ def user(*items):
 
 
 def reference(engine, messages, n):
-    """Greedy tokens from the plain unbatched, uncached forward (engine/mplug_owl3/reference.py)."""
+    """Greedy tokens from the plain unbatched, uncached forward (engine/models/mplug_owl3/reference.py)."""
     r = engine.runner
     prompt = engine.prompts.build(messages)
     pixels = torch.cat([im.pixel_inputs["pixel_values"] for im in prompt.images]) if prompt.images else None
@@ -109,7 +109,7 @@ def test_the_rope_base_is_read_where_transformers_5_saves_it():
 
 
 def test_images_are_cut_into_crops_plus_a_global_view(runner):
-    from engine.mplug_owl3.processor import choose_grid, cut_prompt
+    from engine.models.mplug_owl3.processor import choose_grid, cut_prompt
 
     assert choose_grid(400, 400, 378) == (2, 2)
     assert choose_grid(1200, 300, 378) == (1, 4) and choose_grid(300, 1200, 378) == (4, 1)
@@ -308,7 +308,7 @@ def test_chunked_prefill_matches_reference(make_engine):
 
 def test_batch_image_kv_follow_filter_and_append(runner):
     """The merged image K/V kept across decode steps equal a fresh merge after rows leave and join."""
-    from engine.mplug_owl3.runner import PlacedImage, RowImages
+    from engine.models.mplug_owl3.runner import PlacedImage, RowImages
 
     class Row:  # stands in for a Request: the runner only needs a weak-referenceable key
         pass

@@ -1,4 +1,4 @@
-"""mPLUG-Owl3 (engine/mplug_owl3/): prefixes shared across conversations match its plain reference forward.
+"""mPLUG-Owl3 (engine/models/mplug_owl3/): prefixes shared across conversations match its plain reference forward.
 
 Its images are cross-attended by the tokens after them, so a shared prefix's self-attention K/V depends on the
 pictures inside it (the key includes their hashes); the new conversation's own image K/V are computed as usual.

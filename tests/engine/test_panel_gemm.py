@@ -1,4 +1,4 @@
-"""Owlet's panel GEMM (engine/cpu/panel_gemm.c via engine/cpu/panel_gemm.py): the product nn.Linear computes, to fp32
+"""Owlet's panel GEMM (engine/models/cpu/panel_gemm.c via engine/models/cpu/panel_gemm.py): the product nn.Linear computes, to fp32
 rounding, for every row count and matrix shape (ragged panels and k blocks included); a row's values independent
 of the rows beside it; bad arguments refused before they reach C; the build cached per user and refused from a
 folder others can write to; a clear reason where it cannot run."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.cpu import panel_gemm
-from engine.model_runner import ModelRunner
+from engine.models.cpu import panel_gemm
+from engine.models.model_runner import ModelRunner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 needs_panel = pytest.mark.skipif(not panel_gemm.available(), reason="no panel GEMM here (no AVX2 or no C compiler)")

@@ -1,4 +1,4 @@
-"""Shared prefixes live under the session budgets and the per-group share (engine/prefix_index.py says how).
+"""Shared prefixes live under the session budgets and the per-group share (engine/kv/prefix_index.py says how).
 
 A prefix is charged to the group whose prompt made it until a second group uses it; then it is shared: no group's
 share counts it and the pool's LRU evicts it. So a stranger opening conversation after conversation evicts their

@@ -1,4 +1,4 @@
-"""Prefixes shared across conversations (engine/prefix_index.py) must not change what the model says.
+"""Prefixes shared across conversations (engine/kv/prefix_index.py) must not change what the model says.
 
 Every family and both decode batches, fp32, against per-request generate(): a new conversation with the same
 system prompt, picture and question as another (the whole prompt but its last token is restored); the same system
@@ -83,7 +83,7 @@ def test_new_conversations_with_one_prompt_in_the_same_step(fam, decode_batch, m
 
 @pytest.mark.parametrize("fam", ["lfm2vl", "llava"])
 def test_batched_prefill_keeps_shared_prefixes_exact(fam, make_engine, runners):
-    """Batched prefill (engine/prefill_batch.py): two new conversations with one picture and different questions
+    """Batched prefill (engine/batch/prefill_batch.py): two new conversations with one picture and different questions
     in one forward, then a third about the same picture. Full attention keeps the prefix from a batched row (a
     slice of its K/V); a hybrid model's rows do not pause inside a batched forward, so nothing past the head is
     kept from them (the third recomputes the picture), and every answer is exact either way."""

@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, families, greedy, runners
-from engine.model_runner import ModelRunner
-from engine.runner_interface import Runner
+from engine import EngineConfig, LLMEngine, greedy
+from engine.models import families, runners
+from engine.models.model_runner import ModelRunner
+from engine.models.runner_interface import Runner
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 
 from .helpers import chat, image, run_until_done
@@ -65,7 +66,7 @@ def test_a_cache_layer_kind_not_verified_for_the_family_is_refused(tmp_path):
 
 
 class RecordingRunner(ModelRunner):
-    """Stands in for a native implementation (e.g. engine/mplug_owl3) named by a registry row."""
+    """Stands in for a native implementation (e.g. engine/models/mplug_owl3) named by a registry row."""
     built = 0
 
     def __init__(self, config, family=None):

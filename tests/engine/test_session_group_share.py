@@ -7,8 +7,8 @@ group runs many conversations, and that it would not be without the share.
 import torch
 
 from engine import greedy
-from engine.kv_cache import CacheSnapshot
-from engine.session_store import SessionStore
+from engine.kv.kv_cache import CacheSnapshot
+from engine.kv.session_store import SessionStore
 
 from .helpers import image, run_until_done
 

@@ -5,9 +5,9 @@ so that parked entries â€” quantised K/V and their full-precision conv states â€
 """
 import torch
 
-from engine.byte_lru import ByteLRU
-from engine.kv_cache import CacheSnapshot
-from engine.session_store import SessionStore
+from engine.kv.byte_lru import ByteLRU
+from engine.kv.kv_cache import CacheSnapshot
+from engine.kv.session_store import SessionStore
 
 ACCELERATOR = torch.device("cuda")  # only compared with, never allocated on
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from engine import greedy, kv_cache
+from engine import greedy
+from engine.kv import kv_cache
 from engine.request import Request
 
 from .helpers import chat, image, run_until_done

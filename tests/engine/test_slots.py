@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from engine import families, greedy
-from engine.decode_batch import DecodeBatch
-from engine.dynamic_batch import DynamicBatch
-from engine.slot_batch import SlotBatch
-from engine.slot_cache import SlotPool
+from engine import greedy
+from engine.models import families
+from engine.batch.decode_batch import DecodeBatch
+from engine.batch.dynamic_batch import DynamicBatch
+from engine.batch.slot_batch import SlotBatch
+from engine.kv.slot_cache import SlotPool
 
 from .helpers import chat, image, reference_tokens, run_until_done, serve_staggered
 from .test_exactness import workload

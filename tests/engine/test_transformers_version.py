@@ -6,9 +6,9 @@ import logging
 import pytest
 import transformers
 
-from engine import transformers_version
+from engine.models import transformers_version
 from engine.config import EngineConfig
-from engine.runners import make_runner
+from engine.models.runners import make_runner
 
 
 def test_an_older_transformers_is_refused_with_the_version_to_install():

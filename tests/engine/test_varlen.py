@@ -2,8 +2,8 @@
 import pytest
 
 from engine import greedy
-from engine.slot_batch import SlotBatch
-from engine.varlen_attention import NAME, attended_positions, plan_segments, varlen_attention
+from engine.batch.slot_batch import SlotBatch
+from engine.batch.varlen_attention import NAME, attended_positions, plan_segments, varlen_attention
 from transformers import AttentionInterface
 
 from .helpers import reference_tokens, run_until_done, serve_staggered

@@ -1,6 +1,6 @@
 """Prefix routing: a conversation's first question goes, when it can, to a worker that already computed its prompt.
 
-The engine keeps a new conversation's prompt prefixes for other conversations (engine/prefix_index.py): the same
+The engine keeps a new conversation's prompt prefixes for other conversations (engine/kv/prefix_index.py): the same
 picture and question, or the same picture. The dispatcher cannot see token ids, so both sides name such a prefix
 by what the submitting side knows, ``route_keys``: a hash of the messages (roles, texts, stored image hashes) of a
 first question, and a hash of the same without the question's text when it carries a picture. A worker remembers

@@ -5,7 +5,7 @@ job. So the start-up handler (``worker.celery_app``) runs :func:`check_engine_en
 the engine; any failure is logged with its reason and the process exits with :data:`EXIT_CANNOT_SERVE`.
 
 The checks here only make the common mistakes read well (no model set, a folder that does not exist or is
-not a checkpoint, an architecture missing from the verified families (``engine/families.py``), CUDA asked for
+not a checkpoint, an architecture missing from the verified families (``engine/models/families.py``), CUDA asked for
 on a machine without it). Anything else the engine raises while loading also stops the worker.
 """
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _read_config(folder: Path) -> None:
 
 
 def _check_family(folder: Path, allow_unverified: bool) -> None:
-    """The registry of verified families decides (engine/families.py: config.json only, no torch)."""
-    from engine.families import resolve
+    """The registry of verified families decides (engine/models/families.py: config.json only, no torch)."""
+    from engine.models.families import resolve
 
     try:
         resolve(str(folder), allow_unverified)

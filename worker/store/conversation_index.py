@@ -2,7 +2,7 @@
 
 A stateless client (the OpenAI-compatible API) sends the whole conversation with every request, and keeps no
 conversation id. Owlet still stores each conversation, so that a follow-up reuses the worker's session cache
-(``engine.session_store``): the step that admits a request (SUBMIT) remembers its messages (the question included)
+(``engine.kv.session_store``): the step that admits a request (SUBMIT) remembers its messages (the question included)
 under their sha256, per identity (``Keys.chat_index``), and lists that entry with the conversation, which takes it
 along when it gives way to the history budget. The next request sends the same messages again plus the
 answer and a new question; its earlier messages, without that answer, hash to the same digest, which names the

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..kv_quant import StoredTensor, park_kv
-from ..session_store import SessionEntry, SessionStore
+from ...kv.kv_quant import StoredTensor, park_kv
+from ...kv.session_store import SessionEntry, SessionStore
 
 
 @dataclass

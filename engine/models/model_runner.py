@@ -17,10 +17,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForImageTextToText, AutoProcessor, DynamicCache
 
-from . import families, kv_cache, prefill_batch
-from .byte_lru import ByteLRU
-from .config import EngineConfig
-from .session_store import SessionStore
+from . import families
+from ..kv import kv_cache
+from ..batch import prefill_batch
+from ..kv.byte_lru import ByteLRU
+from ..config import EngineConfig
+from ..kv.session_store import SessionStore
 
 log = logging.getLogger("owlet.engine")
 

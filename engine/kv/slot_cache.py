@@ -16,7 +16,7 @@ which transformers' LFM2 decode kernel updates in place.
 
 Supported layer types: ``full_attention`` and ``conv``, with plain positions. A model with other layers (sliding
 windows) or per-row position deltas (M-RoPE) runs on the ``DynamicBatch``: its family row says so
-(engine/families.py), and the pool refuses layers it cannot hold.
+(engine/models/families.py), and the pool refuses layers it cannot hold.
 """
 from __future__ import annotations
 

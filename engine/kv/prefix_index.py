@@ -8,7 +8,7 @@ for every picture, so token ids alone would match two different pictures.
 Share points. A prompt offers a few lengths others may share (``share_points``): the end of its last image (the
 system prompt and the picture; questions differ after it) and its length minus one (the whole prompt: the engine
 must still run one token to get the first answer token's logits). The template head keeps its own entry
-(engine/session_store.py). When a prompt's prefill reaches its last share point (full attention: when it ends) and
+(engine/kv/session_store.py). When a prompt's prefill reaches its last share point (full attention: when it ends) and
 nobody holds that yet, the session store keeps one entry covering it, under ``entry_key``; every share point of
 that prompt is an alias (``content_key``) of that entry.
 

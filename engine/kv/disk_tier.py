@@ -9,7 +9,7 @@ conversations' follow-ups from them.
 
 - **Bounded**: the files never hold more than ``budget_bytes`` in all, temporary files included; the least
   recently used file goes first. An entry larger than the whole budget is not written.
-- **Safe**: files are written to a temporary name and renamed (``engine.entry_file``); a file that fails any check
+- **Safe**: files are written to a temporary name and renamed (``engine.kv.entry_file``); a file that fails any check
   on reading (torn, truncated, corrupt, another model, dtype, layout or key) is deleted and the lookup is a miss,
   so the turn is recomputed, which gives the same tokens.
 - **Only where faster**: reads are timed (bytes per second) and so are prefills (tokens per second, from finished

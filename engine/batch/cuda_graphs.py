@@ -31,7 +31,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Attention kernels for the bucketed step: every SDPA kernel, cuDNN's included (torch picks by its own priority).
-# Eager steps leave cuDNN out because it builds a plan per new shape (engine/model_runner.py SHAPE_FREE_SDPA);
+# Eager steps leave cuDNN out because it builds a plan per new shape (engine/models/model_runner.py SHAPE_FREE_SDPA);
 # here each (rows, positions) shape recurs, so its plan is built once, before capture, and then only replayed.
 BUCKETED_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                  SDPBackend.MATH]

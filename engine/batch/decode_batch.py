@@ -3,13 +3,13 @@
 A decode batch holds the requests that are generating, one row each, with their caches, and builds the inputs of
 one decode step over all of them. Two implementations:
 
-- ``DynamicBatch`` (engine/dynamic_batch.py): rows in one left-padded transformers ``DynamicCache``, concatenated
+- ``DynamicBatch`` (engine/batch/dynamic_batch.py): rows in one left-padded transformers ``DynamicCache``, concatenated
   as rows join and cut as they leave. Any cache layer kind (full, sliding window, LFM2 conv) and per-row position
   deltas (Qwen-VL's M-RoPE).
-- ``SlotBatch`` (engine/slot_batch.py): K/V and conv states preallocated per row and written in place, with an
+- ``SlotBatch`` (engine/batch/slot_batch.py): K/V and conv states preallocated per row and written in place, with an
   optional static-shape step (CUDA graphs). Full-attention and conv layers with plain positions only.
 
-The family row picks one (``Family.decode_batch`` in engine/families.py): the path each family was verified
+The family row picks one (``Family.decode_batch`` in engine/models/families.py): the path each family was verified
 token-exact on. ``EngineConfig.decode_cache`` can move any family to the dynamic path, never a dynamic family
 to slots. Nothing outside these modules knows which one it holds.
 """
@@ -19,7 +19,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from .kv_cache import CacheSnapshot
+from ..kv.kv_cache import CacheSnapshot
 
 
 @runtime_checkable

@@ -44,7 +44,7 @@ from typing import Callable
 
 import torch
 
-from ..config import CPU_KERNELS
+from ...config import CPU_KERNELS
 from ..reference_run import in_reference_run
 from . import panel_gemm
 

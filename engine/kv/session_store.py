@@ -17,12 +17,12 @@ address or login the worker names for the request) holds at most ``group_share``
 oldest entries go first, so one client's many conversations cannot flush everyone else's caches. Idle entries may
 be parked off the device as int8 or int4 K/V, with their conv states (kept in full precision), in host memory, and
 are restored on resume. Device bytes and host bytes are accounted separately, each under its own budget.
-With a disk tier (``engine.disk_tier``, ``EngineConfig.disk_cache_dir``) every entry kept is also written to a
+With a disk tier (``engine.kv.disk_tier``, ``EngineConfig.disk_cache_dir``) every entry kept is also written to a
 file, so it outlives host memory and the worker: a lookup that misses memory reads the file back (cache source
 "disk") when that is faster than prefilling it.
 New conversations share the template head (e.g. ``<|startoftext|><|im_start|>user\n`` or a system prompt),
 which is cached once as a prefix entry, and longer prefixes another conversation already computed (the same
-picture, the same question), found by content: engine/prefix_index.py.
+picture, the same question), found by content: engine/kv/prefix_index.py.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ import torch
 from . import disk_tier, kv_cache
 from .byte_lru import ByteLRU
 from .cache_layers import cache_layer_kinds, kv_bytes_per_token
-from .config import EngineConfig
+from ..config import EngineConfig
 from .kv_quant import StoredTensor, park_kv
-from .request import CacheHit
+from ..request import CacheHit
 from .prefix_index import PrefixIndex
 
 log = logging.getLogger("owlet.engine")
@@ -83,7 +83,7 @@ class SessionEntry:
 
 
 class SessionStore:
-    keeps_disk_tier = True  # its entries are plain SessionEntry fields, which engine.entry_file writes
+    keeps_disk_tier = True  # its entries are plain SessionEntry fields, which engine.kv.entry_file writes
 
     def __init__(self, budget_bytes: int, text_config, device: torch.device, model_dtype: torch.dtype,
                  park_mode: str = "none", group_size: int = 32, enabled: bool = True, host_budget_bytes: int = 0,
@@ -178,7 +178,7 @@ class SessionStore:
 
     def share_stop(self, req) -> int | None:
         """Where a prefill chunk of ``req`` should pause so that a prefix others may share can be kept at its exact
-        length (engine/prefix_index.py); None: nowhere."""
+        length (engine/kv/prefix_index.py); None: nowhere."""
         return self.prefixes.chunk_stop(self.entries, req) if self.enabled else None
 
     def checkpoint(self, req) -> None:
@@ -204,7 +204,7 @@ class SessionStore:
         self._keep_shared_prefix(req)
 
     def _keep_shared_prefix(self, req) -> None:
-        """At a share point of a prompt not restored from its own session (engine/prefix_index.py): keep the states
+        """At a share point of a prompt not restored from its own session (engine/kv/prefix_index.py): keep the states
         valid only here; at the last one, keep the prefix as an entry charged to the request's group."""
         if req.cache_source in ("session", "disk"):  # its own conversation's cache
             return

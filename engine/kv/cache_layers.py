@@ -9,7 +9,7 @@ Three kinds of layer keep decode state, and the engine treats each differently:
   (``LinearAttentionCacheLayerMixin``, ``layer_types`` entry ``conv``).
 
 The kinds are read two ways: from a text config's ``layer_types`` (what the slot pool allocates) and from the
-layer objects of a ``DynamicCache`` (what engine/kv_cache.py operates on). ``kv_bytes_per_token`` is the one
+layer objects of a ``DynamicCache`` (what engine/kv/kv_cache.py operates on). ``kv_bytes_per_token`` is the one
 place that prices a cached token; the slot pool's sizing and the session store's reserve both use it.
 """
 from __future__ import annotations

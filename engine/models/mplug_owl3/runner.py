@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
-from ..byte_lru import ByteLRU
-from ..config import EngineConfig
+from ...kv.byte_lru import ByteLRU
+from ...config import EngineConfig
 from ..families import by_architecture
 from ..model_runner import resolve_device, resolve_dtype, shape_free_attention
 from .config import ARCHITECTURE

@@ -11,8 +11,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .byte_lru import ByteLRU
-from .decode_batch import DecodeBatch
+from ..kv.byte_lru import ByteLRU
+from ..batch.decode_batch import DecodeBatch
 from .families import Family
 
 

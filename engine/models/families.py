@@ -128,7 +128,7 @@ def check_cache_layers(family: Family, text_config, allow_unverified: bool) -> N
     """Refuse a checkpoint of a known family whose cache needs a layer kind that was not verified for it."""
     if family is UNVERIFIED:
         return
-    from .cache_layers import cache_layer_kinds  # torch and transformers load only with a model
+    from ..kv.cache_layers import cache_layer_kinds  # torch and transformers load only with a model
 
     extra = cache_layer_kinds(text_config) - set(family.cache_layers)
     if not extra:

@@ -1,6 +1,6 @@
-"""SlotBatch: the decode batch over a preallocated ``SlotPool`` (a ``DecodeBatch``, engine/decode_batch.py).
+"""SlotBatch: the decode batch over a preallocated ``SlotPool`` (a ``DecodeBatch``, engine/batch/decode_batch.py).
 
-The path for families whose row says ``decode_batch="slots"`` (engine/families.py): full-attention and LFM2 conv
+The path for families whose row says ``decode_batch="slots"`` (engine/models/families.py): full-attention and LFM2 conv
 layers, plain positions.
 
 Row ``i`` of the batch lives in slot ``i``. ``add`` copies a freshly prefilled batch-1 cache into the next free
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import varlen_attention
-from .cache_layers import kv_bytes_per_token
-from .slot_cache import SlotCache, SlotPool
+from ..kv.cache_layers import kv_bytes_per_token
+from ..kv.slot_cache import SlotCache, SlotPool
 from .varlen_attention import attended_positions, plan_segments
 
 
@@ -29,7 +29,7 @@ class SlotBatch:
         self.last_tokens: torch.Tensor | None = None  # [B] next input token per row
         self._positions = torch.arange(pool.slot_len, device=device)
         self.static_step = None  # a cuda_graphs.StaticDecode when decode_graphs is on (ModelRunner.decode runs it)
-        # Varlen decode attention (engine/varlen_attention.py): the cost of one more attention call in
+        # Varlen decode attention (engine/batch/varlen_attention.py): the cost of one more attention call in
         # row-positions, or None for one padded call over the longest row.
         self.segment_call_cost: int | None = None
         self.last_attended = 0  # row-positions the last step's attention read (benchmarks report padding with it)

@@ -1,7 +1,7 @@
 """DynamicBatch: the decode batch over one left-padded transformers ``DynamicCache`` (a ``DecodeBatch``).
 
 The path for every cache layer kind (full, sliding window, LFM2 conv) and for model-defined positions (M-RoPE):
-the families whose row says ``decode_batch="dynamic"`` run on it (engine/families.py).
+the families whose row says ``decode_batch="dynamic"`` run on it (engine/models/families.py).
 
 ``add`` merges a freshly prefilled batch-1 cache; ``filter`` drops rows. Both keep three things consistent —
 getting any of them wrong silently changes tokens:
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import kv_cache
+from ..kv import kv_cache
 
 
 class DynamicBatch:

@@ -12,7 +12,7 @@ model, dtype and layout the reader expects. Anything else raises :class:`BadEntr
 the file; the turn is then recomputed.
 
 What this module knows: bytes, tensors, ``SessionEntry``'s fields. What it does not know: budgets, folders,
-when to write (``engine.disk_tier`` decides that).
+when to write (``engine.kv.disk_tier`` decides that).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class BadEntryFile(Exception):
 @dataclass(frozen=True)
 class Identity:
     """What an entry file must match to be read: written by this model, in this dtype, in this layout."""
-    model: str  # fingerprint of the checkpoint (engine.disk_tier.model_fingerprint)
+    model: str  # fingerprint of the checkpoint (engine.kv.disk_tier.model_fingerprint)
     dtype: str  # the model's compute dtype, e.g. "float32"
     layout: str  # how K/V is stored, e.g. "int8/64/f1"
 
