@@ -38,12 +38,13 @@ from worker.config import Settings  # noqa: E402
 QUESTION = "Say something."
 
 
-def queue_turn(client: OwletClient, who: str, tokens: int) -> dict:
-    """One turn through the fair queue; times are wall-clock seconds."""
+def timed_turn(submit, events) -> dict:
+    """One turn: ``submit()`` sends the question and returns its job id, ``events(job)`` yields its stream's events
+    (the client's own reader, or the page's hub); times are wall-clock seconds."""
     t0 = time.time()
     first, words, error, marks = None, 0, None, {}
-    job = client.submit(who, None, QUESTION, sampling={"max_new_tokens": tokens, "ignore_eos": True}).job
-    for _, event in client.events(job):
+    job = submit()
+    for event in events(job):
         marks.setdefault(event["type"], event.get("t"))  # the worker's clock at started, first token, done
         if event["type"] == "token":
             if first is None:
@@ -51,10 +52,18 @@ def queue_turn(client: OwletClient, who: str, tokens: int) -> dict:
             words += len(event["text"].split())
         elif event["type"] in ("error", "cancelled"):
             error = event.get("message") or event["type"]
-    end = time.time()
+    return {"t0": t0, "first": first, "end": time.time(), "tokens": words, "error": error, "marks": marks, "job": job}
+
+
+def queue_turn(client: OwletClient, who: str, tokens: int) -> dict:
+    """One turn through the fair queue, read by the client's own stream reader."""
+    sampling = {"max_new_tokens": tokens, "ignore_eos": True}
+    turn = timed_turn(lambda: client.submit(who, None, QUESTION, sampling=sampling).job,
+                      lambda job: (event for _, event in client.events(job)))
+    job = turn.pop("job")
     dispatched = client.r.hget(client.keys.job(job), "dispatched_at")
-    marks["dispatched"] = float(dispatched) if dispatched else None
-    return {"t0": t0, "first": first, "end": end, "tokens": words, "error": error, "marks": marks}
+    turn["marks"]["dispatched"] = float(dispatched) if dispatched else None
+    return turn
 
 
 class HubReader:
@@ -94,19 +103,11 @@ class HubReader:
 
 def hub_turn(client: OwletClient, reader: HubReader, who: str, tokens: int) -> dict:
     """One turn through the fair queue, read through the page's stream reader."""
-    t0 = time.time()
-    first, words, error, marks = None, 0, None, {}
-    job = client.submit(who, None, QUESTION, sampling={"max_new_tokens": tokens, "ignore_eos": True},
-                        **reader.notify).job
-    for event in reader.events(job):
-        marks.setdefault(event["type"], event.get("t"))
-        if event["type"] == "token":
-            if first is None:
-                first = time.time()
-            words += len(event["text"].split())
-        elif event["type"] in ("error", "cancelled"):
-            error = event.get("message") or event["type"]
-    return {"t0": t0, "first": first, "end": time.time(), "tokens": words, "error": error, "marks": marks}
+    sampling = {"max_new_tokens": tokens, "ignore_eos": True}
+    turn = timed_turn(lambda: client.submit(who, None, QUESTION, sampling=sampling, **reader.notify).job,
+                      reader.events)
+    del turn["job"]
+    return turn
 
 
 class PageAsker:
