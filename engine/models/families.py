@@ -10,15 +10,15 @@ do for that family beyond "embed, run, decode":
 - ``cache_layers``: the cache layer kinds it uses (``full``, ``sliding``, ``conv``);
 - ``image_placeholder``: the processor attribute naming the text its chat template emits per image, when it is
   not the image-feature token itself (Gemma 3 emits ``<start_of_image>``);
-- ``decode_batch``: the decode batch it runs on and was verified with (engine/decode_batch.py): ``slots``
+- ``decode_batch``: the decode batch it runs on and was verified with (engine/batch/decode_batch.py): ``slots``
   (preallocated per-row K/V, written in place: full-attention and conv layers, linear positions) or ``dynamic``
   (a concatenated ``DynamicCache``: any layer kind, M-RoPE). This row is the only place the choice is made;
 - ``prefill_together``: prompts admitted in the same step may be prefilled in one left-padded forward
-  (engine/prefill_batch.py); False where that was not verified token-exact (the family then prefills one
+  (engine/batch/prefill_batch.py); False where that was not verified token-exact (the family then prefills one
   prompt at a time, as before);
 - ``runner``: ``"module:Class"`` of a custom runner for families Hugging Face does not serve natively
   (e.g. a native mPLUG-Owl3). It is built as ``Class(config, family=row)`` and must be a ``Runner``
-  (engine/runner_interface.py), as the generic ``ModelRunner`` is.
+  (engine/models/runner_interface.py), as the generic ``ModelRunner`` is.
 
 A checkpoint whose architecture is not listed is refused at load with the list of supported ones, unless the
 operator sets ``allow_unverified`` (``OWLET_ALLOW_UNVERIFIED=true``); then it runs the generic path with a
@@ -46,7 +46,7 @@ class Family:
     image_placeholder: str | None = None  # processor attribute holding the template's per-image placeholder
     decode_batch: str = "slots"  # slots | dynamic
     runner: str | None = None  # "module:Class" of a custom ModelRunner
-    prefill_together: bool = True  # batched prefill verified token-exact (engine/prefill_batch.py)
+    prefill_together: bool = True  # batched prefill verified token-exact (engine/batch/prefill_batch.py)
     example: str = ""  # a public checkpoint of the family (README)
 
     def __post_init__(self):
@@ -55,7 +55,7 @@ class Family:
         slot_layers = set(self.cache_layers) <= {"full", "conv"}
         if self.decode_batch == "slots" and (self.positions != "linear" or not slot_layers):
             raise ValueError(f"{self.name}: the slot pool holds full and conv layers at linear positions only "
-                             f"(engine/slot_cache.py); this row needs decode_batch='dynamic'")
+                             f"(engine/kv/slot_cache.py); this row needs decode_batch='dynamic'")
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -79,7 +79,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("SmolVLM", "SmolVLMForConditionalGeneration", example="HuggingFaceTB/SmolVLM2-2.2B-Instruct"),
     Family("InternVL", "InternVLForConditionalGeneration", example="OpenGVLab/InternVL3-1B-hf"),
     # Not a transformers model: Owlet's own implementation (hyper attention, image K/V kept per row and session).
-    Family("mPLUG-Owl3", "mPLUGOwl3Model", decode_batch="dynamic", runner="engine.mplug_owl3.runner:OwlRunner",
+    Family("mPLUG-Owl3", "mPLUGOwl3Model", decode_batch="dynamic", runner="engine.models.mplug_owl3.runner:OwlRunner",
            prefill_together=False, example="mPLUG/mPLUG-Owl3-2B-241014"),
 )
 

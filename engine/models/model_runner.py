@@ -1,7 +1,7 @@
 """ModelRunner: the only code that runs the Hugging Face model. Loads a local checkpoint, encodes images,
 prefills one request (in chunks) and runs one batched decode step.
 
-What differs between families (see engine/families.py) is confined here: model-defined positions (Qwen-VL
+What differs between families (see engine/models/families.py) is confined here: model-defined positions (Qwen-VL
 M-RoPE, from the model's own ``get_rope_index``) and extra per-token inputs on prefill (Qwen3-VL DeepStack,
 Gemma 3 ``token_type_ids``).
 
@@ -280,7 +280,7 @@ class ModelRunner:
         return logits
 
     def can_prefill_together(self, request) -> bool:
-        """Whether ``request`` may join a batched prefill (engine/prefill_batch.py): its family row was verified
+        """Whether ``request`` may join a batched prefill (engine/batch/prefill_batch.py): its family row was verified
         token-exact that way, its conv layers (if any) have no bias, and it starts from nothing but the template
         head."""
         return (self.family.prefill_together and not getattr(self.text_config, "conv_bias", False)
@@ -365,7 +365,7 @@ class ModelRunner:
         """One decode step for every row of ``batch``; returns (logits [B, vocab], the updated cache).
 
         It advances nothing itself: the engine samples, then ``batch.advance`` records the step."""
-        if batch.static_step is not None:  # static shapes / CUDA graphs (engine/cuda_graphs.py)
+        if batch.static_step is not None:  # static shapes / CUDA graphs (engine/batch/cuda_graphs.py)
             return batch.static_step(batch), batch.cache
         inputs = batch.step_inputs()
         if self.family.positions == "mrope":  # the same position on every rotary axis for generated text

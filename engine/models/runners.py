@@ -1,4 +1,4 @@
-"""Making a model's runner: the family row (engine/families.py) says which runner class serves a checkpoint.
+"""Making a model's runner: the family row (engine/models/families.py) says which runner class serves a checkpoint.
 
 The generic ``ModelRunner`` serves every family Hugging Face runs natively; a row's ``runner`` ("module:Class")
 names a custom one (mPLUG-Owl3). This module sits beside the runners and imports them, so the registry itself

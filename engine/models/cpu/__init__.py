@@ -3,7 +3,7 @@
 
 On a CPU most of a step is GEMMs, and torch's ``nn.Linear`` (MKL's ``sgemm``) re-packs each weight matrix into its
 kernel's layout on every call: at a decode step's few rows that packing is a large share of the product. Three
-kernels compute the same products faster on some CPU kinds (engine/cpu/linear.py says how, and what each is
+kernels compute the same products faster on some CPU kinds (engine/models/cpu/linear.py says how, and what each is
 worth where):
 
 - ``packed``: MKL's packed GEMM on a copy packed once, at load, for decode row counts (won on the Intel Xeon);
@@ -13,7 +13,7 @@ worth where):
 
 The engine reads and runs without this package: ``ModelRunner`` imports it only on a CPU device with
 ``cpu_kernels`` not ``off``, and then the modules keep the model's own code for everything else (other dtypes,
-autograd, and reference runs: engine/reference_run.py). Nothing here runs on an accelerator.
+autograd, and reference runs: engine/models/reference_run.py). Nothing here runs on an accelerator.
 """
 from __future__ import annotations
 

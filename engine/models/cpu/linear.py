@@ -16,7 +16,7 @@ product (to rounding) faster on some CPUs and row counts:
   against 76-93 at 16 rows, 348-367 against 410-422 at 150 rows (a prefill chunk), 1,140 against 1,307-1,338 at
   512. Its rows do not depend on how many rows the product has (from 3 rows up), so a prompt prefilled in one
   chunk or several gets the same values.
-- **Owlet's panel GEMM** (engine/cpu/panel_gemm.c, AVX2; a product split by panels over torch's threads) on a copy
+- **Owlet's panel GEMM** (engine/models/cpu/panel_gemm.c, AVX2; a product split by panels over torch's threads) on a copy
   packed once, at load, into the layout its inner loop reads. On an AVX2-only AMD EPYC, where neither of the two
   above beats ``sgemm`` by more than 10 %, it took 3.4-4.3 ms for a 16-row product over the bench model's matrices
   against ``sgemm``'s 5.9-7.1; on the AVX-512 EPYC it is the fastest at decode row counts (3-16), oneDNN above.
@@ -32,7 +32,7 @@ two rows are a matrix-vector product at memory speed and keep ``sgemm``.
 
 The kernels round differently in the last bits, as any change of batch size already does (a 16-row ``sgemm`` row
 is not bit-equal to a 1-row one). The engine's token-exactness tests run every kernel against the model's own
-``nn.Linear``, which a routed module runs inside ``engine.reference_run.reference_run()``.
+``nn.Linear``, which a routed module runs inside ``engine.models.reference_run.reference_run()``.
 """
 from __future__ import annotations
 

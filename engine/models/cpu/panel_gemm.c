@@ -1,6 +1,6 @@
 /* y = x @ W^T (+ bias) in fp32 for x [m, k] (contiguous) and a weight W [n, k] packed once into column panels:
- * one of the candidate kernels for the text stack's products on CPU (engine/cpu/panel_gemm.py says why, and
- * engine/cpu/linear.py when it is used). Needs AVX2 and FMA; one thread.
+ * one of the candidate kernels for the text stack's products on CPU (engine/models/cpu/panel_gemm.py says why, and
+ * engine/models/cpu/linear.py when it is used). Needs AVX2 and FMA; one thread.
  *
  * Layout: W is cut into panels of NR output columns; panel p holds W[p*NR + j][kk] at [(p*k + kk)*NR + j] (zero
  * past n), so a tile reads its weights as one forward stream and nothing is re-packed per call. A tile is MR rows

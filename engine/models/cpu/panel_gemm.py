@@ -1,5 +1,5 @@
-"""Owlet's own fp32 GEMM for few rows (engine/cpu/panel_gemm.c), one more candidate kernel for the text stack's
-products on CPU (engine/cpu/linear.py weighs it against MKL's and oneDNN's).
+"""Owlet's own fp32 GEMM for few rows (engine/models/cpu/panel_gemm.c), one more candidate kernel for the text stack's
+products on CPU (engine/models/cpu/linear.py weighs it against MKL's and oneDNN's).
 
 Why: a decode step multiplies a handful of rows (one per running answer) by every weight matrix. The BLAS kernels
 re-pack each matrix into their own layout on every call, and at 16 rows that packing is a large share of the

@@ -65,7 +65,7 @@ class OwlRunner:
     image_placeholder = None  # the chat template writes the image token itself (``<|image|>``)
 
     def __init__(self, config: EngineConfig, family=None):
-        # The registry row (engine/families.py): it also tells the engine to keep the DynamicBatch decode path.
+        # The registry row (engine/models/families.py): it also tells the engine to keep the DynamicBatch decode path.
         self.family = family or by_architecture()[ARCHITECTURE]
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -174,7 +174,7 @@ class OwlRunner:
         return logits[0, -1]
 
     def can_prefill_together(self, request) -> bool:
-        """Never: mPLUG-Owl3 prefills one prompt at a time (batched prefill, engine/prefill_batch.py, is not
+        """Never: mPLUG-Owl3 prefills one prompt at a time (batched prefill, engine/batch/prefill_batch.py, is not
         verified for its hyper attention over each row's image K/V)."""
         return False
 

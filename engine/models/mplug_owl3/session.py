@@ -39,7 +39,7 @@ class OwlSessionEntry(SessionEntry):
 
 class OwlSessionStore(SessionStore):
     runner = None
-    keeps_disk_tier = False  # engine.entry_file does not write image K/V: a follow-up needs them with the prefix
+    keeps_disk_tier = False  # engine.kv.entry_file does not write image K/V: a follow-up needs them with the prefix
 
     @classmethod
     def for_runner(cls, config, runner) -> "OwlSessionStore":
