@@ -188,13 +188,17 @@ class DiskTier:
                 self._wake.wait(min(left, 0.05))
         return True
 
-    def close(self) -> None:
-        """Write what is waiting, stop the writer and let the folder go."""
-        self.flush()
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is waiting for at most ``timeout`` seconds, stop the writer and let the folder go. A worker's
+        shutdown stays prompt on a slow disk: an entry still waiting then is lost, and its turn recomputed later."""
+        if not self.flush(timeout):
+            log.warning("disk tier: %d entries not written by shutdown; their turns will be recomputed",
+                        len(self._pending))
         with self._lock:
             self._closed = True
+            self._pending.clear()  # the writer ends after the file it is writing (written whole, or not at all)
             self._wake.notify_all()
-        self._writer.join(timeout=10)
+        self._writer.join(timeout=timeout)
         self._lock_file.close()  # releases the flock
 
     def stats(self) -> dict:

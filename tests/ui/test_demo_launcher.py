@@ -133,7 +133,12 @@ def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
         children = descendants(demo.pid)
         assert len(children) >= 3, "worker, page and embedded Redis should be running"
         demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
-        assert demo.wait(timeout=60) == 0
+        try:
+            code = demo.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("Ctrl-C did not stop the demo within 60 s; its last lines:\n"
+                                 + "".join(lines[-30:])) from None
+        assert code == 0, "".join(lines[-30:])
         reader.join(timeout=10)
         assert "all processes stopped" in "".join(lines)
         time.sleep(0.5)
