@@ -8,6 +8,6 @@ bash scripts/ensure_venv.sh
 bash scripts/ensure_test_tools.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # One process by default. `-n 2 --dist loadfile` runs two side by side (pytest-xdist, a whole file each at a time):
-# 16 min 44 s against about 20 on the 2-core VM, but there the demo launcher's Ctrl-C test times out, so it is not
-# the default yet (docs/benchmarks.md "The test suite").
+# 16 min 44 s against about 20 on the 2-core VM, but a browser test's streaming check is less steady there, so it is
+# not the default yet (docs/benchmarks.md "The test suite").
 exec .venv/bin/python -m pytest "$@"
