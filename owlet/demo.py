@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import faulthandler
 import os
 import shutil
 import signal
@@ -39,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -188,6 +190,7 @@ class Stack:
         """Wait for the page to answer and ``/healthz`` to report a live worker; raise if a child dies."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            check_stop_asked()
             self.relay_output()
             self.check_children()
             if self.serving():
@@ -278,8 +281,27 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
         os.killpg(child.pid, sig)
 
 
+# Set by the first Ctrl-C (or SIGTERM). The handler also raises KeyboardInterrupt to cut a wait short, but Python
+# drops an exception raised while a finaliser (``__del__``, a weakref callback) runs in the main thread: the loops
+# that wait (``Stack.wait_ready``, ``supervise``) therefore check this flag too, so a stop asked for is never lost.
+STOP_ASKED = threading.Event()
+# Set once the stop has begun: a second Ctrl-C then only says so, and cannot cut the stop itself short (which
+# would leave children running).
+STOPPING = threading.Event()
+
+
 def _interrupt(*_):
+    if STOPPING.is_set():
+        log("already stopping…")
+        return
+    STOP_ASKED.set()
     raise KeyboardInterrupt
+
+
+def check_stop_asked() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C or SIGTERM came, even when the handler's own exception was dropped."""
+    if STOP_ASKED.is_set() and not STOPPING.is_set():
+        raise KeyboardInterrupt
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -356,6 +378,7 @@ def supervise(stack: Stack, clock=time.monotonic, sleep=time.sleep) -> None:
     everything with the reason (``ChildExited``)."""
     failed_in_a_row, serving, lost_at = 0, True, None  # lost_at: when the last worker that served exited
     while True:
+        check_stop_asked()
         stack.relay_output()
         if not serving and stack.serving():
             serving, failed_in_a_row = True, 0
@@ -409,20 +432,36 @@ def main(argv=None) -> int:
         log(problem)
         return 1
     ui_args = (["--share"] if args.share else []) + [a for pair in (args.auth or []) for a in ("--auth", pair)]
-    # SIGTERM behaves like Ctrl-C, so `kill <launcher>` also cleans up.
+    # Ctrl-C and SIGTERM stop everything, so `kill <launcher>` also cleans up. SIGINT is handled explicitly: a
+    # launcher started in the background by a script inherits SIGINT ignored, and `kill -INT` must still stop it.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    # `kill -USR1 <launcher>` prints where each of its threads is (to stderr), should it ever seem stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stack = Stack(args.redis_url, args.model, args.host, args.port, ui_args, args.worker_concurrency, args.log_dir,
                   redis_dir=args.redis_dir, uploads_dir=args.uploads_dir, kv_dir=args.kv_dir)
     stack.logs.clear(*CHILDREN)
+    code = 0
     try:
-        with stack:
-            log(f"starting the worker (loading the model) and the page… (their output: {args.log_dir})")
-            stack.wait_ready(args.ready_timeout)
-            announce(f"ready: open {stack.url}  (Ctrl-C stops everything)")
-            supervise(stack)
+        with stack:  # leaving it stops every child
+            code = serve(stack, args)
+    except KeyboardInterrupt:  # Ctrl-C while the children were being started
+        log("stopping…")
+    finally:
+        log("all processes stopped")
+    return code
+
+
+def serve(stack: Stack, args: argparse.Namespace) -> int:
+    """Wait for the stack to be ready, then watch it until Ctrl-C or a failure. Says why it ends before the stack
+    is stopped (which may take the children's grace time); returns the exit code."""
+    try:
+        log(f"starting the worker (loading the model) and the page… (their output: {args.log_dir})")
+        stack.wait_ready(args.ready_timeout)
+        announce(f"ready: open {stack.url}  (Ctrl-C stops everything)")
+        supervise(stack)
     except KeyboardInterrupt:
         log("stopping…")
-        return 0
     except ChildExited as exc:
         log(f"{exc}; stopping everything")
         show_last_words(stack, exc.name)
@@ -431,7 +470,8 @@ def main(argv=None) -> int:
         log(f"{exc}; stopping everything")
         return 1
     finally:
-        log("all processes stopped")
+        STOPPING.set()
+    return 0
 
 
 def run() -> None:

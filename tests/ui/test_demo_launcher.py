@@ -136,15 +136,15 @@ def run_the_demo_beside(default_url: str, tmp_path: Path) -> None:
         try:
             code = demo.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # Known defect, open: in a full suite run (never alone) the launcher neither stops nor prints
-            # "stopping…" within 60 s of Ctrl-C after its worker was restarted with a disk tier. Everything above
-            # was checked; this part is reported as an expected failure until the cause is found (the finally
-            # below takes the demo's whole tree down).
-            pytest.xfail("Ctrl-C did not stop the demo within 60 s (known, open); its last lines:\n"
-                         + "".join(lines[-30:]))
+            demo.send_signal(signal.SIGUSR1)  # the launcher prints where each of its threads is
+            time.sleep(2)
+            raise AssertionError("Ctrl-C did not stop the demo within 60 s; its last lines and threads:\n"
+                                 + "".join(lines[-80:])) from None
         assert code == 0, "".join(lines[-30:])
         reader.join(timeout=10)
-        assert "all processes stopped" in "".join(lines)
+        said = "".join(lines)
+        assert "all processes stopped" in said
+        assert said.index("owlet-demo: stopping…") < said.index("all processes stopped"), "said before the stop"
         time.sleep(0.5)
         left = sorted(pid for pid in children if alive(pid))
         assert not left, f"processes left running after Ctrl-C: {left}"
@@ -316,6 +316,41 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
         launcher.supervise(never_serves, sleep=waits.append)
     assert never_serves.restarted == ["worker"] * 3
     assert [w for w in waits if w != 0.5] == [1, 2, 4], "backing off"
+
+
+def test_a_stop_asked_for_is_never_lost_and_a_second_ctrl_c_cannot_cut_the_stop_short(capsys, monkeypatch):
+    """Ctrl-C sets a flag besides raising KeyboardInterrupt: Python drops an exception raised while a finaliser runs
+    in the main thread, and the waiting loops must still stop. Once the stop has begun, another Ctrl-C only says so:
+    raising then would leave children running."""
+    from owlet import demo as launcher
+
+    monkeypatch.setattr(launcher, "STOP_ASKED", launcher.threading.Event())
+    monkeypatch.setattr(launcher, "STOPPING", launcher.threading.Event())
+
+    class QuietStack:  # serving, nothing dies: only a stop ends supervise()
+        looks = 0
+
+        def relay_output(self):
+            self.looks += 1
+
+        def serving(self):
+            return True
+
+        def dead_child(self):
+            return None
+
+    with pytest.raises(KeyboardInterrupt):
+        launcher._interrupt(launcher.signal.SIGINT, None)  # as the handler would, were its exception kept
+    stack = QuietStack()
+    # the handler's exception lost (say, raised inside a __del__): the next turn of the loop stops anyway
+    with pytest.raises(KeyboardInterrupt):
+        launcher.supervise(stack, sleep=lambda s: None)
+    assert stack.looks == 0, "stopped before looking at the stack again"
+
+    launcher.STOPPING.set()
+    launcher._interrupt(launcher.signal.SIGINT, None)  # a second Ctrl-C during the stop: no exception
+    assert "already stopping" in capsys.readouterr().out
+    launcher.check_stop_asked()  # and the loops no longer raise while the stop runs
 
 
 def test_demo_gives_the_worker_a_thread_for_every_engine_slot(monkeypatch):
