@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
 from bench.stack_clients import QUESTION  # noqa: E402
 
-QUICK = dict(device="cpu", rows=4, clients=6, tokens=8, seconds=4.0, warm_s=3.0)
+QUICK = dict(device="cpu", rows=4, clients=6, tokens=8, seconds=2.0, warm_s=1.5)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -20,7 +20,7 @@ hold (read from its /metrics) is printed too.
 
     .venv/bin/python -m bench.soak --minutes 30 [--clients 12] [--turn-s 2] [--sample-s 20] [--quick]
 
-``--quick`` runs 3 clients for 45 s, sampling every 5 s. Ends with a table and ``RESULT {json}``.
+``--quick`` runs 3 clients for 30 s, sampling every 3 s. Ends with a table and ``RESULT {json}``.
 """
 from __future__ import annotations
 
@@ -430,7 +430,7 @@ def main(argv=None) -> dict:
                     "(bench/memory_probe) to artifacts/soak-logs/probe")
     ap.add_argument("--tracemalloc", action="store_true", help="--probe, plus the source lines that grew (slow)")
     add_quick_flag(ap)
-    args = parse_with_quick(ap, argv, {"minutes": 0.75, "clients": 3, "sample_s": 5.0})
+    args = parse_with_quick(ap, argv, {"minutes": 0.5, "clients": 3, "sample_s": 3.0})
     print(f"soak: {args.clients} clients, a turn every ~{args.turn_s} s each, {args.minutes} min, sampling every "
           f"{args.sample_s} s", flush=True)
     result = run(args)

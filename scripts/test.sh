@@ -7,7 +7,15 @@ cd "$root"
 bash scripts/ensure_venv.sh
 bash scripts/ensure_test_tools.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# One process by default. `-n 2 --dist loadfile` runs two side by side (pytest-xdist, a whole file each at a time):
-# 16 min 44 s against about 20 on the 2-core VM, but a browser test's streaming check is less steady there, so it is
-# not the default yet (docs/benchmarks.md "The test suite").
-exec .venv/bin/python -m pytest "$@"
+# Two pytest processes by default (pytest-xdist, `-n 2 --dist loadfile`: a whole file to one process, since a
+# file's tests share their servers and models), one per core of a 2-core CI machine; the suite's times are in
+# docs/benchmarks.md "The test suite". A caller who passes -n/--numprocesses or -p no:xdist gets exactly what they
+# passed (`-n 0` or `-p no:xdist` runs one process); --dist alone keeps the two processes.
+xdist=(-n 2 --dist loadfile)
+for arg in "$@"; do
+  case "$arg" in
+    -n*|--numprocesses|--numprocesses=*|no:xdist|-pno:xdist) xdist=(); break ;;
+    --dist|--dist=*) xdist=(-n 2) ;;
+  esac
+done
+exec .venv/bin/python -m pytest ${xdist[@]+"${xdist[@]}"} "$@"

@@ -1,5 +1,6 @@
 """Fixtures for the OpenAI-compatible API's tests: one real stack (Redis, a worker serving the tiny LFM2-VL in fp32,
-the page) shared by the session, and helpers to reach it with the official ``openai`` package and with raw HTTP.
+the page) shared by the tests of tests/api/ (package-scoped: stopped after the last of them), and helpers to reach
+it with the official ``openai`` package and with raw HTTP.
 
 fp32, so an answer's tokens never depend on what else the worker batches with it: the API's answers can be
 compared with the page's. The page trusts 127.0.0.1 as its proxy, so a test plays clients at other addresses with
@@ -22,7 +23,7 @@ MAX_API_BYTES = 1024 * 1024
 ANSWER_TOKENS = 24
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack():
     env = {**TEST_STACK_ENV, "OWLET_DTYPE": "float32", "OWLET_UI_MAX_NEW_TOKENS": str(ANSWER_TOKENS),
            "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500", "OWLET_MAX_RUNNING": "4",

@@ -7,7 +7,7 @@ import pytest
 from tests.deploy.compose_stack import running_compose_stack
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def compose_stack(tmp_path_factory):
     with running_compose_stack(tmp_path_factory.mktemp("compose-stack")) as stack:
         yield stack

@@ -15,7 +15,7 @@ from tests.security.pages import page_without_worker
 from tests.ui.stack import TEST_STACK_ENV, endless_tiny_model, running_stack, stack_redis
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack():
     env = {"OWLET_UI_MAX_NEW_TOKENS": "16", "OWLET_UI_MAX_NEW_TOKENS_CAP": "1500",
            **TEST_STACK_ENV, "OWLET_MAX_RUNNING": "4",

@@ -1,5 +1,6 @@
-"""Fixtures for UI tests: one real stack (Redis, worker with a tiny model, page) shared by the session, and one
-beside it, started only for the tests that ask, whose model never says EOS."""
+"""Fixtures for UI tests: one real stack (Redis, worker with a tiny model, page) shared by the tests of tests/ui/, and
+one beside it, started only for the tests that ask, whose model never says EOS. Both are package-scoped: stopped
+after the package's last test, instead of idling (polling Redis) through the rest of the suite."""
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,13 @@ from tests.ui.page_client import STACK_ENV, STACK_WORKER_THREADS
 from tests.ui.stack import endless_tiny_model, running_stack, tiny_model
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack():
     with running_stack("ui", tiny_model(), STACK_ENV, worker_concurrency=STACK_WORKER_THREADS) as s:
         yield s
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def endless_stack():
     """The same stack serving the tiny model with its EOS logit pinned at 0, so every answer runs to its length
     limit: for tests that need an answer to last (batching, Stop mid-answer). The random model's own answers often

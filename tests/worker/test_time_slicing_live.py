@@ -19,7 +19,7 @@ from worker.config import Settings
 
 pytestmark = pytest.mark.timeout(180)
 
-LONG = {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0.0}
+LONG = {"max_new_tokens": 600, "ignore_eos": True, "temperature": 0.0}  # each still running when the visitor is answered
 
 
 def streamed(client, job) -> bool:

@@ -4,6 +4,10 @@ Each runs as a person measuring would run it, a subprocess of this venv's python
 queue_overhead, documented as a script path, runs from another directory. The figures of a quick run say nothing
 about speed, only that the benchmark measured something. Two run at once: CI has two cores, and most benchmarks
 use one torch thread.
+
+BENCHMARKS lists them all; the ``test_quick_modes_*.py`` files each run one kind (``KINDS``), so that pytest-xdist
+hands the kinds to both processes instead of one process running every benchmark in turn. ``test_every_benchmark_
+has_one_kind`` keeps the kinds covering BENCHMARKS.
 """
 from __future__ import annotations
 
@@ -145,9 +149,11 @@ def run_quick(run: QuickRun) -> Finished:
 
 @pytest.fixture(scope="module")
 def quick_runs(request) -> dict[str, Future]:
-    """The runs this session selected, started RUNS_AT_ONCE at a time in BENCHMARKS' order (slowest first)."""
+    """The runs this session selected in the requesting file, started RUNS_AT_ONCE at a time in BENCHMARKS' order
+    (slowest first)."""
     chosen = {item.callspec.params["name"] for item in request.session.items
-              if getattr(item, "originalname", None) == "test_quick_mode" and hasattr(item, "callspec")}
+              if getattr(item, "originalname", None) == "test_quick_mode" and hasattr(item, "callspec")
+              and item.module is request.module}
     with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
         futures = {name: pool.submit(run_quick, run) for name, run in BENCHMARKS.items() if name in chosen}
         yield futures
@@ -159,8 +165,22 @@ def last_result(output: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])  # json.loads reads NaN: the check below refuses it
 
 
-@pytest.mark.parametrize("name", list(BENCHMARKS))
-def test_quick_mode(name, quick_runs):
+# Which test file runs which benchmark: the longest (abuse, soak, gpu_stack) each in a different file.
+KINDS = {
+    "queue": ("abuse", "crowd", "fairness", "queue_overhead", "queue_scale"),
+    "stack": ("gpu_stack", "soak", "page_stream", "stack_ceiling", "stack_ceiling_page"),
+    "engine": ("engine", "prefill_burst", "step_profile", "gpu_decode", "gpu_sdpa_shapes", "multiturn",
+               *(f"multiturn_mplug_owl3_{layout}" for layout in LAYOUTS), "cache_tiers", "prefix_sharing", "peers",
+               "varlen"),
+}
+
+
+def kind(name: str) -> list[str]:
+    """The benchmarks of one kind, in BENCHMARKS' order (the order they start in)."""
+    return [bench for bench in BENCHMARKS if bench in KINDS[name]]
+
+
+def check_quick_mode(name: str, quick_runs: dict[str, Future]) -> None:
     run = BENCHMARKS[name]
     finished = quick_runs[name].result()
     tail = finished.output[-4000:]
