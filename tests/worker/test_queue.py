@@ -283,6 +283,7 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
     assert client.queue_position(visitor) == 1, "a newcomer goes ahead while heavy's usage still counts"
     # as if heavy's setback had run out just after the visitor came: later arrivals now queue behind it
     set_waiting_key(client, "heavy", waiting_key(client, "visitor") + 0.001)
+    time.sleep(0.01)  # late arrives after that key (a fast host reaches its submit within the millisecond)
     late = submit(client, "late")[0]
     assert [client.queue_position(j) for j in (visitor, heavy, late)] == [1, 2, 3]
     # a group with a job in flight is served: its next job waits behind every waiting group, whatever its usage
