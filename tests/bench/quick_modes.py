@@ -2,8 +2,8 @@
 
 Each runs as a person measuring would run it, a subprocess of this venv's python from the repository root;
 queue_overhead, documented as a script path, runs from another directory. The figures of a quick run say nothing
-about speed, only that the benchmark measured something. Two run at once: CI has two cores, and most benchmarks
-use one torch thread.
+about speed, only that the benchmark measured something. A file runs two at once (most benchmarks use one torch
+thread), so under the suite's two pytest processes up to four share CI's two cores: their figures are noisier still.
 
 BENCHMARKS lists them all; the ``test_quick_modes_*.py`` files each run one kind (``KINDS``), so that pytest-xdist
 hands the kinds to both processes instead of one process running every benchmark in turn. ``test_every_benchmark_
