@@ -19,7 +19,7 @@ from worker.store.jobs import Message
 from worker.store.keys import ConvField, EntryField, JobField, JobState, Keys, SlotsField, StatField, fields_of
 from worker.queue import scripts
 from worker.queue.job_states import ANSWER_BYTES_PER_TOKEN
-from worker.queue.scripts import COMMON, HELPERS, LUA_DIR, SCRIPTS, Scripts, lua_file, lua_tables
+from worker.queue.scripts import COMMON, HELPERS, LUA_DIR, SCRIPTS, Scripts, library, lua_file, lua_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARATIONS = (JobField, ConvField, SlotsField, StatField, EntryField, JobState)
@@ -58,11 +58,11 @@ def test_the_lua_files_are_the_scripts_and_keep_their_shebangs():
 
 def test_the_scripts_use_only_declared_names():
     tables = lua_tables()
-    declared_values = {value for name, names in tables.items() if name != "KEY" for value in names.values()}
+    declared_values = {value for name, names in tables.items() if name != "KEY_NAMES" for value in names.values()}
     for name in (COMMON, *HELPERS, *SCRIPTS):
         code = code_of(name)
         for table, field in re.findall(r"\b(KEY|JOB|CONV|SLOTS|STATE|ENTRY)\.(\w+)", code):
-            assert field in tables[table], f"{name}.lua uses {table}.{field}, which worker.store.keys does not declare"
+            assert field in tables["KEY_NAMES" if table == "KEY" else table], f"{name}.lua uses {table}.{field}, which worker.store.keys does not declare"
         literals = re.findall(r"'([^']*)'", code)
         spelled = sorted(set(literals) & declared_values)
         assert not spelled, f"{name}.lua spells declared names itself: {spelled}"
@@ -71,8 +71,9 @@ def test_the_scripts_use_only_declared_names():
                 assert not re.fullmatch(r"[a-z_][a-z0-9_]*", literal), \
                     f"{name}.lua names a field or key {literal!r} that worker.store.keys does not declare: {call}"
         assert "KEYS[" not in code, f"{name}.lua takes its keys from the KEY table, not KEYS"
-        argv = set(re.findall(r"ARGV\[(\d+)\]", code))
-        assert argv <= ({"1"} if name == COMMON else {"2"} if name == "submit" else set()), (name, argv)
+        assert "ARGV" not in code, f"{name}.lua reads its arguments from args and argv (a library function has no ARGV)"
+        argv = set(re.findall(r"\bargv\[(\d+)\]", code))
+        assert argv <= ({"2"} if name == "submit" else set()), (name, argv)
 
 
 def test_every_declared_name_is_used():
@@ -146,11 +147,10 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
 
 def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_capacity, monkeypatch):
     passed: dict[str, set[str]] = {}
-    sources = {getattr(client.jobs._scripts, name).script: name for name in SCRIPTS}
     real_call = Scripts.call
 
     def recording_call(self, script, *data, client=None, **args):
-        passed.setdefault(sources[script.script], set()).update(k for k, v in args.items() if v is not None)
+        passed.setdefault(script.name, set()).update(k for k, v in args.items() if v is not None)
         return real_call(self, script, *data, client=client, **args)
 
     monkeypatch.setattr(Scripts, "call", recording_call)
@@ -185,8 +185,8 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
 
 def test_any_prefix_and_any_text_reach_the_scripts_unchanged(redis_url):
     """The key prefix and the arguments travel as JSON: quotes, backslashes, newlines and non-ASCII characters come
-    through byte for byte, in key names and in stored text. The scripts' text is the same for every prefix, so
-    Redis caches one copy of each however many prefixes share it."""
+    through byte for byte, in key names and in stored text. The scripts' library is the same for every prefix, so
+    Redis holds one copy of it however many prefixes share it."""
     prefix = unique_prefix("dm") + 'é"\\\n\'x:'
     settings = Settings.from_env(redis_url=redis_url, key_prefix=prefix)
     client = OwletClient(settings=settings)
@@ -207,7 +207,8 @@ def test_any_prefix_and_any_text_reach_the_scripts_unchanged(redis_url):
         names = {k.decode() for k in client.r.scan_iter(match=pattern)}
         assert client.keys.job(job) in names and client.keys.inflight in names
         assert all(name.startswith(prefix) for name in names)
-        assert client.jobs._scripts.submit.sha == Scripts(client.r, Keys("another:")).submit.sha
+        assert client.jobs._scripts.submit == Scripts(client.r, Keys("another:")).submit
+        assert len(client.r.function_list(library=library()[0])) == 1
     finally:
         leftover = list(client.r.scan_iter(match=pattern))
         if leftover:

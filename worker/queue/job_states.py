@@ -24,7 +24,7 @@ from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYour
 from worker.store.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
 from worker.store.jobs import Job
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
-from worker.queue.scripts import Scripts
+from worker.queue.scripts import Scripts, missing_library
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
@@ -330,12 +330,21 @@ class JobStates:
         # one script call per PLACES_PER_CALL jobs, all in one round trip: a page with thousands waiting never holds
         # Redis for long in one call
         chunks = [job_ids[i:i + PLACES_PER_CALL] for i in range(0, len(job_ids), PLACES_PER_CALL)]
-        with self.r.pipeline(transaction=False) as p:
-            for chunk in chunks:
-                self._scripts.call(self._scripts.position, jobs=chunk, client=p)
-            replies = p.execute()
+        try:
+            replies = self._position_calls(chunks)
+        except redis.exceptions.ResponseError as e:  # Redis lost the library: load it, read again (reads only)
+            if not missing_library(e):
+                raise
+            self._scripts.load()
+            replies = self._position_calls(chunks)
         per_position = float(replies[0][0]) if replies[0][0] else None
         places = {}
         for chunk, reply in zip(chunks, replies):
             places.update((job, int(place) or None) for job, place in zip(chunk, reply[1:]))
         return places, per_position
+
+    def _position_calls(self, chunks: list[list[str]]) -> list:
+        with self.r.pipeline(transaction=False) as p:
+            for chunk in chunks:
+                self._scripts.call(self._scripts.position, jobs=chunk, client=p)
+            return p.execute()

@@ -12,31 +12,42 @@ group's place in a round), so admitting, serving and telling a job its place eac
 address's share.
 
 The scripts live in ``worker/queue/lua``, one file each, plus the helper files they share, one per concern
-(``HELPERS``). What Redis runs is put together when ``Scripts`` is built:
+(``HELPERS``). Redis runs them as the functions of one library (``FUNCTION LOAD``, then ``FCALL``), put together
+when ``Scripts`` is built:
 
-    the script file's shebang line
-    a prelude written here: the data model's names from ``worker.store.keys`` as the Lua tables KEY (key names and
-        prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, and TURNS_SUFFIX; the values of
-        ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the history budget's charges from
+    the library's shebang line, named after a digest of its text (``owlet_<digest>``)
+    a prelude written here: the data model's names from ``worker.store.keys`` as the Lua tables KEY_NAMES (key
+        names and prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, and TURNS_SUFFIX; the values
+        of ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the history budget's charges from
         ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and CLEARED_BYTES
-    common.lua (which decodes the named arguments, and puts the key prefix in front of KEY's names)
+    common.lua (begin_call, which decodes a call's named arguments and gives KEY the call's key prefix)
     the helpers: usage.lua (a group's recent use), budgets.lua (pictures and history), line.lua (the fair line),
         lifecycle.lua (a job starts and ends), dispatch.lua (POP's step)
-    the rest of the script file
+    each script file's body as a function, registered as ``owlet_<digest>_<script>`` with its shebang's flags
 
-A script takes one JSON object of named arguments as ARGV[1] (its file's header lists them, and ``Scripts.call``
-adds the key prefix as ``prefix``); SUBMIT also takes the bytes of an image sent with the turn as ARGV[2], which
-JSON cannot carry. No script takes KEYS: Owlet runs on one Redis (not a cluster), and every key a script touches
-is a name or prefix from KEY. The scripts' text does not depend on the prefix, so Redis caches one copy of each.
+The library's text and helpers run once, when Redis loads it; a call runs only ``begin_call`` and its script's body.
+(Run as EVAL scripts, the same text would build every helper and table again on every call: a fifth of SUBMIT's
+time.) Redis keeps the library until it restarts without its data: a call that finds it missing loads it and runs
+again (``Scripts.call``). Two versions of Owlet on one Redis each run their own library, as their digests differ.
 
-The shebang lines decide what a full Redis may still run: SUBMIT's bare ``#!lua`` makes Redis refuse it whole
-when it is over maxmemory (nothing is half-written); the scripts that end or move jobs
+A script takes one JSON object of named arguments as its first argument (its file's header lists them, and
+``Scripts.call`` adds the key prefix as ``prefix``); SUBMIT also takes the bytes of an image sent with the turn as
+the second (argv[2]), which JSON cannot carry. No script takes KEYS: Owlet runs on one Redis (not a cluster), and
+every key a script touches is a name or prefix from KEY. The library's text does not depend on the prefix, so one
+copy serves every deployment sharing a Redis.
+
+The shebang lines decide what a full Redis may still run: SUBMIT's bare ``#!lua`` registers it without flags, so
+Redis refuses it whole when it is over maxmemory (nothing is half-written); the scripts that end or move jobs
 already admitted carry ``allow-oom``, so a full Redis never strands a job; so does MAKE_ROOM, which clears old
-conversations and pictures when SUBMIT was refused that way, before it is asked again.
+conversations and pictures when SUBMIT was refused that way, before it is asked again. ``compose`` puts a
+test's own script together with the same prelude and helpers, to run as an EVAL script.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -50,7 +61,7 @@ COMMON = "common"
 # The helper files, in the order each may use those before it.
 HELPERS = ("usage", "budgets", "line", "lifecycle", "dispatch")
 SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room", "adopt_line")
-# The data model's declarations, by the name of the Lua table that carries each (besides KEY).
+# The data model's declarations, by the name of the Lua table that carries each (besides KEY_NAMES).
 LUA_TABLES = {"JOB": JobField, "CONV": ConvField, "SLOTS": SlotsField, "STATE": JobState, "ENTRY": EntryField}
 _LUA_RESERVED = frozenset("and break do else elseif end false for function if in local nil not or repeat return "
                           "then true until while".split())
@@ -61,13 +72,13 @@ def lua_file(name: str) -> str:
 
 
 def lua_tables() -> dict[str, dict[str, str]]:
-    """Every table the prelude defines, by its Lua name: KEY (the key names for the prefix ""), and the hash and
-    state declarations."""
-    return {"KEY": Keys("").for_scripts(), **{name: fields_of(cls) for name, cls in LUA_TABLES.items()}}
+    """Every table the prelude defines, by its Lua name: KEY_NAMES (the key names for the prefix ""), and the hash
+    and state declarations."""
+    return {"KEY_NAMES": Keys("").for_scripts(), **{name: fields_of(cls) for name, cls in LUA_TABLES.items()}}
 
 
 def prelude() -> str:
-    """The Lua that defines the data model's names and the fairness values for one script."""
+    """The Lua that defines the data model's names and the fairness values the scripts read."""
     lines = ["-- written by worker.queue.scripts from worker.store.keys and worker.queue.fairness"]
     for table, names in lua_tables().items():
         entries = ", ".join(f"{_lua_name(name)} = {_lua_string(value)}" for name, value in names.items())
@@ -80,39 +91,103 @@ def prelude() -> str:
     return "\n".join(lines)
 
 
-def script_source(name: str) -> str:
-    """The text Redis runs for script ``name`` (see the module docstring)."""
-    return compose(lua_file(name), name)
+def shared_text() -> str:
+    """What every script's body runs after: the prelude, common.lua and the helpers."""
+    return "\n".join([prelude(), lua_file(COMMON), *(lua_file(h) for h in HELPERS)])
+
+
+def split_shebang(text: str, name: str) -> tuple[list[str], str]:
+    """A script file's flags (from its ``#!lua flags=...`` line) and its body."""
+    shebang, body = text.split("\n", 1)
+    assert shebang.startswith("#!lua"), f"{name} must start with its #!lua shebang line, not {shebang!r}"
+    flags = re.search(r"\bflags=(\S+)", shebang)
+    return (flags.group(1).split(",") if flags else []), body
+
+
+def library() -> tuple[str, str]:
+    """The library Redis runs (see the module docstring): its name, and its text. Built from the files and values as
+    they are now (a test may change a fairness value; its library then has a name of its own)."""
+    parts = [shared_text()]
+    registered = []
+    for name in SCRIPTS:
+        flags, body = split_shebang(lua_file(name), name)
+        parts.append(f"local function {name}_body()\n{body}\nend")
+        registered.append((name, flags))
+    text = "\n".join(parts)
+    lib = "owlet_" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+    for name, flags in registered:
+        flag_list = ", ".join(_lua_string(f) for f in flags)
+        text += (f"\nredis.register_function{{function_name = {_lua_string(f'{lib}_{name}')}, "
+                 f"callback = function(_, call_argv) begin_call(call_argv) return {name}_body() end, "
+                 f"flags = {{{flag_list}}}}}")
+    return lib, f"#!lua name={lib}\n{text}"
 
 
 def compose(text: str, name: str = "script") -> str:
-    """A script's text (its shebang line, then its body) with the prelude and every helper put in between."""
+    """A test's own script (its shebang line, then its body) with the prelude and every helper put in between, to run
+    as an EVAL script: the body runs after begin_call, as a library function's does."""
     shebang, body = text.split("\n", 1)
     assert shebang.startswith("#!lua"), f"{name} must start with its #!lua shebang line, not {shebang!r}"
-    return "\n".join([shebang, prelude(), lua_file(COMMON), *(lua_file(h) for h in HELPERS), body])
+    return "\n".join([shebang, shared_text(), "begin_call(ARGV)", body])
+
+
+@dataclass(frozen=True)
+class Function:
+    """One script of the library: its file's name, and the function name Redis knows it by."""
+    name: str
+    function: str
 
 
 class Scripts:
-    """The scripts, registered with one Redis client, run for one ``Keys`` prefix."""
+    """The scripts, loaded into the Redis one client talks to, run for one ``Keys`` prefix."""
 
     def __init__(self, r: redis.Redis, keys: Keys):
-        self.keys = keys
-        self.submit = r.register_script(script_source("submit"))
-        self.pop = r.register_script(script_source("pop"))
-        self.claim = r.register_script(script_source("claim"))
-        self.finish = r.register_script(script_source("finish"))
-        self.requeue = r.register_script(script_source("requeue"))
-        self.position = r.register_script(script_source("position"))
-        self.make_room = r.register_script(script_source("make_room"))
-        self.adopt_line = r.register_script(script_source("adopt_line"))
+        self.r, self.keys = r, keys
+        self.library, self.source = library()
+        for name in SCRIPTS:
+            setattr(self, name, Function(name, f"{self.library}_{name}"))
+        self.load()
 
-    def call(self, script, *data: bytes, client=None, **args):
+    # the scripts by name, for readers that look them up (set in __init__)
+    submit: Function
+    pop: Function
+    claim: Function
+    finish: Function
+    requeue: Function
+    position: Function
+    make_room: Function
+    adopt_line: Function
+
+    def load(self) -> None:
+        """Load the library into Redis unless it holds it already (under its digest's name, it is this text)."""
+        try:
+            self.r.function_load(self.source)
+        except redis.exceptions.ResponseError as e:
+            if "already exists" not in str(e):
+                raise
+
+    def call(self, script: Function, *data: bytes, client=None, **args):
         """Run ``script`` with ``args`` and the key prefix as its JSON object of named arguments (an argument that
-        is None is left out: the script sees nil), and ``data`` as ARGV[2], ... (raw bytes). ``client``: a pipeline
-        to queue the call on (its reply comes with the pipeline's)."""
+        is None is left out: the script sees nil), and ``data`` as its further arguments (raw bytes). ``client``: a
+        pipeline to queue the call on (its reply comes with the pipeline's; ``missing_library`` tells the caller to
+        ``load`` and run the pipeline again). A Redis that lost the library (it restarted without its data) gets it
+        again, and the call runs again: a call that found no function did nothing."""
         named = {"prefix": self.keys.prefix, **{k: v for k, v in args.items() if v is not None}}
-        return script(keys=[], args=[json.dumps(named, ensure_ascii=False, separators=(",", ":")), *data],
-                      client=client)
+        argv = [json.dumps(named, ensure_ascii=False, separators=(",", ":")), *data]
+        if client is not None:
+            return client.fcall(script.function, 0, *argv)
+        try:
+            return self.r.fcall(script.function, 0, *argv)
+        except redis.exceptions.ResponseError as e:
+            if not missing_library(e):
+                raise
+        self.load()
+        return self.r.fcall(script.function, 0, *argv)
+
+
+def missing_library(error: Exception) -> bool:
+    """Whether ``error`` is Redis saying it has no such function (it lost the library)."""
+    return isinstance(error, redis.exceptions.ResponseError) and "function not found" in str(error).lower()
 
 
 def _lua_name(name: str) -> str:

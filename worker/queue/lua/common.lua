@@ -1,22 +1,52 @@
--- What every script starts with. The loader (worker.queue.scripts) puts this file after the script's shebang line
--- and a prelude it writes from worker.store.keys and worker.queue.fairness: the tables KEY (key names and prefixes),
+-- What every script starts with. The loader (worker.queue.scripts) puts this file after a prelude it writes from
+-- worker.store.keys and worker.queue.fairness: the tables KEY_NAMES (key names and prefixes, without the key prefix),
 -- JOB, CONV and SLOTS (hash fields), STATE (a job's states) and ENTRY (a stream entry's fields), TURNS_SUFFIX, and
 -- the values HALF_LIFE, USAGE_WEIGHT and USAGE_CAP. Then come the helper files by concern (usage.lua, budgets.lua,
--- line.lua, lifecycle.lua, dispatch.lua), then the script's own body.
+-- line.lua, lifecycle.lua, dispatch.lua), then each script's body, run after begin_call.
+--
+-- Redis runs the scripts as functions of one library: this text and the helpers run once, when the library is
+-- loaded, and each call only runs begin_call and the script's body. So what one call sets (its arguments, its
+-- keys' prefix, its clock) lives in the locals below, and begin_call sets every one of them afresh.
 
--- The script's named arguments: one JSON object (each script's header lists its fields; every script also gets
--- the deployment's key prefix as `prefix`).
-local args = cjson.decode(ARGV[1])
--- KEY's names come without the key prefix, so the scripts' text, and Redis's cache of it, is the same whatever the
--- prefix: each name gets the prefix in front when a script first uses it (a script uses a few of them).
-local KEY_NAMES, prefix = KEY, args.prefix
-KEY = setmetatable({}, {__index = function(named, name)
-  local key = KEY_NAMES[name]
-  if key == nil then error('KEY.' .. tostring(name) .. ' is not a key worker.store.keys declares') end
-  key = prefix .. key
-  rawset(named, name, key)
-  return key
-end})
+-- The call's named arguments: one JSON object (each script's header lists its fields; every script also gets the
+-- deployment's key prefix as `prefix`), and its raw arguments (argv[2], ...: bytes JSON cannot carry).
+local args, argv
+-- KEY.<name>: the key of that name with the call's prefix in front. KEY_NAMES come without the prefix, so the
+-- library's text, and Redis's copy of it, is the same whatever the prefix; each prefix's names are made once and
+-- kept (a few prefixes share one Redis; past KEY_PREFIXES_KEPT the kept ones start afresh).
+local KEY
+local KEY_PREFIXES_KEPT = 64
+local keys_by_prefix, prefixes_kept = {}, 0
+local function keys_for(prefix)
+  local named = keys_by_prefix[prefix]
+  if named then return named end
+  if prefixes_kept >= KEY_PREFIXES_KEPT then keys_by_prefix, prefixes_kept = {}, 0 end
+  named = setmetatable({}, {__index = function(t, name)
+    local key = KEY_NAMES[name]
+    if key == nil then error('KEY.' .. tostring(name) .. ' is not a key worker.store.keys declares') end
+    key = prefix .. key
+    rawset(t, name, key)
+    return key
+  end})
+  keys_by_prefix[prefix], prefixes_kept = named, prefixes_kept + 1
+  return named
+end
+-- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script. Read once a
+-- call: one atomic step happens at one instant.
+local NOW
+local function begin_call(call_argv)
+  argv = call_argv
+  args = cjson.decode(call_argv[1])
+  KEY = keys_for(args.prefix)
+  NOW = nil
+end
+local function now_s()
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  end
+  return NOW
+end
 local function uq(q) return KEY.user_queue .. q end
 local function gq(g) return KEY.group_queue .. g end
 local function xadd(job, etype, data, maxlen)
@@ -24,16 +54,6 @@ local function xadd(job, etype, data, maxlen)
 end
 local function hdecr(key, field)
   if tonumber(redis.call('HINCRBY', key, field, -1)) <= 0 then redis.call('HDEL', key, field) end
-end
--- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script. Read once a
--- script: one atomic step happens at one instant.
-local NOW
-local function now_s()
-  if not NOW then
-    local t = redis.call('TIME')
-    NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
-  end
-  return NOW
 end
 -- A sorted-set score as Redis returns it (a string, possibly "-inf" or "inf"), as a number.
 local function score_number(s)

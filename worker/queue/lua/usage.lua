@@ -13,7 +13,7 @@ local function usage(g, now) return usage_at(usage_record(g), now) end
 -- Usage as a number whose order between groups never changes while their usage decays, for a sorted set:
 -- log2(seconds) + t / HALF_LIFE, since every group's usage decays by the same factor. A group that used nothing has
 -- '-inf'. A group is light (USAGE_WEIGHT x its usage within USAGE_CAP) when its key is at most light_bound(now).
-local LOG2 = math.log(2)
+local LOG2 = 0.69314718055994530942  -- math.log(2): a library runs without the math library while Redis loads it
 local function usage_key_of(record)
   if not record then return '-inf' end
   local seconds, t = string.match(record, '^([^:]+):(.+)$')
