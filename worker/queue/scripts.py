@@ -146,7 +146,10 @@ class Scripts:
         self.library, self.source = library()
         for name in SCRIPTS:
             setattr(self, name, Function(name, f"{self.library}_{name}"))
-        self.load()
+        try:
+            self.load()
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # Redis is away: the first call loads it (a page starts, and says so, while Redis is down)
 
     # the scripts by name, for readers that look them up (set in __init__)
     submit: Function
