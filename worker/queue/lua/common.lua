@@ -34,11 +34,13 @@ end
 -- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script. Read once a
 -- call: one atomic step happens at one instant.
 local NOW
+-- What a helper read once for the whole call, by its name (line.lua's slot layout): each call starts with none.
+local CALL
 local function begin_call(call_argv)
   argv = call_argv
   args = cjson.decode(call_argv[1])
   KEY = keys_for(args.prefix)
-  NOW = nil
+  NOW, CALL = nil, {}
 end
 local function now_s()
   if not NOW then
@@ -52,8 +54,11 @@ local function gq(g) return KEY.group_queue .. g end
 local function xadd(job, etype, data, maxlen)
   return redis.call('XADD', KEY.stream .. job, 'MAXLEN', '~', maxlen, '*', ENTRY.type, etype, ENTRY.data, data)
 end
+-- Count one down in hash `key`, the field gone at zero; returns the count left.
 local function hdecr(key, field)
-  if tonumber(redis.call('HINCRBY', key, field, -1)) <= 0 then redis.call('HDEL', key, field) end
+  local left = tonumber(redis.call('HINCRBY', key, field, -1))
+  if left <= 0 then redis.call('HDEL', key, field) end
+  return left
 end
 -- A sorted-set score as Redis returns it (a string, possibly "-inf" or "inf"), as a number.
 local function score_number(s)

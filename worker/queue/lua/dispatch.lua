@@ -51,7 +51,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
   if inflight >= capacity then return nil end
   local newcomers_only, light_only = inflight >= shared, inflight >= light_from
   -- the slot layout position() reads (POSITION, and the queued event of SUBMIT and REQUEUE)
-  redis.call('HSET', KEY.slots, SLOTS.capacity, capacity, SLOTS.shared, shared, SLOTS.light_from, light_from)
+  set_slot_layout(capacity, shared, light_from)
   while true do
     local qg, first
     if light_only then
@@ -78,7 +78,8 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         redis.call('DECR', KEY.queued_count)
         redis.call('ZREM', KEY.queued_since, job)
         local jk = KEY.job .. job
-        local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts)
+        local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts,
+                             JOB.payload, JOB.notify)
         if f[1] then hdecr(KEY.queued_by_user, f[1]) end
         local group = f[2] or f[1]
         if group then hdecr(KEY.queued_by_group, group) end
@@ -91,7 +92,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
           local taker = worker and (not holder or holder == worker) and worker or ''
           local n = dispatch_job(job, group, qg, now, tonumber(f[5] or '0'), tonumber(f[6] or '0'), taker)
           if taker ~= '' then
-            local s = start_job(job, worker, now, maxlen)
+            local s = start_job(job, worker, now, maxlen, {f[7], f[2], f[4], f[8]})
             return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0}
           end
           return {job, n, conv}

@@ -5,14 +5,16 @@
 local NOTICES_MAXLEN = 1000
 
 -- dispatched -> started on `worker`, and what the worker reads to start it, so it needs no further round trip:
--- {payload, group, cancelled (0/1), conv, conv's owner} ('' for what is missing).
-local function start_job(job, worker, now, maxlen)
+-- {payload, group, cancelled (0/1), conv, conv's owner} ('' for what is missing). from_line: the job's {payload,
+-- group, conv, notify} as its caller just read them, for a job dispatched straight from the line to this worker
+-- (never listed as unclaimed); nil for a job Celery carried.
+local function start_job(job, worker, now, maxlen, from_line)
   local jk = KEY.job .. job
   redis.call('HSET', jk, JOB.state, STATE.started, JOB.worker, worker, JOB.started_at, now)
   redis.call('SADD', KEY.running .. worker, job)
-  redis.call('ZREM', KEY.unclaimed, job)
+  if not from_line then redis.call('ZREM', KEY.unclaimed, job) end
   xadd(job, STATE.started, '{"worker": "' .. worker .. '", "t": ' .. now .. '}', maxlen)
-  local f = redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify)
+  local f = from_line or redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify)
   local owner = f[3] and redis.call('HGET', KEY.conv .. f[3], CONV.user)
   if f[4] and f[4] ~= '' then  -- the page following it reads its stream again now
     redis.call('XADD', f[4], 'MAXLEN', '~', NOTICES_MAXLEN, '*', ENTRY.data, job)

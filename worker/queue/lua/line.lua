@@ -161,11 +161,11 @@ local function leave_line(qg)
 end
 -- A job of group (in line as qg) left flight (it ended, or is put back in line).
 local function left_flight(group, qg)
-  hdecr(KEY.inflight_by_group, group)
+  local left = hdecr(KEY.inflight_by_group, group)
   if in_line(qg) then
     idle_refresh(qg)
-  elseif not has_flight(qg) then  -- nothing queued, nothing in flight: idle
-    redis.call('SREM', KEY.served, qg)
+  elseif (qg == group and left <= 0) or (qg ~= group and not has_flight(qg)) then  -- nothing queued or in flight:
+    redis.call('SREM', KEY.served, qg)                                            -- idle
   end
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
@@ -202,12 +202,26 @@ local function serve_group(qg)
   return job
 end
 
+-- The slot layout the last POP counted (KEY.slots): capacity, shared and light_from as numbers (nil while none). Read
+-- once a call (a POSITION call tells hundreds of jobs their places), and kept current by set_slot_layout, the one
+-- place that writes it.
+local function slot_layout()
+  if not CALL.slots then
+    local f = redis.call('HMGET', KEY.slots, SLOTS.capacity, SLOTS.shared, SLOTS.light_from)
+    CALL.slots = {tonumber(f[1]), tonumber(f[2]), tonumber(f[3])}
+  end
+  return CALL.slots[1], CALL.slots[2], CALL.slots[3]
+end
+local function set_slot_layout(capacity, shared, light_from)
+  redis.call('HSET', KEY.slots, SLOTS.capacity, capacity, SLOTS.shared, shared, SLOTS.light_from, light_from)
+  CALL.slots = {tonumber(capacity), tonumber(shared), tonumber(light_from)}
+end
+
 -- Where a queued job stands: its place in line, or, for the next job of a group with nothing in flight when the
 -- last POP kept slots for such groups (KEY.slots), its place among the groups competing for them, whichever is
 -- nearer the front.
 local function slot_position(job, q, qg, now)
-  local layout = redis.call('HMGET', KEY.slots, SLOTS.capacity, SLOTS.shared, SLOTS.light_from)
-  local capacity, shared, light_from = tonumber(layout[1]), tonumber(layout[2]), tonumber(layout[3])
+  local capacity, shared, light_from = slot_layout()
   if not capacity or capacity <= shared then return nil end
   local member = redis.call('HGET', KEY.idle_members, qg)
   if not member or redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then return nil end
@@ -232,7 +246,7 @@ end
 -- (KEY.slots); nil while either is unknown. What a queued event's and a place's ETA rest on.
 local function seconds_per_place()
   local service = tonumber(redis.call('GET', KEY.service_time) or '')
-  local rows = tonumber(redis.call('HGET', KEY.slots, SLOTS.shared) or '')
+  local _, rows = slot_layout()
   if service and rows and rows > 0 then return service / rows end
   return nil
 end

@@ -58,13 +58,17 @@ if turn ~= '' then
     end
   end
 end
-if tonumber(redis.call('GET', RK) or '0') >= args.group_submit_limit then return {-6} end
+-- the counters admission reads, in one round of reads: its rate, the waiting room, the text quotas, the history budget
+local counted = redis.call('MGET', RK, KEY.queued_count, TU, TG, KEY.history_total)
+local submits, waiting, text_user, text_group, history_held = tonumber(counted[1] or '0'), tonumber(counted[2] or '0'),
+  tonumber(counted[3] or '0'), tonumber(counted[4] or '0'), tonumber(counted[5] or '0')
+if submits >= args.group_submit_limit then return {-6} end
 -- the caps count real identities and groups even in FIFO mode, where everyone shares one list
 if tonumber(redis.call('HGET', KEY.queued_by_user, user) or '0') >= args.user_queue_cap then return {-1} end
 local group_load = tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0')
                  + tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
 if group_load >= args.group_job_cap then return {-5} end
-if tonumber(redis.call('GET', KEY.queued_count) or '0') >= args.global_queue_cap then return {-2} end
+if waiting >= args.global_queue_cap then return {-2} end
 -- Image bytes sent with a turn are charged to its identity and address whether or not the same bytes are stored
 -- already, and checked against the service total either way: an answer that depended on whether the image
 -- exists would tell a stranger whether anyone uploaded that picture.
@@ -130,8 +134,8 @@ if sent_image then
   end
   if excess > 0 then return {-11} end
 end
-if tonumber(redis.call('GET', TU) or '0') + text_bytes > args.text_quota_user_bytes then return {-9} end
-if tonumber(redis.call('GET', TG) or '0') + text_bytes > args.text_quota_group_bytes then return {-10} end
+if text_user + text_bytes > args.text_quota_user_bytes then return {-9} end
+if text_group + text_bytes > args.text_quota_group_bytes then return {-10} end
 -- The history budget (docs/redis_memory.md): the conversation is charged what it holds with this turn, its answer
 -- reserved at its longest (FINISH charges what it stored instead). Past the budget, the least recently used
 -- conversations give way whole: chosen here, cleared once the turn is admitted. Only when every other conversation
@@ -149,7 +153,7 @@ if turn ~= '' then
   if args.index_digest then entries = entries + 1 end
   conv_size = conv_size + entries * INDEX_BYTES
   conv_before = tonumber(redis.call('HGET', KEY.conversation_sizes, conv) or '0')
-  local total = tonumber(redis.call('GET', KEY.history_total) or '0')
+  local total = history_held
   if total - conv_before + conv_size > args.history_total_bytes then
     -- near the budget: conversations whose TTL ran out give their bytes back first (they are charged until then)
     history_expired(held_now)
@@ -248,8 +252,7 @@ local inflight = args.capacity and redis.call('ZCARD', KEY.line) == 0 and redis.
 if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.light_from) then
   xadd(job, STATE.queued, queued_event(1, now), args.stream_maxlen)
   redis.call('EXPIRE', SK, args.job_ttl_s)
-  redis.call('HSET', KEY.slots, SLOTS.capacity, args.capacity, SLOTS.shared, args.shared,
-             SLOTS.light_from, args.light_from)
+  set_slot_layout(args.capacity, args.shared, args.light_from)
   return {1, job, dispatch_job(job, group, qg, now, 0, 0, ''), conv}
 end
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
