@@ -6,6 +6,7 @@ transitions, the page's ``StreamHub``), and prints one JSON line.
 
     python bench/queue_probe.py --root TREE --redis URL --mode line --waiting N [--ops K]
     python bench/queue_probe.py --root TREE --redis URL --mode tabs --waiting N [--seconds S]
+    python bench/queue_probe.py --root TREE --redis URL --mode steps --waiting N --rows R [--ops K]
 
 ``line``: N visitors, each its own identity and client group, queue one question each (no worker runs, so they
 wait); then each operation runs K times and Redis's own counters give its commands (``INFO commandstats``, calls
@@ -14,6 +15,12 @@ inside scripts included) and its CPU (``INFO cpu``, the main thread) per call.
 ``tabs``: the same N waiting questions, each followed by a page tab for S seconds, as the page follows a waiting
 answer: its stream in the page's one stream reader and its place in line once a second. Gives Redis's CPU per
 second (cores) and commands per second.
+
+``steps``: a turn's queue steps alone, in the steady state of one busy engine: R of N looping visitors' questions
+in flight on one worker, the rest waiting; each turn the worker ends its oldest answer and takes the next question
+in the same step (FINISH with its take), and that visitor asks again (SUBMIT, through ``OwletClient.submit``). One
+process, one call at a time, nothing else on the Redis: its CPU per turn (user and system) and commands per turn,
+what the queue itself costs a turn without a load sharing the cores.
 """
 from __future__ import annotations
 
@@ -114,6 +121,57 @@ def line(args) -> dict:
         client.close(purge=True)
 
 
+def steps(args) -> dict:
+    """``--mode steps`` (the module docstring): K turns in a steady state of ``args.rows`` in flight."""
+    client = make_client(args)
+    worker = "probe-worker@host"
+    rows = args.rows
+    answer = json.dumps({"role": "assistant", "text": "word " * 48})
+    try:
+        owner = {}  # job -> the visitor who asked it
+        for i in range(args.waiting):
+            owner[submit(client, i)] = i
+        running = []
+        for _ in range(rows):
+            taken = client.jobs.take(rows, rows, worker)
+            running.append(taken.job)
+        # the worker's heartbeat, as a live worker keeps it: a submit reads the slots from it (at most once a second)
+        from worker import heartbeat
+
+        heartbeat.publish(client.r, client.keys, heartbeat.Heartbeat(worker, capacity=rows, rows=rows), ttl_s=3600)
+
+        def turn() -> None:
+            job = running.pop(0)
+            ended, taken = client.jobs.finish_and_take(job, "done", answer_turn=answer, holder=worker,
+                                                       service_s=0.2, take=(rows, rows, worker))
+            assert ended and taken is not None and taken.started is not None, "a steady state keeps every row busy"
+            running.append(taken.job)
+            visitor = owner.pop(job)
+            owner[submit(client, visitor)] = visitor  # the visitor whose answer ended asks again
+
+        for _ in range(min(args.ops, 100)):  # warm: every visitor's counters and the line in their steady state
+            turn()
+        before = cpu_split(client.r)
+        with Meter(client.r) as m:
+            for _ in range(args.ops):
+                turn()
+        after = cpu_split(client.r)
+        n = max(1, args.ops)
+        return {"waiting": args.waiting - rows, "rows": rows, "turns": args.ops, "cmds_per_turn": round(m.calls / n, 1),
+                "cpu_us_per_turn": round(1e6 * m.cpu / n, 1),
+                "user_us_per_turn": round(1e6 * (after[0] - before[0]) / n, 1),
+                "system_us_per_turn": round(1e6 * (after[1] - before[1]) / n, 1)}
+    finally:
+        client.close(purge=True)
+
+
+def cpu_split(r) -> tuple[float, float]:
+    """(user, system) CPU seconds of the Redis ``r`` talks to, its main thread."""
+    cpu = r.info("cpu")
+    return (float(cpu.get("used_cpu_user_main_thread", cpu["used_cpu_user"])),
+            float(cpu.get("used_cpu_sys_main_thread", cpu["used_cpu_sys"])))
+
+
 def tabs(args) -> dict:
     """N waiting questions followed as the page follows them, for ``args.seconds``."""
     client = make_client(args)
@@ -161,13 +219,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="the source tree whose queue is measured")
     ap.add_argument("--redis", required=True, help="a private Redis's URL")
-    ap.add_argument("--mode", choices=("line", "tabs"), required=True)
+    ap.add_argument("--mode", choices=("line", "tabs", "steps"), required=True)
     ap.add_argument("--waiting", type=int, required=True)
     ap.add_argument("--ops", type=int, default=100, help="calls of each operation (line)")
     ap.add_argument("--seconds", type=float, default=5.0, help="the measured window (tabs)")
+    ap.add_argument("--rows", type=int, default=64, help="questions in flight on the one worker (steps)")
     args = ap.parse_args(argv)
     sys.path.insert(0, args.root)
-    print(json.dumps(line(args) if args.mode == "line" else tabs(args)), flush=True)
+    print(json.dumps({"line": line, "tabs": tabs, "steps": steps}[args.mode](args)), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ included) and CPU from ``INFO cpu`` (its main thread). Three parts:
    ``--ops`` times. Per call: commands and Redis CPU; also the time to queue all N.
 2. **tabs** (``--mode tabs``): N waiting questions followed as the page follows them (its one stream reader, and
    each tab's place in line once a second): Redis cores used.
-3. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
+3. **steps** (``--mode steps``): a turn's queue steps alone (FINISH with the take of the next question, and the
+   visitor's next SUBMIT) in the steady state of ``--rows`` of ``--clients`` looping visitors in flight on one
+   worker, one call at a time with nothing else on the Redis nor sharing the cores: Redis CPU and commands per turn,
+   and the engines one Redis core carries at that cost (the turns part's load shares the two cores with Redis here).
+4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
    tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands and CPU per turn and per 1,000
    tokens over the measured window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
    turns a second at the engine's rate)).
@@ -23,7 +27,7 @@ takes O(N^2)), and is left out when git or the revision is missing (a copy witho
 
 Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``) and the base's (``base_…``), and the
 ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
-``redis_us_per_turn_L``, ``engines_per_redis_core_L``.
+``steps_cpu_us_per_turn``, ``steps_engines_per_redis_core_L``, ``redis_us_per_turn_L``, ``engines_per_redis_core_L``.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ from tests.redis_server import free_port  # noqa: E402
 # The last revision whose queue kept a list of groups and walked it to tell a job its place.
 BASELINE_REV = "ab7d443"
 OPERATIONS = ("position", "submit", "pop", "finish", "cancel")
-QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", rows=8, rate=220.0, clients=10,
+QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", step_turns=50, rows=8, rate=220.0, clients=10,
              tokens="16", seconds=2.0, warm_s=1.0, base_max_waiting=60, base_turns=False)
 
 
@@ -166,7 +170,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="48,200", help="answer lengths (turns part)")
     ap.add_argument("--seconds", type=float, default=10.0, help="the measured window per length (turns part)")
     ap.add_argument("--warm-s", type=float, default=3.0)
-    ap.add_argument("--parts", default="line,tabs,turns", help="which parts to run, comma separated")
+    ap.add_argument("--step-turns", type=int, default=2000, help="turns measured (steps part)")
+    ap.add_argument("--parts", default="line,tabs,steps,turns", help="which parts to run, comma separated")
     ap.add_argument("--base", default=BASELINE_REV, help="the older revision to run beside this tree ('' = none)")
     ap.add_argument("--base-max-waiting", type=int, default=3000, help="the largest line the older queue is given")
     ap.add_argument("--base-turns", action=argparse.BooleanOptionalAction, default=True,
@@ -178,7 +183,7 @@ def main(argv=None) -> None:
     parts = set(args.parts.split(","))
     sizes = [int(x) for x in args.waiting.split(",")] if "line" in parts else []
     tab_sizes = [int(x) for x in args.tab_waiting.split(",")] if "tabs" in parts else []
-    line, tabs, load = {}, {}, {}
+    line, tabs, steps, load = {}, {}, {}, {}
     with private_redis(work) as url:
         ping_us = ping_cost_us(url)
         for name, tree in trees:
@@ -188,9 +193,11 @@ def main(argv=None) -> None:
             for n in tab_sizes:
                 if name == "new" or n <= args.base_max_waiting:
                     tabs[name, n] = probe(tree, url, "tabs", n, seconds=args.tab_seconds)
+            if "steps" in parts:
+                steps[name] = probe(tree, url, "steps", args.clients, rows=args.rows, ops=args.step_turns)
             if "turns" in parts and (name == "new" or args.base_turns):
                 load[name] = turns(tree, url, args, work)
-    report(args, trees, sizes, tab_sizes, line, tabs, load, ping_us)
+    report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -210,7 +217,7 @@ def ping_cost_us(url: str, n: int = 3000) -> float:
     return 1e6 * (cpu1 - cpu0) / n
 
 
-def report(args, trees, sizes, tab_sizes, line, tabs, load, ping_us) -> None:
+def report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us) -> None:
     print(f"\nmachine: {cpu_description()}; Redis of its own; every process shares the cores "
           f"(read the ratios and the counts)\nRedis's CPU for one PING round trip here: {ping_us:.1f} us (the "
           f"yardstick: 1 to 3 us on an idle server)\n")
@@ -250,7 +257,24 @@ def report(args, trees, sizes, tab_sizes, line, tabs, load, ping_us) -> None:
             print(f"{name:<6} {n:>8} {row['redis_cores']:>12} {row['cmds_per_s']:>12}")
             result[f"{name}_tabs_redis_cores_{n}"] = row["redis_cores"]
             result[f"{name}_tabs_cmds_per_s_{n}"] = row["cmds_per_s"]
-    print(f"\n3. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
+    lengths = [int(x) for x in args.tokens.split(",")]
+    print(f"\n3. a turn's queue steps alone: {args.rows} of {args.clients} looping visitors in flight, FINISH with its take "
+          f"and the next SUBMIT, one call at a time; engines one Redis core carries at {args.rows} x {args.rate:g} tokens/s")
+    print(f"{'queue':<6} {'turns':>6} {'cmds/turn':>10} {'Redis us/turn':>14} {'user us':>8} {'system us':>10} " +
+          " ".join(f"{f'engines @{n} tok':>16}" for n in lengths))
+    for name, _ in trees:
+        row = steps.get(name)
+        if row is None:
+            continue
+        engines = {n: round(1 / (row["cpu_us_per_turn"] * 1e-6 * args.rows * args.rate / n), 1) for n in lengths}
+        print(f"{name:<6} {row['turns']:>6} {row['cmds_per_turn']:>10} {row['cpu_us_per_turn']:>14} "
+              f"{row['user_us_per_turn']:>8} {row['system_us_per_turn']:>10} " +
+              " ".join(f"{engines[n]:>16}" for n in lengths))
+        result[f"{name}_steps_cmds_per_turn"] = row["cmds_per_turn"]
+        result[f"{name}_steps_cpu_us_per_turn"] = row["cpu_us_per_turn"]
+        for n in lengths:
+            result[f"{name}_steps_engines_per_redis_core_{n}"] = engines[n]
+    print(f"\n4. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
           f"clients, {args.seconds:g} s measured per length")
     cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "redis_us_per_turn",
             "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
