@@ -24,6 +24,7 @@ from worker.queue.job_states import Started
 from worker.queue.prefix_routes import route_keys
 from worker.serving.deltas import coalesced_deltas
 from worker.serving.metrics import WorkerMetrics
+from worker.store.stream_batcher import StreamBatcher
 from worker.store.streams import StreamWriter
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class JobRunner:
     images: ImageStore  # image bytes by sha256
     engine: object  # ``engine.LLMEngine`` (or the page benchmark's stub): ``add_request`` returns a handle
     metrics: WorkerMetrics
+    batcher: StreamBatcher | None = None  # the worker's token writes, sent together (None: each on its own)
 
     def serve(self, job_id: str, started: Started) -> JobResult:
         """Run one started job to its result; a failure becomes an error result, never an exception."""
@@ -107,18 +109,21 @@ class JobRunner:
         # one network minting many identities still holds one share.
         handle = self.engine.add_request(messages, sampling, session_id=job.conv, request_id=job_id,
                                          deadline_s=s.job_deadline_s, group=started_job.group or job.user)
-        writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen)
+        writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen, self.batcher)
         last = None
-        for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):
-            now = time.monotonic()
-            if last is None:
-                self.metrics.ttft_s.observe(now - started)
-            else:  # one observation per token, as before coalescing: the tokens of one write share its gap
-                gap = (now - last) / n_deltas
-                for _ in range(n_deltas):
-                    self.metrics.tpot_s.observe(gap)
-            last = now
-            writer.add("token", text=text)
+        try:
+            for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):
+                now = time.monotonic()
+                if last is None:
+                    self.metrics.ttft_s.observe(now - started)
+                else:  # one observation per token, as before coalescing: the tokens of one write share its gap
+                    gap = (now - last) / n_deltas
+                    for _ in range(n_deltas):
+                        self.metrics.tpot_s.observe(gap)
+                last = now
+                writer.add("token", text=text)
+        finally:
+            writer.flush()  # every token is in the stream before the job's terminal event
         result = handle.result(timeout=s.job_deadline_s)
         self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:

@@ -26,6 +26,7 @@ from worker.config import Settings
 from worker.store.history import ConversationStore
 from worker.store.images import ImageStore
 from worker.store.keys import JobState, Keys
+from worker.store.stream_batcher import StreamBatcher
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, Started, Taken
 from worker.queue.prefix_routes import HeldRoutes
@@ -93,8 +94,9 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
+        self.batcher = StreamBatcher(self.r)  # every answer's token writes after its first, one round trip for all
         self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, convs=self.convs,
-                                images=self.images, engine=self.engine, metrics=self.metrics)
+                                images=self.images, engine=self.engine, metrics=self.metrics, batcher=self.batcher)
         # The live workers' slots and decode rows in all (the capacity POP checks), read on every heartbeat tick:
         # a worker taking its next job itself (``_take_args``) uses the last reading instead of a round trip per job.
         self._totals = (0, 0)
@@ -146,6 +148,7 @@ class WorkerRuntime:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self.engine.stop()
+        self.batcher.close()
 
     # -- jobs: claim -> serve -> finish and take -> next ----------------------------------------------------------
     def run_job(self, job_id, dispatch_n) -> None:

@@ -14,6 +14,7 @@ import time
 import redis
 
 from worker.store.keys import ENDED_STATES, EntryField, Keys
+from worker.store.stream_batcher import StreamBatcher
 from worker.redis_retry import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -37,20 +38,38 @@ class StreamWriter:
 
     While Redis is unreachable (restarting), events are dropped rather than failing the job: generation goes
     on, and the terminal ``done`` event, written once Redis is back, carries the whole answer.
+
+    With a ``batcher`` (``worker.store.stream_batcher``, one per worker process), the first event goes out at once and
+    the later ones with the other answers' writes, one round trip for all; ``flush`` waits for them, and comes before
+    the job's terminal event.
     """
 
     RETRY_AFTER_S = 1.0  # after a failed write, skip writes this long instead of waiting on each one
+    FLUSH_TIMEOUT_S = 10.0  # the longest a runner waits for its batched writes before ending its job
 
-    def __init__(self, r: redis.Redis, keys: Keys, job_id: str, maxlen: int):
+    def __init__(self, r: redis.Redis, keys: Keys, job_id: str, maxlen: int, batcher: StreamBatcher | None = None):
         self.r, self.key, self.maxlen = r, keys.stream(job_id), maxlen
+        self.batcher = batcher
         self._skip_until = 0.0
+        self._written = False  # the first event went out (at once)
+        self._last = 0  # the batcher's number of this stream's last batched write
 
     def add(self, event_type: str, **data) -> None:
         assert event_type not in TERMINAL, "terminal events go through the finish script"
+        if self.batcher is not None and self._written:
+            self._last = self.batcher.add(self.key, encode(event_type, **data), self.maxlen)
+            return
         if time.monotonic() < self._skip_until:
             return
         try:
             self.r.xadd(self.key, encode(event_type, **data), maxlen=self.maxlen, approximate=True)
+            self._written = True
         except UNREACHABLE as exc:
             log.warning("Redis unreachable; %s events for %s dropped until it is back (%s)", event_type, self.key, exc)
             self._skip_until = time.monotonic() + self.RETRY_AFTER_S
+
+    def flush(self) -> None:
+        """Wait until this stream's batched events were sent (or dropped), so none lands after its terminal event."""
+        if self.batcher is not None and self._last:
+            if not self.batcher.wait_sent(self._last, self.FLUSH_TIMEOUT_S):
+                log.warning("stream writes for %s not sent within %.0f s", self.key, self.FLUSH_TIMEOUT_S)
