@@ -52,12 +52,16 @@ def test_a_follow_up_after_a_worker_restart_is_served_from_disk(live, redis_url)
     cached = tmp_path / "cache" / (hashlib.sha256(conv.encode()).hexdigest()[:32] + ".kv")
     wait_for(cached.exists, 30, "the conversation's file on disk")
     first.kill9()
+    # a restarted container comes up after its predecessor's heartbeat lapsed (2 s here): a worker claims only what no
+    # live worker holds, and a second worker that started sooner on a fast host would leave it to the first
+    keys = Keys(client.settings.key_prefix)
+    wait_for(lambda: not client.r.exists(keys.heartbeat(first.name)), 10, "the killed worker's heartbeat to lapse")
 
     second = WorkerProcess(env, tmp_path, name="second@owlet-test")  # another name, as a new container has
     procs.append(second)
     second.wait_ready(client)
     r = redis.Redis.from_url(redis_url)
-    assert r.get(Keys(client.settings.key_prefix).holder(conv)) == second.name.encode()  # it claimed it
+    assert r.get(keys.holder(conv)) == second.name.encode()  # it claimed it
     follow = collect(client, client.submit_turn("ann", conv, "And then?", sampling=SAMPLING))
     assert types(follow) == ["queued", "started", "token", "done"], follow
     assert follow[1]["worker"] == second.name
