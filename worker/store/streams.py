@@ -14,6 +14,7 @@ import time
 import redis
 
 from worker.store.keys import ENDED_STATES, EntryField, Keys
+from worker.store import stream_batcher
 from worker.store.stream_batcher import StreamBatcher
 from worker.redis_retry import UNREACHABLE
 
@@ -44,7 +45,7 @@ class StreamWriter:
     the job's terminal event.
     """
 
-    RETRY_AFTER_S = 1.0  # after a failed write, skip writes this long instead of waiting on each one
+    RETRY_AFTER_S = stream_batcher.RETRY_AFTER_S  # after a failed write, skip writes this long, as the batcher does
     FLUSH_TIMEOUT_S = 10.0  # the longest a runner waits for its batched writes before ending its job
 
     def __init__(self, r: redis.Redis, keys: Keys, job_id: str, maxlen: int, batcher: StreamBatcher | None = None):
