@@ -33,21 +33,28 @@ local function keys_for(prefix)
 end
 -- Server time in seconds: a group's usage is kept in one clock, whichever process runs the script. Read once a
 -- call: one atomic step happens at one instant.
-local NOW
+local NOW, NOW_TEXT
 -- What a helper read once for the whole call, by its name (line.lua's slot layout): each call starts with none.
 local CALL
 local function begin_call(call_argv)
   argv = call_argv
   args = cjson.decode(call_argv[1])
   KEY = keys_for(args.prefix)
-  NOW, CALL = nil, {}
+  NOW, NOW_TEXT, CALL = nil, nil, {}
 end
 local function now_s()
   if not NOW then
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
+    NOW_TEXT = t[1] .. '.' .. string.rep('0', 6 - #t[2]) .. t[2]
   end
   return NOW
+end
+-- The same instant as text (microseconds), for a command's argument: a Lua number given to redis.call is printed
+-- with "%.14g" each time, which costs about as much as a small command.
+local function now_s_text()
+  now_s()
+  return NOW_TEXT
 end
 local function uq(q) return KEY.user_queue .. q end
 local function gq(g) return KEY.group_queue .. g end
@@ -56,7 +63,7 @@ local function xadd(job, etype, data, maxlen)
 end
 -- Count one down in hash `key`, the field gone at zero; returns the count left.
 local function hdecr(key, field)
-  local left = tonumber(redis.call('HINCRBY', key, field, -1))
+  local left = redis.call('HINCRBY', key, field, '-1')
   if left <= 0 then redis.call('HDEL', key, field) end
   return left
 end

@@ -14,17 +14,24 @@ local function may_take_slot(qg, inflight, capacity, shared, light_from)
 end
 
 -- queued -> dispatched: the job's group has one more in flight, the job its dispatch fields (`taker`: a worker that
--- starts it at once, or '' for Celery, which lists it as unclaimed). n and attempts: its dispatches so far. Returns
--- its dispatch number.
+-- starts it at once, or '' for Celery, which lists it as unclaimed). n and attempts: its dispatches so far. A job a
+-- taker starts at once is written started here too (start_job's fields, in the same write; start_job with
+-- from_line then does the rest). Returns its dispatch number.
 local function dispatch_job(job, group, qg, now, n, attempts, taker)
-  if redis.call('HINCRBY', KEY.inflight_by_group, group, 1) == 1 and group == qg then
+  if redis.call('HINCRBY', KEY.inflight_by_group, group, '1') == 1 and group == qg then
     idle_forget(qg)  -- it has something in flight now
   else
     idle_refresh(qg)
   end
   redis.call('SADD', KEY.served, qg)
-  redis.call('HSET', KEY.job .. job, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
-             JOB.flight_t, now_s(), JOB.dispatch_n, n + 1, JOB.attempts, attempts + 1)
+  if taker == '' then
+    redis.call('HSET', KEY.job .. job, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
+               JOB.flight_t, now_s_text(), JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1))
+  else
+    redis.call('HSET', KEY.job .. job, JOB.state, STATE.started, JOB.dispatched_at, now, JOB.target, taker,
+               JOB.flight_t, now_s_text(), JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1),
+               JOB.worker, taker, JOB.started_at, now)
+  end
   redis.call('ZADD', KEY.inflight, now, job)
   if taker == '' then redis.call('ZADD', KEY.unclaimed, now, job) end
   return n + 1

@@ -7,12 +7,14 @@ local NOTICES_MAXLEN = 1000
 -- dispatched -> started on `worker`, and what the worker reads to start it, so it needs no further round trip:
 -- {payload, group, cancelled (0/1), conv, conv's owner} ('' for what is missing). from_line: the job's {payload,
 -- group, conv, notify} as its caller just read them, for a job dispatched straight from the line to this worker
--- (never listed as unclaimed); nil for a job Celery carried.
+-- (never listed as unclaimed, and written started by dispatch_job); nil for a job Celery carried.
 local function start_job(job, worker, now, maxlen, from_line)
   local jk = KEY.job .. job
-  redis.call('HSET', jk, JOB.state, STATE.started, JOB.worker, worker, JOB.started_at, now)
+  if not from_line then
+    redis.call('HSET', jk, JOB.state, STATE.started, JOB.worker, worker, JOB.started_at, now)
+    redis.call('ZREM', KEY.unclaimed, job)
+  end
   redis.call('SADD', KEY.running .. worker, job)
-  if not from_line then redis.call('ZREM', KEY.unclaimed, job) end
   xadd(job, STATE.started, '{"worker": "' .. worker .. '", "t": ' .. now .. '}', maxlen)
   local f = from_line or redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify)
   local owner = f[3] and redis.call('HGET', KEY.conv .. f[3], CONV.user)
@@ -41,11 +43,12 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
   if f[3] then
     local ck = KEY.conv .. f[3]
     local tk = ck .. TURNS_SUFFIX
-    -- append only right after this job's own question: never twice, never after a truncate removed it
-    local question = f[6] and redis.call('LINDEX', tk, tonumber(f[6]))
+    -- append only right after this job's own question, while it is the last turn: never twice, never after a
+    -- truncate removed it (its turn index to the end: that question alone)
+    local from_question = f[6] and redis.call('LRANGE', tk, f[6], '-1')
     local appended = false
-    if etype == STATE.done and answer ~= '' and question and redis.call('LLEN', tk) == tonumber(f[6]) + 1
-       and string.find(question, job, 1, true) then
+    if etype == STATE.done and answer ~= '' and from_question and #from_question == 1
+       and string.find(from_question[1], job, 1, true) then
       redis.call('RPUSH', tk, answer)
       appended = true
       if holder ~= '' then redis.call('SET', KEY.holder .. f[3], holder, 'EX', holder_ttl) end

@@ -77,7 +77,7 @@ local function idle_forget(qg)
 end
 local function idle_index(qg, place, record)
   local member = place .. qg
-  redis.call('ZADD', KEY.idle_line, 0, member)
+  redis.call('ZADD', KEY.idle_line, '0', member)
   redis.call('ZADD', KEY.light_line, usage_key_of(record), member)
   redis.call('HSET', KEY.idle_members, qg, member)
 end
@@ -132,19 +132,23 @@ local function join_line(qg, front)
 end
 
 -- Job `job` of identity q in group qg was just queued (SUBMIT): it goes to the end of q's queue, and gets its tag.
+-- Returns its group's place (for position()).
 local function queue_job(job, q, qg)
   local mine = redis.call('RPUSH', uq(q), job)
   local identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
   if identities == 1 and mine == 1 then  -- the group starts waiting with this job alone
     local place, record = join_place(qg, false)
     redis.call('HSET', KEY.places, qg, place)
-    redis.call('ZADD', KEY.line, 0, place .. job)
+    redis.call('ZADD', KEY.line, '0', place .. job)
     if not has_flight(qg) then idle_index(qg, place, record or usage_record(qg)) end
+    return place
   elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
-    redis.call('ZADD', KEY.line, mine - 1, redis.call('HGET', KEY.places, qg) .. job)
-  else
-    rekey(qg)
+    local place = redis.call('HGET', KEY.places, qg)
+    redis.call('ZADD', KEY.line, mine - 1, place .. job)
+    return place
   end
+  rekey(qg)
+  return redis.call('HGET', KEY.places, qg)
 end
 
 -- A group with nothing in flight and nothing queued is idle: it is no longer served, and waits as a newcomer (with
@@ -234,9 +238,10 @@ local function slot_position(job, q, qg, now)
   end
   return eligible
 end
--- 1-based position of a queued job in the order the queue will serve it now; false when it is not in line.
-local function position(job, q, qg, now)
-  local place = redis.call('HGET', KEY.places, qg)
+-- 1-based position of a queued job in the order the queue will serve it now; false when it is not in line. place:
+-- its group's place when the caller has it (nil: read here).
+local function position(job, q, qg, now, place)
+  place = place or redis.call('HGET', KEY.places, qg)
   local rank = place and redis.call('ZRANK', KEY.line, place .. job)
   if not rank then return false end
   local slot = slot_position(job, q, qg, now)

@@ -257,10 +257,10 @@ if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.lig
 end
 redis.call('HINCRBY', KEY.queued_by_user, user, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
-queue_job(job, q, qg)
+local place = queue_job(job, q, qg)
 redis.call('INCR', KEY.queued_count)
 redis.call('ZADD', KEY.queued_since, now, job)
-local pos = position(job, q, qg, held_now)
+local pos = position(job, q, qg, held_now, place)
 xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
 redis.call('EXPIRE', SK, args.job_ttl_s)
 -- A slot is free: hand out the next job now, as a dispatch pass would (POP's step, whichever job is next).
