@@ -189,8 +189,9 @@ def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chr
     tab.reload()
     tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
     picture = tab.locator(f"{USER} img")
+    # 60 s, as for the page itself above: once, under a full suite, the picture had not loaded in 20 s
     wait_for(lambda: picture.count() == 1 and picture.evaluate("img => img.complete && img.naturalWidth > 0"),
-             what="the reopened picture to load")
+             timeout=60, what="the reopened picture to load", tab=tab)
     assert "(image)" not in tab.locator("#owlet-chat").inner_text(), "no placeholder"
     src = picture.get_attribute("src")
     url = src if src.startswith("http") else stack.url.rstrip("/") + src
