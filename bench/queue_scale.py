@@ -203,7 +203,12 @@ def main(argv=None) -> None:
     trees = [("new", ROOT)] + ([("base", base)] if base is not None else [])
     parts = set(args.parts.split(","))
     cores = sorted(os.sched_getaffinity(0))
+    unknown = set(args.layouts.split(",")) - set(LAYOUTS)
+    if unknown:
+        ap.error(f"--layouts: {', '.join(sorted(unknown))} is not one of {', '.join(LAYOUTS)}")
     layouts = [x for x in args.layouts.split(",") if x == "shared" or (x == "own" and len(cores) >= 2)]
+    if "own" in args.layouts.split(",") and "own" not in layouts:
+        print("(--layouts own needs two cores at least: this process may use one; the turns part runs shared only)")
     sizes = [int(x) for x in args.waiting.split(",")] if "line" in parts else []
     tab_sizes = [int(x) for x in args.tab_waiting.split(",")] if "tabs" in parts else []
     line, tabs, steps, load = {}, {}, {}, {}
