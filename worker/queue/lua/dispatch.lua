@@ -24,14 +24,13 @@ local function dispatch_job(job, group, qg, now, n, attempts, taker)
     idle_refresh(qg)
   end
   redis.call('SADD', KEY.served, qg)
-  if taker == '' then
-    redis.call('HSET', KEY.job .. job, JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker,
-               JOB.flight_t, now_s_text(), JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1))
-  else
-    redis.call('HSET', KEY.job .. job, JOB.state, STATE.started, JOB.dispatched_at, now, JOB.target, taker,
-               JOB.flight_t, now_s_text(), JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1),
-               JOB.worker, taker, JOB.started_at, now)
+  local fields = {JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker, JOB.flight_t, now_s_text(),
+                  JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1)}
+  if taker ~= '' then
+    fields[2] = STATE.started
+    for _, v in ipairs({JOB.worker, taker, JOB.started_at, now}) do table.insert(fields, v) end
   end
+  redis.call('HSET', KEY.job .. job, unpack(fields))
   redis.call('ZADD', KEY.inflight, now, job)
   if taker == '' then redis.call('ZADD', KEY.unclaimed, now, job) end
   return n + 1

@@ -88,7 +88,7 @@ local function idle_refresh(qg)
 end
 
 -- Write the tags of every queued job of group qg from its place (old_place: the place they were written with, when
--- it changed).
+-- it changed). Returns the place.
 local function rekey(qg, old_place)
   local place = redis.call('HGET', KEY.places, qg)
   for k, job in ipairs(group_walk(qg)) do
@@ -96,6 +96,7 @@ local function rekey(qg, old_place)
     redis.call('ZADD', KEY.line, k - 1, place .. job)
   end
   idle_refresh(qg)
+  return place
 end
 
 -- How far a group's recent use sets it back when it starts waiting: USAGE_WEIGHT seconds per (decayed) second in
@@ -147,8 +148,7 @@ local function queue_job(job, q, qg)
     redis.call('ZADD', KEY.line, mine - 1, place .. job)
     return place
   end
-  rekey(qg)
-  return redis.call('HGET', KEY.places, qg)
+  return rekey(qg)
 end
 
 -- A group with nothing in flight and nothing queued is idle: it is no longer served, and waits as a newcomer (with
