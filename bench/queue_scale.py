@@ -15,8 +15,9 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
    worker, one call at a time with nothing else on the Redis nor sharing the cores: Redis CPU and commands per turn,
    and the engines one Redis core carries at that cost (the turns part's load shares the two cores with Redis here).
 4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
-   tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands and CPU per turn and per 1,000
-   tokens over the measured window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
+   tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands, round trips (requests it read
+   off its clients' sockets, a pipeline's commands in one) and CPU per turn and per 1,000 tokens over the measured
+   window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
    turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every
    core, as a small machine runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the
    others, as a deployment gives Redis a core of its own); ``own`` needs two cores at least.
@@ -141,9 +142,11 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
     marks: dict[int, dict[str, tuple[int, float]]] = {}
     mix: dict[int, dict[str, dict[str, int]]] = {}
     usec: dict[int, dict[str, dict[str, int]]] = {}
+    reads: dict[int, dict[str, int]] = {}
 
     def on_window(tokens: int, edge: str) -> None:
         marks.setdefault(tokens, {})[edge] = redis_counters(r)
+        reads.setdefault(tokens, {})[edge] = int(r.info("stats")["total_reads_processed"])
         mix.setdefault(tokens, {})[edge] = command_calls(r)
         usec.setdefault(tokens, {})[edge] = {k: int(v["usec"]) for k, v in r.info("commandstats").items()}
 
@@ -167,6 +170,7 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
         out.append({"tokens": tokens, "jobs_per_s": row["jobs_per_s"], "delivered_over_ideal": row["delivered_over_ideal"],
                     "ttft_p50_ms": row["ttft_p50_ms"], "errors": row["errors"],
                     "cmds_per_turn": round((calls1 - calls0) / max(1, jobs), 1),
+                    "round_trips_per_turn": round((reads[tokens]["end"] - reads[tokens]["start"]) / max(1, jobs), 2),
                     "redis_us_per_turn": round(1e6 * per_turn_s, 1),
                     "redis_us_per_1000_tokens": round(1e6 * per_turn_s * 1000 / tokens, 1),
                     "engines_per_redis_core": round(1 / (per_turn_s * turns_per_s_at_rate), 1) if per_turn_s else None,
@@ -310,8 +314,8 @@ def report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us) -> N
     print(f"\n4. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
           f"clients, {args.seconds:g} s measured per length; Redis beside the load on every core (shared), or on a "
           f"core of its own with the load on the others (own)")
-    cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "redis_us_per_turn",
-            "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
+    cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "round_trips_per_turn",
+            "redis_us_per_turn", "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
     print(f"{'queue':<6} {'redis':<7} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
     runs = [(name, layout, name if layout == "shared" else f"{name}_own") for layout in LAYOUTS for name, _ in trees]
     for name, layout, run in runs:

@@ -174,7 +174,7 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     client.jobs.adopt_line()  # ADOPT_LINE
     client.jobs.take(4, 2, "w@x")  # POP with its worker: a worker taking its next job itself
     taken = client.submit_turn("cid", client.new_conversation("cid"), "hi")
-    client.jobs.finish_and_take(taken, "cancelled", take=(4, 2, "w@x"))  # FINISH taking the freed slot
+    client.jobs.finish_and_take(taken, "cancelled", take=(4, 2, "w@x"), tail="par")  # FINISH taking the freed slot
     assert set(passed) == set(SCRIPTS)
     for name in SCRIPTS:
         reads = set(re.findall(r"\bargs\.(\w+)", code_of(name)))

@@ -41,9 +41,10 @@ def test_a_fast_engine_is_written_in_few_events_with_every_delta_in_order():
     threading.Thread(target=engine, daemon=True).start()
     first_pushed.wait(5)
     writes = list(coalesced_deltas(handle, interval_s=0.05))
-    assert "".join(text for text, _ in writes) == "".join(deltas)
-    assert sum(n for _, n in writes) == len(deltas)
-    assert writes[0] == (deltas[0], 1), "the first token goes out alone, at once"
+    assert "".join(text for text, _, _ in writes) == "".join(deltas)
+    assert sum(n for _, n, _ in writes) == len(deltas)
+    assert writes[0] == (deltas[0], 1, False), "the first token goes out alone, at once"
+    assert not any(last for _, _, last in writes[:-1]), "only the write the request ended with is marked last"
     # ~0.45 s of tokens at one write per 50 ms: about 10 writes, not 200 (a write per token).
     assert len(writes) <= 40, f"{len(writes)} writes for {len(deltas)} deltas"
 
@@ -54,7 +55,7 @@ def test_the_end_is_noticed_at_once_not_after_the_interval():
     threading.Timer(0.2, _finish, args=(handle,)).start()
     started = time.monotonic()
     writes = list(coalesced_deltas(handle, interval_s=60.0))  # a sleeper would wait a minute
-    assert writes == [("only ", 1)]
+    assert writes == [("only ", 1, False)], "written at once, before the end: nothing is left for the finish"
     assert time.monotonic() - started < 30.0, "the wait between writes must end when the request does"
 
 
@@ -63,4 +64,4 @@ def test_interval_zero_writes_each_take_as_it_comes():
     for text in ("x", "y"):
         handle.push_delta(text)
     _finish(handle)
-    assert list(coalesced_deltas(handle, interval_s=0.0)) == [("xy", 2)]
+    assert list(coalesced_deltas(handle, interval_s=0.0)) == [("xy", 2, True)]

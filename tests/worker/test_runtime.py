@@ -4,6 +4,7 @@ Covers paths that need precise control: run deadlines, cancel before start, dupl
 """
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
@@ -16,15 +17,15 @@ from tests.worker.test_worker_jobs import LONG
 from training.tiny_checkpoint import ensure_tiny_checkpoint
 from worker.celery_app import create_app
 from worker.client import OwletClient
-from worker.store.keys import JobField
+from worker.store.keys import EntryField, JobField
 from worker.serving.runtime import WorkerRuntime
 
 
 @pytest.fixture
 def runtime_client(settings, request):
-    deadline = getattr(request, "param", 60.0)
-    settings = type(settings)(**{**vars(settings), "job_deadline_s": deadline, "heartbeat_interval_s": 0.2,
-                                 "worker_metrics_port": free_port()})
+    overrides = getattr(request, "param", {})  # settings of the test's own
+    settings = type(settings)(**{**vars(settings), "job_deadline_s": 60.0, "heartbeat_interval_s": 0.2,
+                                 "worker_metrics_port": free_port(), **overrides})
     engine = LLMEngine(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), device="cpu", max_running=2))
     runtime = WorkerRuntime(settings, create_app(settings), "inproc@test", engine=engine)
     runtime.start()
@@ -42,7 +43,7 @@ def dispatched(client, job_id) -> int:
     return int(client.r.hget(client.keys.job(job_id), JobField.dispatch_n))
 
 
-@pytest.mark.parametrize("runtime_client", [0.5], indirect=True)
+@pytest.mark.parametrize("runtime_client", [{"job_deadline_s": 0.5}], indirect=True)
 def test_job_past_its_deadline_ends_with_a_clear_error(runtime_client):
     runtime, client = runtime_client
     conv = client.new_conversation("ann")
@@ -56,6 +57,30 @@ def test_job_past_its_deadline_ends_with_a_clear_error(runtime_client):
     while runtime.engine.stats()["running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert runtime.engine.stats()["running"] == 0, "the answer past its deadline still holds an engine row"
+
+
+@pytest.mark.parametrize("runtime_client", [{"stream_coalesce_s": 1.0}], indirect=True)
+def test_an_answers_last_tokens_go_with_its_finish_and_the_others_through_the_batcher(runtime_client, monkeypatch):
+    runtime, client = runtime_client
+    batched: list[str] = []
+    add = runtime.batcher.add
+
+    def recording_add(key, fields, maxlen, at_once=False):
+        batched.append(json.loads(fields[EntryField.data])["text"])
+        return add(key, fields, maxlen, at_once)
+
+    monkeypatch.setattr(runtime.batcher, "add", recording_add)
+    for _ in range(3):  # an engine that produced every token before the runner's first take leaves no tail: again
+        batched.clear()
+        job = client.submit_turn("ann", client.new_conversation("ann"), "hi", sampling={**LONG, "max_new_tokens": 24})
+        runtime.run_job(job, dispatched(client, job))
+        events = collect(client, job)
+        texts = [e["text"] for e in events if e["type"] == "token"]
+        assert types(events)[-1] == "done" and "".join(texts) == events[-1]["text"], "the tokens add up to the answer"
+        assert texts[:len(batched)] == batched and len(texts) - len(batched) <= 1
+        if len(texts) == len(batched) + 1:
+            break  # the first write went through the batcher at once; the rest (a second's worth) with the finish
+    assert len(batched) == 1 and len(texts) == 2, (batched, texts)
 
 
 def test_cancel_before_start_never_reaches_the_engine(runtime_client):

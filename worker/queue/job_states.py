@@ -24,6 +24,7 @@ from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYour
 from worker.store.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
 from worker.store.jobs import Job
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
+from worker.store.streams import token_event_data
 from worker.queue.scripts import Scripts, missing_library
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
@@ -254,10 +255,11 @@ class JobStates:
     def finish_and_take(self, job_id: str, event_type: str, answer_turn: str | None = None,
                         holder: str | None = None, only_state: str = "", only_worker: str = "",
                         service_s: float | None = None, take: tuple[int, int, str] | None = None,
-                        **data) -> tuple[bool, Taken | None]:
+                        tail: str = "", **data) -> tuple[bool, Taken | None]:
         """``finish``, and with ``take`` = (capacity, shared, worker) the next job ``take`` would give that worker,
         in the same atomic step: the slot the job frees goes to the worker that freed it, before any dispatch pass
-        can send it through Celery. Returns (ended, taken)."""
+        can send it through Celery. ``tail``: the answer's last token text not yet in its stream, written as a token
+        event just before the terminal one when the job ends here. Returns (ended, taken)."""
         s = self.settings
         data.setdefault("t", time.time())
         extra = {}
@@ -269,7 +271,8 @@ class JobStates:
         done = self._scripts.call(self._scripts.finish, job=job_id, type=event_type, data=json.dumps(data),
                                   answer=answer_turn or "", holder=holder or "", holder_ttl_s=s.holder_ttl_s,
                                   only_state=only_state, only_worker=only_worker, stream_ttl_s=s.stream_ttl_s,
-                                  stream_maxlen=s.stream_maxlen, service_s=service_s, **extra)
+                                  stream_maxlen=s.stream_maxlen, service_s=service_s,
+                                  tail=token_event_data(tail) if tail else None, **extra)
         if isinstance(done, list):
             return True, Taken.from_script(done[1:])
         return bool(done), None

@@ -17,9 +17,10 @@ when ``Scripts`` is built:
 
     the library's shebang line, named after a digest of its text (``owlet_<digest>``)
     a prelude written here: the data model's names from ``worker.store.keys`` as the Lua tables KEY_NAMES (key
-        names and prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, and TURNS_SUFFIX; the values
-        of ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the history budget's charges from
-        ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and CLEARED_BYTES
+        names and prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, TURNS_SUFFIX and
+        TOKEN_EVENT; the values of ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the
+        history budget's charges from ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and
+        CLEARED_BYTES
     common.lua (begin_call, which decodes a call's named arguments and gives KEY the call's key prefix)
     the helpers: usage.lua (a group's recent use), budgets.lua (pictures and history), line.lua (the fair line),
         lifecycle.lua (a job starts and ends), dispatch.lua (POP's step)
@@ -53,7 +54,8 @@ from pathlib import Path
 import redis
 
 from worker.store import memory_model
-from worker.store.keys import TURNS_SUFFIX, ConvField, EntryField, JobField, JobState, Keys, SlotsField, fields_of
+from worker.store.keys import (TOKEN_EVENT, TURNS_SUFFIX, ConvField, EntryField, JobField, JobState, Keys, SlotsField,
+                               fields_of)
 from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -83,7 +85,7 @@ def prelude() -> str:
     for table, names in lua_tables().items():
         entries = ", ".join(f"{_lua_name(name)} = {_lua_string(value)}" for name, value in names.items())
         lines.append(f"local {table} = {{{entries}}}")
-    lines.append(f"local TURNS_SUFFIX = {_lua_string(TURNS_SUFFIX)}")
+    lines.append(f"local TURNS_SUFFIX, TOKEN_EVENT = {_lua_string(TURNS_SUFFIX)}, {_lua_string(TOKEN_EVENT)}")
     lines.append(f"local CONV_BYTES, TURN_BYTES, INDEX_BYTES, CLEARED_BYTES = {memory_model.CONVERSATION_BYTES}, "
                  f"{memory_model.TURN_BYTES}, {memory_model.INDEX_ENTRY_BYTES}, {memory_model.CLEARED_BYTES}")
     lines.append(f"local HALF_LIFE, USAGE_WEIGHT, USAGE_CAP = "

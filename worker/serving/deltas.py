@@ -7,14 +7,18 @@ at most ``1 / stream_min_interval_s`` updates a second per answer anyway, so the
 event per ``interval_s`` per job. The first delta goes out at once (time to first token is not delayed), the
 end is noticed at once (the final event is not delayed), and no text is ever dropped: the events' texts, in
 order, are exactly the deltas, joined.
+
+Each write says whether it is the answer's last: the runner hands that one to the job's finish, which writes it
+just before the terminal event in the same script call, so an answer's end costs no round trip of its own.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 
-def coalesced_deltas(handle, interval_s: float) -> Iterator[tuple[str, int]]:
-    """Yield ``(text, n_deltas)``: the joined deltas available at each write, at most one per ``interval_s``.
+def coalesced_deltas(handle, interval_s: float) -> Iterator[tuple[str, int, bool]]:
+    """Yield ``(text, n_deltas, last)``: the joined deltas available at each write, at most one per ``interval_s``;
+    ``last`` marks the write the request ended with (nothing follows it).
 
     ``handle`` is an engine request handle: ``take()`` waits for at least one delta and returns
     ``(deltas, ended)``; ``wait(timeout)`` sleeps until the timeout or the request's end.
@@ -23,7 +27,7 @@ def coalesced_deltas(handle, interval_s: float) -> Iterator[tuple[str, int]]:
         deltas, ended = handle.take()
         text = "".join(deltas)
         if text:
-            yield text, len(deltas)
+            yield text, len(deltas), ended
         if ended:
             return
         if interval_s > 0:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import redis
 
@@ -19,7 +19,7 @@ from worker.errors import InvalidInput, NotYourConversation, OwletError
 from worker.store.history import ConversationStore, turn_json
 from worker.store.images import ImageStore
 from worker.store.jobs import Job, check_image_count, parse_job
-from worker.store.keys import JobState, Keys
+from worker.store.keys import TOKEN_EVENT, JobState, Keys
 from worker.queue.job_states import Started
 from worker.queue.prefix_routes import route_keys
 from worker.serving.deltas import coalesced_deltas
@@ -46,6 +46,9 @@ class JobResult:
     # route keys of the first question's prompt prefixes this worker now holds (done): its heartbeat announces them
     # for prefix routing (worker.queue.prefix_routes)
     routes: tuple[str, ...] = ()
+    # the answer's last token write, not sent yet: the finish writes it just before the terminal event, in the same
+    # script call ('' = none), so an answer's end costs no round trip of its own
+    tail: str = ""
 
     @property
     def error_kind(self) -> str | None:
@@ -110,9 +113,9 @@ class JobRunner:
         handle = self.engine.add_request(messages, sampling, session_id=job.conv, request_id=job_id,
                                          deadline_s=s.job_deadline_s, group=started_job.group or job.user)
         writer = StreamWriter(self.r, self.keys, job_id, s.stream_maxlen, self.batcher)
-        last = None
+        last, tail = None, ""
         try:
-            for text, n_deltas in coalesced_deltas(handle, s.stream_coalesce_s):
+            for text, n_deltas, ended in coalesced_deltas(handle, s.stream_coalesce_s):
                 now = time.monotonic()
                 if last is None:
                     self.metrics.ttft_s.observe(now - started)
@@ -121,15 +124,18 @@ class JobRunner:
                     for _ in range(n_deltas):
                         self.metrics.tpot_s.observe(gap)
                 last = now
-                writer.add("token", text=text)
+                if ended:
+                    tail = text  # written by the finish, with the terminal event
+                else:
+                    writer.add(TOKEN_EVENT, text=text)
         finally:
-            writer.flush()  # every token is in the stream before the job's terminal event
+            writer.flush()  # every earlier token is in the stream before the tail and the job's terminal event
         result = handle.result(timeout=s.job_deadline_s)
         self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:
             self.metrics.tokens_per_s.set(result.stats.decode_tokens_per_s)
         # the run time goes into the service-time average with the finish (one round trip for both)
-        return self._result(job, result, time.monotonic() - started)
+        return replace(self._result(job, result, time.monotonic() - started), tail=tail)
 
     def _messages(self, job: Job) -> list[dict]:
         """The engine's chat: consecutive turns of one role (e.g. an unanswered question) are merged.

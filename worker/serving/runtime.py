@@ -94,7 +94,7 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
-        self.batcher = StreamBatcher(self.r)  # every answer's token writes after its first, one round trip for all
+        self.batcher = StreamBatcher(self.r)  # every answer's token writes but its last (its finish's), batched
         self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, convs=self.convs,
                                 images=self.images, engine=self.engine, metrics=self.metrics, batcher=self.batcher)
         # The live workers' slots and decode rows in all (the capacity POP checks), read on every heartbeat tick:
@@ -223,7 +223,7 @@ class WorkerRuntime:
             lambda: self.jobs.finish_and_take(job_id, result.state, answer_turn=result.answer_turn,
                                               holder=result.holder, only_state=JobState.started,
                                               only_worker=self.worker, service_s=result.service_s, take=take,
-                                              **result.event),
+                                              tail=result.tail, **result.event),
             self.settings.redis_reconnect_s, f"finishing job {job_id}")
         if ended:
             self.metrics.job_finished(result.state)

@@ -422,5 +422,8 @@ class StatField:
 
 class EntryField:
     """The fields of an entry in a job's stream (``Keys.stream``; ``worker.store.streams`` encodes and decodes them)."""
-    type = "type"  # the event: a JobState the job entered, or "token"
+    type = "type"  # the event: a JobState the job entered, or TOKEN_EVENT
     data = "data"  # the event's JSON object (its text, position, message, ...)
+
+
+TOKEN_EVENT = "token"  # a stream event with answer text (``text``), between ``started`` and the terminal event

@@ -8,6 +8,8 @@
 --   stream_ttl_s, stream_maxlen
 --   service_s: the job's run time on its worker, folded into the moving average queue ETAs rest on when the job ends
 --   here (nil = none)
+--   tail: a token event's data (JSON), written just before the terminal event when the job ends here: the answer's
+--   last tokens, which its worker sends with the finish rather than in a round trip of their own (nil = none)
 --   take_worker (optional): once the job has ended, take the next job for this worker in the slot it freed, in the
 --   same atomic step (POP's `worker`; with take_capacity, take_shared, take_light_from and now), so no dispatch pass
 --   can hand that slot to Celery in between
@@ -15,7 +17,7 @@
 -- ended already, or is not in only_state / only_worker's.
 local ended = finish(args.job, args.type, args.data, args.answer, args.stream_ttl_s, args.stream_maxlen, args.holder,
                      args.holder_ttl_s, args.only_state ~= '' and args.only_state or nil,
-                     args.only_worker ~= '' and args.only_worker or nil)
+                     args.only_worker ~= '' and args.only_worker or nil, args.tail)
 if ended == 1 and args.service_s then
   local old = tonumber(redis.call('GET', KEY.service_time))
   redis.call('SET', KEY.service_time, tostring(old and 0.8 * old + 0.2 * args.service_s or args.service_s))

@@ -26,7 +26,7 @@ end
 -- End `job` in state `etype` with its terminal event (and its answer appended, `holder` then holding the
 -- conversation's cache). only_state, only_worker: end it only while it is in this state / owned by this worker
 -- (nil = any). Returns 1 when it ended the job, 0 when it had ended already or is not in only_state / only_worker's.
-local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl, only_state, only_worker)
+local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl, only_state, only_worker, tail)
   local jk = KEY.job .. job
   local f = redis.call('HMGET', jk, JOB.state, JOB.user, JOB.conv, JOB.worker, JOB.qkey, JOB.turn, JOB.group,
                        JOB.qgroup, JOB.reserved, JOB.flight_t)
@@ -67,6 +67,7 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
   redis.call('DEL', KEY.cancel .. job)
   redis.call('HSET', jk, JOB.state, etype)
   redis.call('EXPIRE', jk, stream_ttl)
+  if tail then xadd(job, TOKEN_EVENT, tail, maxlen) end
   xadd(job, etype, data, maxlen)
   redis.call('EXPIRE', KEY.stream .. job, stream_ttl)
   return 1
