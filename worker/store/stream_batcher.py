@@ -4,10 +4,9 @@ Each answer's runner writes its tokens to its job's stream, a few at a time (``s
 every write is a round trip of its own, and on a busy engine those are most of a turn's round trips: Redis spends more
 on each (waking, reading the request, writing the reply) than on the write itself. The batcher sends the writes of
 all the worker's answers that are waiting in one pipeline: one round trip for all of them. A write waits at most
-``window_s`` for others to join it, except an answer's first (``at_once``): it goes out at once, with whatever writes
-are waiting, so the time to the first token never waits, and the first tokens of answers that start together (one
-engine step) share a round trip too. An answer's last write does not come here: its finish writes it, in the script
-that ends the job (``worker.serving.runner``).
+``window_s`` for others to join it. An answer's first write does not come here (``StreamWriter`` sends it at once),
+so the time to the first token never waits; nor does its last: its finish writes it, in the script that ends the job
+(``worker.serving.runner``).
 
 Each stream's writes reach Redis in the order they were handed in (one thread sends them, in that order), and a
 runner waits for its own writes (``wait_sent``) before its job's terminal event, which a script writes: the last
@@ -42,9 +41,8 @@ class StreamBatcher:
         self._thread = threading.Thread(target=self._run, name="stream-batcher", daemon=True)
         self._thread.start()
 
-    def add(self, key: str, fields: dict, maxlen: int, at_once: bool = False) -> int:
-        """Hand in one XADD (approximate ``maxlen``) to stream ``key``; returns its number for ``wait_sent``.
-        ``at_once``: send it (and every write waiting) now, without waiting out the window."""
+    def add(self, key: str, fields: dict, maxlen: int) -> int:
+        """Hand in one XADD (approximate ``maxlen``) to stream ``key``; returns its number for ``wait_sent``."""
         with self._cond:
             self._handed += 1
             if self._closed or time.monotonic() < self._skip_until:
@@ -52,8 +50,6 @@ class StreamBatcher:
             else:
                 self._pending.append((key, fields, maxlen))
                 self._cond.notify_all()
-                if at_once:
-                    self._hurry.set()
             return self._handed
 
     def wait_sent(self, number: int, timeout_s: float) -> bool:

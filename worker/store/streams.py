@@ -40,9 +40,10 @@ class StreamWriter:
     While Redis is unreachable (restarting), events are dropped rather than failing the job: generation goes
     on, and the terminal ``done`` event, written once Redis is back, carries the whole answer.
 
-    With a ``batcher`` (``worker.store.stream_batcher``, one per worker process), every event goes with the other
-    answers' writes, one round trip for all: the first at once, the later ones within the batcher's window; ``flush``
-    waits for them, and comes before the job's terminal event.
+    With a ``batcher`` (``worker.store.stream_batcher``, one per worker process), the first event goes out at once, on
+    the runner's own thread (a hand-off to the batcher's thread could wait out the interpreter's switch interval), and
+    the later ones with the other answers' writes, one round trip for all; ``flush`` waits for them, and comes before
+    the job's terminal event. An answer's last write goes with its finish (``token_event_data``).
     """
 
     RETRY_AFTER_S = stream_batcher.RETRY_AFTER_S  # after a failed write, skip writes this long, as the batcher does
@@ -52,19 +53,19 @@ class StreamWriter:
         self.r, self.key, self.maxlen = r, keys.stream(job_id), maxlen
         self.batcher = batcher
         self._skip_until = 0.0
-        self._written = False  # the first event was handed in (it goes out at once)
+        self._written = False  # the first event was written (at once)
         self._last = 0  # the batcher's number of this stream's last batched write
 
     def add(self, event_type: str, **data) -> None:
         assert event_type not in TERMINAL, "terminal events go through the finish script"
-        if self.batcher is not None:
-            self._last = self.batcher.add(self.key, encode(event_type, **data), self.maxlen, at_once=not self._written)
-            self._written = True
+        if self.batcher is not None and self._written:
+            self._last = self.batcher.add(self.key, encode(event_type, **data), self.maxlen)
             return
         if time.monotonic() < self._skip_until:
             return
         try:
             self.r.xadd(self.key, encode(event_type, **data), maxlen=self.maxlen, approximate=True)
+            self._written = True
         except UNREACHABLE as exc:
             log.warning("Redis unreachable; %s events for %s dropped until it is back (%s)", event_type, self.key, exc)
             self._skip_until = time.monotonic() + self.RETRY_AFTER_S
