@@ -29,6 +29,7 @@ Figures are each honest user's queue wait (submit -> a worker takes the job) and
 flood job's median service time (started -> done) in scenes 1, 2 and 4, and over a crowd answer's in scene 3.
 
     python -m bench.abuse [--quick] [--flood 50] [--tokens 16] [--long-tokens 256] [--crowd 100] [--crowd-tokens 1024]
+                          [--visitor-gap-s 1]
 
 Ends with ``RESULT {json}``: ``honest_wait_over_service_max`` (scene 1, owlet; target <= 2),
 ``long_first_token_over_service_max`` (scene 2, owlet) and its ``..._no_slicing`` baseline, the crowd's
@@ -195,7 +196,7 @@ def run_crowd(url: str, args, log_dir: Path) -> dict:
                 first = ask(client, user, address, SHORT)
                 follow_up = ask(client, user, address, SHORT)
                 visitors.append((first, follow_up))
-                time.sleep(1.0)
+                time.sleep(args.visitor_gap_s)
             heavy_long = ask(client, "anon:heavy", "addr:192.0.2.99", args.crowd_tokens)
             heavy = ask(client, "anon:heavy", "addr:192.0.2.99", SHORT)
             during = [r for r in crowd.rows if r["started"] >= since]
@@ -248,10 +249,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--long-tokens", type=int, default=256, help="scene 2: tokens per flood answer (> a slice)")
     ap.add_argument("--crowd", type=int, default=100, help="scene 3: addresses looping one answer each")
     ap.add_argument("--crowd-tokens", type=int, default=1024, help="scene 3: tokens per crowd answer")
+    ap.add_argument("--visitor-gap-s", type=float, default=1.0, help="scene 3: seconds between the visitors")
     ap.add_argument("--slots", type=int, default=4, help="the worker engine's decode rows (max_running)")
     ap.add_argument("--threads", type=int, default=None, help="the worker's Celery threads (default: shipped)")
-    args = parse_with_quick(ap, argv, {"flood": 12, "tokens": 8, "long_flood": 8, "long_tokens": 96, "crowd": 12,
-                                       "crowd_tokens": 96})
+    args = parse_with_quick(ap, argv, {"flood": 8, "tokens": 8, "long_flood": 8, "long_tokens": 96, "crowd": 8,
+                                       "crowd_tokens": 96, "visitor_gap_s": 0.25})
     log_dir = Path(tempfile.mkdtemp(prefix="owlet-bench-abuse-"))
     with running_redis() as url:
         flood = {mode: run_flood(url, mode, args, log_dir) for mode in FLOOD_MODES}

@@ -195,7 +195,7 @@ class Stack:
             self.check_children()
             if self.serving():
                 return
-            time.sleep(0.5)
+            time.sleep(0.1)
         where = f"their output is in {self.log_dir}" if self.logs is not None else "see the output above"
         raise TimeoutError(f"the stack was not ready after {timeout_s:.0f} s ({where})")
 
