@@ -94,7 +94,7 @@ class WorkerRuntime:
         self._wake_dispatch = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server = None
-        self.batcher = StreamBatcher(self.r)  # every answer's token writes but its last (its finish's), batched
+        self.batcher = StreamBatcher(self.r)  # the token writes between each answer's first and last, batched
         self.runner = JobRunner(worker=worker, settings=settings, r=self.r, keys=self.keys, convs=self.convs,
                                 images=self.images, engine=self.engine, metrics=self.metrics, batcher=self.batcher)
         # The live workers' slots and decode rows in all (the capacity POP checks), read on every heartbeat tick:
