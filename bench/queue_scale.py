@@ -17,10 +17,10 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
 4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
    tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands, round trips (requests it read
    off its clients' sockets, a pipeline's commands in one) and CPU per turn and per 1,000 tokens over the measured
-   window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x
-   turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every
-   core, as a small machine runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the
-   others, as a deployment gives Redis a core of its own); ``own`` needs two cores at least.
+   window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x turns a second at the
+   engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every core, as a small machine
+   runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the others, as a deployment
+   gives Redis a core of its own); ``own`` needs two cores at least.
 
 The older queue is ``--base`` (a git revision, unpacked with ``git archive`` beside this checkout and run from
 there); it runs only up to ``--base-max-waiting`` waiting (its position reads walk the whole line, so filling it
