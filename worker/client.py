@@ -119,7 +119,7 @@ class OwletClient:
         pending = self.r.hget(self.keys.conversation(conv), ConvField.pending)
         if pending is not None:
             self.cancel(user_id, pending.decode())
-        self.convs.truncate(conv, n_turns)
+        self.jobs.truncate_conversation(conv, n_turns)
 
     # -- jobs ----------------------------------------------------------------------------------------------
     def submit_turn(self, user_id: str, conv: str, text: str, image_sha: str | None = None,
@@ -147,8 +147,7 @@ class OwletClient:
             raise ImageMissing()
         past: tuple[Message, ...] = ()
         if conv is not None:
-            self.convs.check_owner(user_id, conv)
-            past = as_messages(self.convs.turns(conv))
+            past = as_messages(self.convs.owned_turns(user_id, conv))
         return self._admit(user_id, group, conv, past, Message("user", text, image_sha), image, image_sha, sampling,
                            notify=notify)
 

@@ -194,3 +194,63 @@ def test_a_conversation_gives_way_with_its_own_jobs_only(tmp_path):
                                    client.keys.stream(sly.job)), "eve's conversation went with its job and stream"
         assert client.r.exists(client.keys.job(other.job)) and client.r.exists(client.keys.stream(other.job))
         client.close()
+
+
+def charge_is_exact(client: OwletClient, conv: str, reserved: int = 0) -> None:
+    """``conv`` is charged exactly what it holds (and ``reserved``: a live job's answer, at its longest), and the
+    total is the sum of every charge."""
+    r, k = client.r, client.keys
+    stored = r.lrange(k.turns(conv), 0, -1)
+    held = mm.CONVERSATION_BYTES + sum(len(t) + mm.TURN_BYTES for t in stored)
+    held += r.scard(k.chat_indexes_of(conv)) * mm.INDEX_ENTRY_BYTES
+    assert int(r.hget(k.conversation_sizes, conv)) == held + reserved
+    sizes = [int(v) for v in r.hvals(k.conversation_sizes)]
+    assert int(r.get(k.history_total)) == sum(sizes) + r.zcard(k.cleared_held) * mm.CLEARED_BYTES
+
+
+def test_a_retry_or_an_edit_keeps_the_charge_exact_so_a_follow_up_is_charged_without_reading_its_turns(tmp_path):
+    """SUBMIT charges a follow-up from the conversation's charge alone, so every change to what a conversation holds
+    keeps that charge exact: FINISH (its answer), and TRUNCATE (a retry or an edit drops later turns), also while
+    the dropped question's answer is still being generated (its reserve stays until its worker ends it, cancelled,
+    appending nothing). An API conversation's index entries are charged too."""
+    with small_redis(tmp_path, 64 * MB) as url:
+        client = OwletClient(settings=Settings.from_env(redis_url=url, key_prefix="t:", **OPEN))
+        conv = visit(client, 0, turns=3, pictures=False)
+        charge_is_exact(client, conv)
+        client.truncate(owner(0), conv, 3)  # an edit of the second question drops it and what follows
+        assert len(client.history(owner(0), conv)) == 3
+        charge_is_exact(client, conv)
+        # a follow-up is charged from that charge: exact after its answer
+        sub = client.submit(owner(0), conv, "asked again", group="10.0.0.0")
+        text = "a new answer " + "b" * 500
+        client.jobs.finish(sub.job, JobState.done, holder="worker@host", text=text,
+                           answer_turn=turn_json("assistant", text, job_id=sub.job))
+        charge_is_exact(client, conv)
+        # a retry while the answer is being generated: it is cancelled on its worker, and its reserve stays charged
+        # until that worker ends it
+        running = client.submit(owner(0), conv, "one more", group="10.0.0.0")
+        taken = client.jobs.take(1, 1, "worker@host")
+        assert taken.job == running.job and taken.started is not None
+        reserve = int(client.r.hget(client.keys.job(running.job), JobField.reserved))
+        client.truncate(owner(0), conv, 4)
+        assert client.job_state(running.job) == JobState.started, "its worker ends it"
+        charge_is_exact(client, conv, reserved=reserve)
+        client.jobs.finish(running.job, JobState.cancelled, holder="worker@host", text="partial",
+                           answer_turn=turn_json("assistant", "partial", job_id=running.job))
+        assert len(client.history(owner(0), conv)) == 4, "nothing appended after its question was dropped"
+        charge_is_exact(client, conv)
+        client.truncate(owner(0), conv, 0)
+        charge_is_exact(client, conv)
+        # an API conversation: its index entry is part of the charge
+        asked = [Message("user", "what is a heron?")]
+        first = client.submit_messages("api", asked, group="api-addr")
+        client.jobs.finish(first.job, JobState.done, text="a bird",
+                           answer_turn=turn_json("assistant", "a bird", job_id=first.job))
+        nxt = client.submit_messages("api", asked + [Message("assistant", "a bird"), Message("user", "and?")],
+                                     group="api-addr")
+        assert nxt.conv == first.conv
+        client.jobs.finish(nxt.job, JobState.done, text="grey",
+                           answer_turn=turn_json("assistant", "grey", job_id=nxt.job))
+        assert client.r.scard(client.keys.chat_indexes_of(first.conv)) == 2
+        charge_is_exact(client, first.conv)
+        client.close()

@@ -183,6 +183,11 @@ class JobStates:
         Returns the number of client groups it put in line."""
         return int(self._scripts.call(self._scripts.adopt_line))
 
+    def truncate_conversation(self, conv: str, n_turns: int) -> int:
+        """Keep only ``conv``'s first ``n_turns`` turns (TRUNCATE), its history-budget charge with them. Returns the
+        turns it holds now."""
+        return int(self._scripts.call(self._scripts.truncate, conv=conv, n_turns=n_turns))
+
     def make_room(self, keep: str = "") -> int:
         """Clear the least recently used conversations not being answered (never ``keep``), and if need be the
         oldest pictures no live job needs, worth ``room_bytes`` of the budget (MAKE_ROOM; it runs over maxmemory).

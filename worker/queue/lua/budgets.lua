@@ -36,6 +36,13 @@ end
 -- KEY.conversation_sizes and their sum KEY.history_total; KEY.conversations_held orders them by when they expire,
 -- which is least recently used first, as each turn renews the TTL. Past the budget, the least recently used give
 -- way whole, and leave their owner a notice (CLEARED_BYTES, charged as well).
+
+-- What a conversation holding `turns` (their JSON) and `entries` API index entries is charged.
+local function conversation_bytes(turns, entries)
+  local size = CONV_BYTES + entries * INDEX_BYTES
+  for _, t in ipairs(turns) do size = size + #t + TURN_BYTES end
+  return size
+end
 local function conversation_live(conv)  -- a job still answering it: it never gives way then
   local pending = redis.call('HGET', KEY.conv .. conv, CONV.pending)
   if not pending then return false end

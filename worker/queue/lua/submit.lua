@@ -143,16 +143,18 @@ if text_group + text_bytes > args.text_quota_group_bytes then return {-10} end
 local conv_size, conv_before, reserve, clear, notices = 0, 0, 0, {}, {}
 if turn ~= '' then
   reserve = args.answer_bytes + TURN_BYTES
-  conv_size = CONV_BYTES + #turn + TURN_BYTES + reserve
-  local stored, entries = history, 0
-  if not args.new_conv then
-    stored = redis.call('LRANGE', TK, 0, -1)
-    entries = redis.call('SCARD', KEY.chat_indexes_of .. conv)
+  -- what the conversation holds before this turn: a new one its earlier turns; one continued its charge, which
+  -- every step that changes what it holds keeps exact (FINISH, TRUNCATE), so a follow-up costs the same however long
+  -- the conversation is. Only a conversation not charged (its charge given back as it expired) is measured here.
+  local charged = not args.new_conv and redis.call('HGET', KEY.conversation_sizes, conv)
+  conv_before = tonumber(charged or '0')
+  local held = conv_before
+  if args.new_conv then
+    held = conversation_bytes(history, 0)
+  elseif not charged then
+    held = conversation_bytes(redis.call('LRANGE', TK, 0, -1), redis.call('SCARD', KEY.chat_indexes_of .. conv))
   end
-  for _, t in ipairs(stored) do conv_size = conv_size + #t + TURN_BYTES end
-  if args.index_digest then entries = entries + 1 end
-  conv_size = conv_size + entries * INDEX_BYTES
-  conv_before = tonumber(redis.call('HGET', KEY.conversation_sizes, conv) or '0')
+  conv_size = held + #turn + TURN_BYTES + reserve + (args.index_digest and INDEX_BYTES or 0)
   local total = history_held
   if total - conv_before + conv_size > args.history_total_bytes then
     -- near the budget: conversations whose TTL ran out give their bytes back first (they are charged until then)
