@@ -18,9 +18,10 @@ second (cores) and commands per second.
 
 ``steps``: a turn's queue steps alone, in the steady state of one busy engine: R of N looping visitors' questions
 in flight on one worker, the rest waiting; each turn the worker ends its oldest answer and takes the next question
-in the same step (FINISH with its take), and that visitor asks again (SUBMIT, through ``OwletClient.submit``). One
-process, one call at a time, nothing else on the Redis: its CPU per turn (user and system) and commands per turn,
-what the queue itself costs a turn without a load sharing the cores.
+in the same step (FINISH with its take), and that visitor asks again (SUBMIT, through ``OwletClient.submit``): a
+follow-up in the same conversation until it holds C questions (``--conversation-turns``), then a new conversation's
+first question. One process, one call at a time, nothing else on the Redis: its CPU per turn (user and system),
+commands and round trips per turn, what the queue itself costs a turn without a load sharing the cores.
 """
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ import random
 import sys
 import time
 import uuid
+
+
+def reads_processed(r) -> int:
+    """Requests Redis has read off its clients' sockets so far (a pipeline's commands in one): round trips."""
+    return int(r.info("stats")["total_reads_processed"])
 
 
 def redis_counters(r) -> tuple[int, float]:
@@ -52,13 +58,16 @@ class Meter:
     def __enter__(self):
         self.r.config_resetstat()
         self.calls0, self.cpu0 = redis_counters(self.r)
+        self.reads0 = reads_processed(self.r)
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self.t0
         calls, cpu = redis_counters(self.r)
-        self.calls = calls - self.calls0 - 2  # the two INFO calls of the first reading
+        reads = reads_processed(self.r)
+        self.calls = calls - self.calls0 - 3  # the first reading's three INFO calls
+        self.reads = reads - self.reads0 - 3  # this reading's three
         self.cpu = cpu - self.cpu0
 
 
@@ -72,15 +81,16 @@ def make_client(args):
     return OwletClient(settings=settings)
 
 
-def submit(client, i: int) -> str:
-    """Visitor ``i``'s question: its own identity, its own client group, a new conversation."""
-    return client.submit(f"visitor{i}", None, "What is in the picture?", group=f"addr{i}").job
+def submit(client, i: int, conv: str | None = None):
+    """Visitor ``i``'s question: its own identity, its own client group, in ``conv`` (None: a new conversation).
+    Returns what ``OwletClient.submit`` returns."""
+    return client.submit(f"visitor{i}", conv, "What is in the picture?", group=f"addr{i}")
 
 
 def fill(client, n: int) -> tuple[list[str], float, float]:
     t0 = time.perf_counter()
     with Meter(client.r) as m:
-        jobs = [submit(client, i) for i in range(n)]
+        jobs = [submit(client, i).job for i in range(n)]
     return jobs, time.perf_counter() - t0, m.calls / max(1, n)
 
 
@@ -123,10 +133,20 @@ def steps(args) -> dict:
     worker = "probe-worker@host"
     rows = args.rows
     answer = json.dumps({"role": "assistant", "text": "word " * 48})
+    chats: dict[int, tuple[str, int]] = {}  # visitor -> (its conversation, questions asked in it)
+
+    def ask(visitor: int) -> str:
+        conv, asked = chats.get(visitor, (None, 0))
+        if asked >= args.conversation_turns:
+            conv, asked = None, 0
+        sub = submit(client, visitor, conv)
+        chats[visitor] = (sub.conv, asked + 1)
+        return sub.job
+
     try:
         owner = {}  # job -> the visitor who asked it
         for i in range(args.waiting):
-            owner[submit(client, i)] = i
+            owner[ask(i)] = i
         running = []
         for _ in range(rows):
             taken = client.jobs.take(rows, rows, worker)
@@ -143,9 +163,10 @@ def steps(args) -> dict:
             assert ended and taken is not None and taken.started is not None, "a steady state keeps every row busy"
             running.append(taken.job)
             visitor = owner.pop(job)
-            owner[submit(client, visitor)] = visitor  # the visitor whose answer ended asks again
+            owner[ask(visitor)] = visitor  # the visitor whose answer ended asks again
 
-        for _ in range(min(args.ops, 100)):  # warm: every visitor's counters and the line in their steady state
+        # warm: every visitor's counters and the line in their steady state, and its conversations at every length
+        for _ in range(max(min(args.ops, 100), 2 * args.waiting * args.conversation_turns)):
             turn()
         before = cpu_split(client.r)
         with Meter(client.r) as m:
@@ -154,7 +175,9 @@ def steps(args) -> dict:
         after = cpu_split(client.r)
         n = max(1, args.ops)
         user, system = after[0] - before[0], after[1] - before[1]
-        return {"waiting": args.waiting - rows, "rows": rows, "turns": args.ops, "cmds_per_turn": round(m.calls / n, 1),
+        return {"waiting": args.waiting - rows, "rows": rows, "turns": args.ops,
+                "conversation_turns": args.conversation_turns, "cmds_per_turn": round(m.calls / n, 1),
+                "round_trips_per_turn": round(m.reads / n, 2),
                 "cpu_us_per_turn": round(1e6 * (user + system) / n, 1),
                 "user_us_per_turn": round(1e6 * user / n, 1), "system_us_per_turn": round(1e6 * system / n, 1)}
     finally:
@@ -220,6 +243,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ops", type=int, default=100, help="calls of each operation (line)")
     ap.add_argument("--seconds", type=float, default=5.0, help="the measured window (tabs)")
     ap.add_argument("--rows", type=int, default=64, help="questions in flight on the one worker (steps)")
+    ap.add_argument("--conversation-turns", type=int, default=1,
+                    help="questions a visitor asks in one conversation before starting a new one (steps)")
     args = ap.parse_args(argv)
     sys.path.insert(0, args.root)
     print(json.dumps({"line": line, "tabs": tabs, "steps": steps}[args.mode](args)), flush=True)

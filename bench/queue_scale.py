@@ -12,8 +12,11 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
    each tab's place in line once a second): Redis cores used.
 3. **steps** (``--mode steps``): a turn's queue steps alone (FINISH with the take of the next question, and the
    visitor's next SUBMIT) in the steady state of ``--rows`` of ``--clients`` looping visitors in flight on one
-   worker, one call at a time with nothing else on the Redis nor sharing the cores: Redis CPU and commands per turn,
-   and the engines one Redis core carries at that cost (the turns part's load shares the two cores with Redis here).
+   worker, one call at a time with nothing else on the Redis nor sharing the cores: Redis CPU, commands and round
+   trips per turn, and the engines one Redis core carries at that cost (the turns part's load shares the two cores
+   with Redis here). Once for each of ``--conversation-turns``: the questions a visitor asks in one conversation
+   before it starts a new one (1: every question a new conversation's first; 16: mostly follow-ups, in
+   conversations of every length up to 16 questions).
 4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
    tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands, round trips (requests it read
    off its clients' sockets, a pipeline's commands in one) and CPU per turn and per 1,000 tokens over the measured
@@ -27,12 +30,14 @@ there); it runs only up to ``--base-max-waiting`` waiting (its position reads wa
 takes O(N^2)), and is left out when git or the revision is missing (a copy without history).
 
     .venv/bin/python -m bench.queue_scale [--waiting 100,1000,10000] [--tokens 48,200] [--layouts shared,own]
-                                          [--base REV] [--quick]
+                                          [--conversation-turns 1,16] [--base REV] [--quick]
 
 Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``) and the base's (``base_…``), and the
 ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
-``steps_cpu_us_per_turn``, ``steps_engines_per_redis_core_L``, ``redis_us_per_turn_L``, ``engines_per_redis_core_L``
-(the turns part with Redis on a core of its own: the same keys after ``own_``, e.g. ``new_own_redis_us_per_turn_48``).
+``steps_cpu_us_per_turn``, ``steps_round_trips_per_turn``, ``steps_engines_per_redis_core_L`` (first questions only;
+with follow-ups the same keys end in ``_convC``, e.g. ``new_steps_cpu_us_per_turn_conv16``), ``redis_us_per_turn_L``,
+``engines_per_redis_core_L`` (the turns part with Redis on a core of its own: the same keys after ``own_``, e.g.
+``new_own_redis_us_per_turn_48``).
 """
 from __future__ import annotations
 
@@ -57,7 +62,8 @@ from tests.redis_server import free_port  # noqa: E402
 # The last revision whose queue kept a list of groups and walked it to tell a job its place.
 BASELINE_REV = "ab7d443"
 OPERATIONS = ("position", "submit", "pop", "finish", "cancel")
-QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", step_turns=50, rows=8, rate=220.0, clients=10,
+QUICK = dict(waiting="20,60", ops=10, tab_seconds=1.0, tab_waiting="40", step_turns=50, conversation_turns="1,4",
+             rows=8, rate=220.0, clients=10,
              tokens="16", seconds=2.0, warm_s=1.0, base_max_waiting=60, base_turns=False, layouts="shared")
 LAYOUTS = ("shared", "own")
 
@@ -194,6 +200,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="the measured window per length (turns part)")
     ap.add_argument("--warm-s", type=float, default=3.0)
     ap.add_argument("--step-turns", type=int, default=2000, help="turns measured (steps part)")
+    ap.add_argument("--conversation-turns", default="1,16",
+                    help="questions a visitor asks in one conversation before a new one, comma separated (steps part)")
     ap.add_argument("--parts", default="line,tabs,steps,turns", help="which parts to run, comma separated")
     ap.add_argument("--layouts", default=",".join(LAYOUTS),
                     help="where the turns part runs Redis: shared (beside the load) and/or own (a core of its own)")
@@ -215,6 +223,7 @@ def main(argv=None) -> None:
         print("(--layouts own needs two cores at least: this process may use one; the turns part runs shared only)")
     sizes = [int(x) for x in args.waiting.split(",")] if "line" in parts else []
     tab_sizes = [int(x) for x in args.tab_waiting.split(",")] if "tabs" in parts else []
+    conversation_turns = [int(x) for x in args.conversation_turns.split(",")]
     line, tabs, steps, load = {}, {}, {}, {}
     with private_redis(work) as url:
         ping_us = ping_cost_us(url)
@@ -225,8 +234,9 @@ def main(argv=None) -> None:
             for n in tab_sizes:
                 if name == "new" or n <= args.base_max_waiting:
                     tabs[name, n] = probe(tree, url, "tabs", n, seconds=args.tab_seconds)
-            if "steps" in parts:
-                steps[name] = probe(tree, url, "steps", args.clients, rows=args.rows, ops=args.step_turns)
+            for k in conversation_turns if "steps" in parts else ():
+                steps[name, k] = probe(tree, url, "steps", args.clients, rows=args.rows, ops=args.step_turns,
+                                       conversation_turns=k)
             if "turns" in parts and (name == "new" or args.base_turns) and "shared" in layouts:
                 load[name] = turns(tree, url, args, work)
     if "turns" in parts and "own" in layouts:
@@ -234,7 +244,7 @@ def main(argv=None) -> None:
             for name, tree in trees:
                 if name == "new" or args.base_turns:
                     load[f"{name}_own"] = turns(tree, url, args, work)
-    report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us)
+    report(args, trees, sizes, tab_sizes, conversation_turns, line, tabs, steps, load, ping_us)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -254,7 +264,7 @@ def ping_cost_us(url: str, n: int = 3000) -> float:
     return 1e6 * (cpu1 - cpu0) / n
 
 
-def report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us) -> None:
+def report(args, trees, sizes, tab_sizes, conversation_turns, line, tabs, steps, load, ping_us) -> None:
     print(f"\nmachine: {cpu_description()}; Redis of its own; every process shares the cores "
           f"(read the ratios and the counts)\nRedis's CPU for one PING round trip here: {ping_us:.1f} us (the "
           f"yardstick: 1 to 3 us on an idle server)\n")
@@ -296,21 +306,27 @@ def report(args, trees, sizes, tab_sizes, line, tabs, steps, load, ping_us) -> N
             result[f"{name}_tabs_cmds_per_s_{n}"] = row["cmds_per_s"]
     lengths = [int(x) for x in args.tokens.split(",")]
     print(f"\n3. a turn's queue steps alone: {args.rows} of {args.clients} looping visitors in flight, FINISH with its take "
-          f"and the next SUBMIT, one call at a time; engines one Redis core carries at {args.rows} x {args.rate:g} tokens/s")
-    print(f"{'queue':<6} {'turns':>6} {'cmds/turn':>10} {'Redis us/turn':>14} {'user us':>8} {'system us':>10} " +
-          " ".join(f"{f'engines @{n} tok':>16}" for n in lengths))
+          f"and the next SUBMIT, one call at a time; engines one Redis core carries at {args.rows} x {args.rate:g} tokens/s."
+          f"\n   conv turns: the questions each visitor asks in one conversation before a new one (1: first questions "
+          f"only)")
+    print(f"{'queue':<6} {'conv turns':>10} {'turns':>6} {'cmds/turn':>10} {'round trips':>12} {'Redis us/turn':>14} "
+          f"{'user us':>8} {'system us':>10} " + " ".join(f"{f'engines @{n} tok':>16}" for n in lengths))
     for name, _ in trees:
-        row = steps.get(name)
-        if row is None:
-            continue
-        engines = {n: round(1 / (row["cpu_us_per_turn"] * 1e-6 * args.rows * args.rate / n), 1) for n in lengths}
-        print(f"{name:<6} {row['turns']:>6} {row['cmds_per_turn']:>10} {row['cpu_us_per_turn']:>14} "
-              f"{row['user_us_per_turn']:>8} {row['system_us_per_turn']:>10} " +
-              " ".join(f"{engines[n]:>16}" for n in lengths))
-        result[f"{name}_steps_cmds_per_turn"] = row["cmds_per_turn"]
-        result[f"{name}_steps_cpu_us_per_turn"] = row["cpu_us_per_turn"]
-        for n in lengths:
-            result[f"{name}_steps_engines_per_redis_core_{n}"] = engines[n]
+        for k in conversation_turns:
+            row = steps.get((name, k))
+            if row is None:
+                continue
+            engines = {n: round(1 / (row["cpu_us_per_turn"] * 1e-6 * args.rows * args.rate / n), 1) for n in lengths}
+            print(f"{name:<6} {k:>10} {row['turns']:>6} {row['cmds_per_turn']:>10} "
+                  f"{row.get('round_trips_per_turn', '?')!s:>12} {row['cpu_us_per_turn']:>14} "
+                  f"{row['user_us_per_turn']:>8} {row['system_us_per_turn']:>10} " +
+                  " ".join(f"{engines[n]:>16}" for n in lengths))
+            tail = "" if k == 1 else f"_conv{k}"  # first questions only: the keys' plain names
+            result[f"{name}_steps_cmds_per_turn{tail}"] = row["cmds_per_turn"]
+            result[f"{name}_steps_round_trips_per_turn{tail}"] = row.get("round_trips_per_turn")
+            result[f"{name}_steps_cpu_us_per_turn{tail}"] = row["cpu_us_per_turn"]
+            for n in lengths:
+                result[f"{name}_steps_engines_per_redis_core_{n}{tail}"] = engines[n]
     print(f"\n4. turns: one worker, stub engine at {args.rows} rows x {args.rate:g} tokens/s, {args.clients} looping "
           f"clients, {args.seconds:g} s measured per length; Redis beside the load on every core (shared), or on a "
           f"core of its own with the load on the others (own)")

@@ -103,6 +103,7 @@ BENCHMARKS = {
     "queue_scale": QuickRun(module("queue_scale"), (
         "new_position_cmds_20", "new_submit_cmds_60", "new_pop_us_60", "new_tabs_redis_cores_40",
         "new_steps_cmds_per_turn", "new_steps_cpu_us_per_turn", "new_steps_engines_per_redis_core_16",
+        "new_steps_round_trips_per_turn_conv4", "new_steps_cpu_us_per_turn_conv4",
         "new_cmds_per_turn_16", "new_redis_us_per_turn_16", "new_engines_per_redis_core_16"),
         expect={"new_errors_16": 0},
         within={"position_cmds_ratio_largest_over_smallest": (0.8, 1.25),
