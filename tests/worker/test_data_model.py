@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DECLARATIONS = (JobField, ConvField, SlotsField, StatField, EntryField, JobState)
 HASH_COMMANDS = {"hget", "hmget", "hset", "hsetnx", "hdel", "hexists", "hincrby", "hincrbyfloat"}
 # Each script's shebang line: SUBMIT is refused whole by a Redis over maxmemory; the others end, move or read jobs
-# already admitted, or make room for SUBMIT, and must run then.
+# already admitted, make room for SUBMIT or only remove (TRUNCATE), and must run then.
 SHEBANGS = {"submit": "#!lua", "pop": "#!lua flags=allow-oom", "claim": "#!lua flags=allow-oom",
             "finish": "#!lua flags=allow-oom", "requeue": "#!lua flags=allow-oom",
             "position": "#!lua flags=no-writes,allow-oom", "make_room": "#!lua flags=allow-oom",
-            "adopt_line": "#!lua flags=allow-oom"}
+            "truncate": "#!lua flags=allow-oom", "adopt_line": "#!lua flags=allow-oom"}
 
 
 def code_of(name: str) -> str:
@@ -171,6 +171,7 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     client.submit("cy", None, "a new conversation, the page's way",  # SUBMIT with newest, and the page's notices
                   notify=client.keys.started_notices("page1"))
     client.jobs.make_room()  # MAKE_ROOM
+    client.truncate("bea", first.conv, 2)  # TRUNCATE
     client.jobs.adopt_line()  # ADOPT_LINE
     client.jobs.take(4, 2, "w@x")  # POP with its worker: a worker taking its next job itself
     taken = client.submit_turn("cid", client.new_conversation("cid"), "hi")

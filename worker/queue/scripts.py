@@ -40,7 +40,8 @@ copy serves every deployment sharing a Redis.
 The shebang lines decide what a full Redis may still run: SUBMIT's bare ``#!lua`` registers it without flags, so
 Redis refuses it whole when it is over maxmemory (nothing is half-written); the scripts that end or move jobs
 already admitted carry ``allow-oom``, so a full Redis never strands a job; so does MAKE_ROOM, which clears old
-conversations and pictures when SUBMIT was refused that way, before it is asked again. ``compose`` puts a
+conversations and pictures when SUBMIT was refused that way, before it is asked again, and TRUNCATE, which only
+removes turns. ``compose`` puts a
 test's own script together with the same prelude and helpers, to run as an EVAL script.
 """
 from __future__ import annotations
