@@ -133,8 +133,9 @@ class Keys:
         return f"{self.prefix}ring_keys"
 
     @property
-    def served(self) -> str:
-        """Set of groups served in this busy period (until they have nothing queued and nothing in flight)."""
+    def legacy_served(self) -> str:
+        """Set of the groups served in this busy period, as earlier versions kept them (a group is served in it exactly
+        while it has a job in flight when it starts waiting, so the line reads that instead): ADOPT_LINE deletes it."""
         return f"{self.prefix}served"
 
     @property
@@ -331,7 +332,7 @@ class Keys:
             "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
             "light_line": self.light_line, "idle_members": self.idle_members, "unclaimed": self.unclaimed,
             "legacy_ring": self.legacy_ring, "legacy_ring_keys": self.legacy_ring_keys,
-            "served": self.served, "queued_count": self.queued_count,
+            "legacy_served": self.legacy_served, "queued_count": self.queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
             "inflight": self.inflight, "group_usage": self.group_usage, "waiting_since": self.waiting_since, "slots": self.slots, "total_image_quota": self.total_image_quota,

@@ -50,8 +50,11 @@ local function conversation_live(conv)  -- a job still answering it: it never gi
   return st == STATE.queued or st == STATE.dispatched or st == STATE.started
 end
 local function history_charge(conv, delta)  -- while conv is charged at all
-  if delta ~= 0 and redis.call('HEXISTS', KEY.conversation_sizes, conv) == 1 then
-    redis.call('HINCRBY', KEY.conversation_sizes, conv, delta)
+  if delta == 0 then return end
+  -- a charge is never 0 (CONV_BYTES at least), so a field that comes out as the delta itself was not there
+  if redis.call('HINCRBY', KEY.conversation_sizes, conv, delta) == delta then
+    redis.call('HDEL', KEY.conversation_sizes, conv)
+  else
     redis.call('INCRBY', KEY.history_total, delta)
   end
 end

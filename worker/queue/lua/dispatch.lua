@@ -23,7 +23,6 @@ local function dispatch_job(job, group, qg, now, n, attempts, taker)
   else
     idle_refresh(qg)
   end
-  redis.call('SADD', KEY.served, qg)
   local fields = {JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker, JOB.flight_t, now_s_text(),
                   JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1)}
   if taker ~= '' then

@@ -58,13 +58,14 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
     local reserved = tonumber(f[9] or '0')
     if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end
   end
+  -- a started job is in its worker's set of stopped jobs only when its cancel flag was set
+  local flagged = redis.call('DEL', KEY.cancel .. job) == 1
   if state == STATE.started then
     redis.call('SREM', KEY.running .. f[4], job)
-    redis.call('SREM', KEY.cancels .. f[4], job)
+    if flagged then redis.call('SREM', KEY.cancels .. f[4], job) end
   end
   if state ~= STATE.queued then redis.call('ZREM', KEY.inflight, job) end  -- (unqueue did a queued job's part)
   if state == STATE.dispatched then redis.call('ZREM', KEY.unclaimed, job) end
-  redis.call('DEL', KEY.cancel .. job)
   redis.call('HSET', jk, JOB.state, etype)
   redis.call('EXPIRE', jk, stream_ttl)
   if tail then xadd(job, TOKEN_EVENT, tail, maxlen) end

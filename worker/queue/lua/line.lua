@@ -12,7 +12,8 @@
 --               for its recent use of the workers (setback below);
 --            2  served in this busy period: behind every waiting group. Each time a group is served it moves to the
 --               end of the ring (a fresh place after every other), and its jobs move up a turn. A served group that
---               starts waiting again goes first among the served.
+--               starts waiting again goes first among the served. A group's busy period lasts while it has a job in
+--               line or in flight, so a group starting to wait was served in it exactly when it has a job in flight.
 -- KEY.line holds each queued job as score = turn, member = place .. job; ZRANK is its place in line, and the head of
 -- the line is the job POP serves. That is the order a rotating ring of groups serves, job for job. Only the group
 -- whose state changes (a job of it joins, leaves or is served) has its jobs rewritten: O(m log N) for its m queued
@@ -114,11 +115,12 @@ local function setback(record, now)
   return math.min(weighted, longest)
 end
 
--- Group qg starts waiting: its place. front: put back after a lost worker, ahead of everyone. Returns the place and
--- the group's usage record (read once for the setback and the light index).
-local function join_place(qg, front)
+-- Group qg starts waiting: its place. front: put back after a lost worker, ahead of everyone; flight: whether it has
+-- a job in flight (then it was served in this busy period). Returns the place and the group's usage record (read
+-- once for the setback and the light index).
+local function join_place(qg, front, flight)
   if front then return requeued_place() end
-  if redis.call('SISMEMBER', KEY.served, qg) == 1 then return served_place_front() end
+  if flight then return served_place_front() end
   local now, record = now_s(), usage_record(qg)
   redis.call('ZADD', KEY.waiting_since, now, qg)
   -- rounded as the place stores it; the arrival sequence keeps two groups starting at once in arrival order
@@ -127,7 +129,7 @@ end
 -- Group qg starts waiting with the jobs its lists hold now (one, unless it was put back with others): its place,
 -- then its jobs' tags.
 local function join_line(qg, front)
-  local place = join_place(qg, front)
+  local place = join_place(qg, front, not front and has_flight(qg))
   redis.call('HSET', KEY.places, qg, place)
   rekey(qg)
 end
@@ -138,10 +140,11 @@ local function queue_job(job, q, qg)
   local mine = redis.call('RPUSH', uq(q), job)
   local identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
   if identities == 1 and mine == 1 then  -- the group starts waiting with this job alone
-    local place, record = join_place(qg, false)
+    local flight = has_flight(qg)
+    local place, record = join_place(qg, false, flight)
     redis.call('HSET', KEY.places, qg, place)
     redis.call('ZADD', KEY.line, '0', place .. job)
-    if not has_flight(qg) then idle_index(qg, place, record or usage_record(qg)) end
+    if not flight then idle_index(qg, place, record) end
     return place
   elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
     local place = redis.call('HGET', KEY.places, qg)
@@ -151,26 +154,17 @@ local function queue_job(job, q, qg)
   return rekey(qg)
 end
 
--- A group with nothing in flight and nothing queued is idle: it is no longer served, and waits as a newcomer (with
--- its setback) when it asks again.
-local function unmark_if_idle(qg)
-  if not has_flight(qg) and not in_line(qg) then redis.call('SREM', KEY.served, qg) end
-end
--- Group qg has no more queued jobs: it leaves the ring.
+-- Group qg has no more queued jobs: it leaves the ring. (With nothing in flight either it is idle: it waits as a
+-- newcomer, with its setback, when it asks again.)
 local function leave_line(qg)
   redis.call('HDEL', KEY.places, qg)
   redis.call('ZREM', KEY.waiting_since, qg)
   idle_forget(qg)
-  unmark_if_idle(qg)
 end
 -- A job of group (in line as qg) left flight (it ended, or is put back in line).
 local function left_flight(group, qg)
-  local left = hdecr(KEY.inflight_by_group, group)
-  if in_line(qg) then
-    idle_refresh(qg)
-  elseif (qg == group and left <= 0) or (qg ~= group and not has_flight(qg)) then  -- nothing queued or in flight:
-    redis.call('SREM', KEY.served, qg)                                            -- idle
-  end
+  hdecr(KEY.inflight_by_group, group)
+  if in_line(qg) then idle_refresh(qg) end
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)
@@ -186,9 +180,9 @@ local function unqueue(job, q, qg, user, group)
   redis.call('ZREM', KEY.queued_since, job)
 end
 
--- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on (dispatch_job
--- marks it): it moves to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the group
--- had none).
+-- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on (its job in
+-- flight says so): it moves to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the
+-- group had none).
 local function serve_group(qg)
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))
