@@ -32,8 +32,10 @@ def answer(client: OwletClient, job: str, text: str) -> None:
 
 
 def payload(client: OwletClient, job: str) -> Job:
-    raw = client.r.hget(client.keys.job(job), JobField.payload)
-    return parse_job(raw, 64, 32_000)
+    """The job as its worker reads it: its payload, and (a follow-up's history) the conversation's turns before it."""
+    raw, conv, turn = client.r.hmget(client.keys.job(job), JobField.payload, JobField.conv, JobField.turn)
+    history = client.r.lrange(client.keys.turns(conv.decode()), 0, int(turn) - 1) if int(turn) else []
+    return parse_job(raw, 64, 32_000, history=history)
 
 
 def stored(client: OwletClient, user: str, conv: str) -> list[tuple]:

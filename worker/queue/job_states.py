@@ -64,18 +64,20 @@ class Admitted:
 class Started:
     """What a worker reads to start a job it has just claimed, returned by the claiming script itself (no further
     round trip): the stored payload (None if missing), the client group, whether its cancel flag is set, the
-    conversation the job hash names and that conversation's owner ("" when missing)."""
+    conversation the job hash names, that conversation's owner ("" when missing), and its turns before the job's
+    question (their JSON: a follow-up's history, which its payload does not carry; ``worker.store.jobs``)."""
     payload: bytes | None
     group: str
     cancelled: bool
     conv: str
     owner: str
+    history: tuple[bytes, ...] = ()
 
     @classmethod
     def from_script(cls, fields: list) -> "Started":
-        payload, group, cancelled, conv, owner = fields
+        payload, group, cancelled, conv, owner, history = fields
         text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
-        return cls(payload or None, text(group), bool(int(cancelled)), text(conv), text(owner))
+        return cls(payload or None, text(group), bool(int(cancelled)), text(conv), text(owner), tuple(history or ()))
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Taken:
         job, n, conv = popped[0].decode(), int(popped[1]), popped[2].decode()
         if len(popped) == 3:
             return cls(job, n, conv, None)
-        return cls(job, n, conv, Started.from_script(popped[4:9]), bool(int(popped[9])))
+        return cls(job, n, conv, Started.from_script([*popped[4:9], popped[10]]), bool(int(popped[9])))
 
 
 class JobStates:
@@ -242,7 +244,7 @@ class JobStates:
         duplicate delivery: skip it."""
         claimed = self._scripts.call(self._scripts.claim, job=job_id, dispatch_n=dispatch_n, worker=worker,
                                      now=repr(time.time()), stream_maxlen=self.settings.stream_maxlen)
-        return Started.from_script(claimed[1:6]) if claimed else None
+        return Started.from_script(claimed[1:7]) if claimed else None
 
     def finish(self, job_id: str, event_type: str, answer_turn: str | None = None, holder: str | None = None,
                only_state: str = "", only_worker: str = "", service_s: float | None = None, **data) -> bool:

@@ -18,6 +18,8 @@ import json
 import threading
 from collections import OrderedDict
 
+from worker.store.jobs import HISTORY_IN_CONVERSATION
+
 HELD_ROUTES = 64  # keys a worker announces: its most recent first questions' (about 1 KB of heartbeat)
 
 
@@ -35,11 +37,14 @@ def route_keys(messages) -> list[str]:
 
 
 def job_route_keys(payload: bytes | str | None) -> list[str]:
-    """``route_keys`` of a job's payload (``Keys.job``'s ``payload`` field); [] when it cannot be read."""
+    """``route_keys`` of a job's payload (``Keys.job``'s ``payload`` field); [] when it cannot be read, and for a
+    follow-up (whose payload carries its question alone: ``worker.store.jobs``)."""
     try:
         data = json.loads(payload)
+        if data.get(HISTORY_IN_CONVERSATION) is True:
+            return []
         return route_keys([(m["role"], m["text"], m.get("image_sha")) for m in data["messages"]])
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, AttributeError):
         return []
 
 

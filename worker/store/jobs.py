@@ -2,16 +2,27 @@
 
 A job is stored in Redis (hash ``job:<id>``, field ``payload``); Celery messages carry only the job id
 and its dispatch number. Payloads are validated again on the worker, because anything can be in Redis.
+
+A follow-up (a question after an answer) carries only its question: its history is the conversation's turns before
+it, which the script that starts the job on a worker reads and returns with the payload (``HISTORY_IN_CONVERSATION``).
+So a follow-up's job costs Redis the same however long the conversation (a long conversation's every job holding all
+of it would hold the conversation again and again). A first question carries its whole history (a stateless
+client's earlier messages): the dispatcher reads it to route the question to a worker holding its prompt
+(``worker.queue.prefix_routes``).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from worker.errors import InvalidInput
 from worker.store.images import SHA256_RE
 
 ROLES = ("system", "user", "assistant")  # a system turn comes from a stateless client (the API)
+# A payload field: true when ``messages`` holds the question alone and its history is the conversation's first
+# ``turn`` turns.
+HISTORY_IN_CONVERSATION = "history_in_conversation"
 
 
 @dataclass(frozen=True)
@@ -32,7 +43,11 @@ class Job:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["messages"] = [asdict(m) for m in self.messages]
+        earlier = self.messages[:-1]
+        if len(earlier) == self.turn and any(m.role == "assistant" for m in earlier):  # a follow-up: its question
+            d["messages"], d[HISTORY_IN_CONVERSATION] = [asdict(self.messages[-1])], True
+        else:
+            d["messages"] = [asdict(m) for m in self.messages]
         return json.dumps(d, ensure_ascii=False)  # UTF-8 as is: escaped, an emoji takes 12 bytes, not 4
 
 
@@ -48,8 +63,12 @@ def _require(cond: bool, message: str) -> None:
         raise InvalidInput(message)
 
 
-def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int) -> Job:
-    """Parse and validate a stored payload; raises InvalidInput with a message the user can act on."""
+def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int,
+              history: Sequence[str | bytes] | None = None) -> Job:
+    """Parse and validate a stored payload; raises InvalidInput with a message the user can act on. ``history``: the
+    conversation's turns before the job's question (their stored JSON), as the script that started it read them; a
+    follow-up's payload holds the question alone (``HISTORY_IN_CONVERSATION``), and its messages are these turns and
+    the question."""
     _require(raw is not None, "The job was not found (it may have expired). Please ask again.")
     try:
         d = json.loads(raw)
@@ -63,6 +82,16 @@ def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int) -> Job:
              "The job field 'turn' must be a non-negative integer.")
     raw_messages = d.get("messages")
     _require(isinstance(raw_messages, list) and raw_messages, "The job must carry its history as a non-empty list.")
+    if d.get(HISTORY_IN_CONVERSATION) is True:
+        _require(len(raw_messages) == 1, "A follow-up's job must carry its question alone.")
+        _require(history is not None and len(history) == turn,
+                 "This conversation changed while your question waited (another tab, a retry or an edit). "
+                 "Please ask again.")
+        try:
+            earlier = [json.loads(t) for t in history]
+        except (TypeError, ValueError):
+            raise InvalidInput("A stored turn of this conversation is not valid JSON.") from None
+        raw_messages = earlier + raw_messages
     _require(len(raw_messages) <= max_turns,
              f"The conversation is too long ({len(raw_messages)} turns, limit {max_turns}). Start a new conversation.")
     messages = []

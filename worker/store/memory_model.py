@@ -27,8 +27,13 @@ CLEARED_BYTES = 270
 # A stored picture beyond its bytes rounded up to the allocator's size class (``allocated``): its key, and its
 # members in the pictures' bookkeeping (images_held, image_sizes, image_owners, images_of, picture_jobs).
 PICTURE_BYTES = 1400
-# A job's hash beyond its payload (the job as JSON, which carries the conversation so far).
+# A job's hash beyond its payload (the job as JSON: a follow-up's carries its question, a first question's the
+# earlier messages too; worker.store.jobs).
 JOB_BYTES = 870
+# A job's payload beyond its question's text: the JSON around it, and a follow-up's mark that its history is the
+# conversation's.
+PAYLOAD_BYTES = 200
+FOLLOW_UP_MARK_BYTES = 33
 # A question waiting in line beyond its job's hash and stream: its entry in the line and the counters and indexes
 # that order and cap it (for a visitor whose client group waits with this one question).
 WAITING_BYTES = 1300
@@ -92,8 +97,8 @@ def conversation_bytes(t: Traffic) -> float:
 
 def job_bytes(t: Traffic, earlier_turns: int) -> float:
     """One job's hash and stream, for a question after ``earlier_turns`` answered ones (its payload, the job as
-    JSON, carries them)."""
-    payload = 200 + earlier_turns * (t.question_chars + t.answer_chars + 2 * JSON_TURN_BYTES) + t.question_chars
+    JSON, carries the question alone: its worker reads the earlier turns from the conversation)."""
+    payload = PAYLOAD_BYTES + t.question_chars + (FOLLOW_UP_MARK_BYTES if earlier_turns else 0)
     return JOB_BYTES + payload + stream_bytes(t.token_events_per_answer, t.answer_chars)
 
 

@@ -48,7 +48,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       elseif not f[2] or f[2] == '' or f[2] == worker then
         redis.call('HSET', KEY.job .. j, JOB.target, worker)
         local s = start_job(j, worker, now, maxlen)
-        return {j, tonumber(f[3]), f[4] or '', 1, s[1], s[2], s[3], s[4], s[5], 0}
+        return {j, tonumber(f[3]), f[4] or '', 1, s[1], s[2], s[3], s[4], s[5], 0, s[6]}
       end
     end
   end
@@ -84,7 +84,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         redis.call('ZREM', KEY.queued_since, job)
         local jk = KEY.job .. job
         local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts,
-                             JOB.payload, JOB.notify)
+                             JOB.payload, JOB.notify, JOB.turn)
         if f[1] then hdecr(KEY.queued_by_user, f[1]) end
         local group = f[2] or f[1]
         if group then hdecr(KEY.queued_by_group, group) end
@@ -97,8 +97,8 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
           local taker = worker and (not holder or holder == worker) and worker or ''
           local n = dispatch_job(job, group, qg, now, tonumber(f[5] or '0'), tonumber(f[6] or '0'), taker)
           if taker ~= '' then
-            local s = start_job(job, worker, now, maxlen, {f[7], f[2], f[4], f[8]})
-            return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0}
+            local s = start_job(job, worker, now, maxlen, {f[7], f[2], f[4], f[8], f[9]})
+            return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0, s[6]}
           end
           return {job, n, conv}
         end

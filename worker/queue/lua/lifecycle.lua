@@ -5,9 +5,11 @@
 local NOTICES_MAXLEN = 1000
 
 -- dispatched -> started on `worker`, and what the worker reads to start it, so it needs no further round trip:
--- {payload, group, cancelled (0/1), conv, conv's owner} ('' for what is missing). from_line: the job's {payload,
--- group, conv, notify} as its caller just read them, for a job dispatched straight from the line to this worker
--- (never listed as unclaimed, and written started by dispatch_job); nil for a job Celery carried.
+-- {payload, group, cancelled (0/1), conv, conv's owner, history} ('' for what is missing; history: the
+-- conversation's turns before the job's question, which a follow-up's payload does not carry, worker.store.jobs).
+-- from_line: the job's {payload, group, conv, notify, turn} as its caller just read them, for a job dispatched
+-- straight from the line to this worker (never listed as unclaimed, and written started by dispatch_job); nil for a
+-- job Celery carried.
 local function start_job(job, worker, now, maxlen, from_line)
   local jk = KEY.job .. job
   if not from_line then
@@ -16,12 +18,14 @@ local function start_job(job, worker, now, maxlen, from_line)
   end
   redis.call('SADD', KEY.running .. worker, job)
   xadd(job, STATE.started, '{"worker": "' .. worker .. '", "t": ' .. now .. '}', maxlen)
-  local f = from_line or redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify)
+  local f = from_line or redis.call('HMGET', jk, JOB.payload, JOB.group, JOB.conv, JOB.notify, JOB.turn)
   local owner = f[3] and redis.call('HGET', KEY.conv .. f[3], CONV.user)
   if f[4] and f[4] ~= '' then  -- the page following it reads its stream again now
     redis.call('XADD', f[4], 'MAXLEN', '~', NOTICES_MAXLEN, '*', ENTRY.data, job)
   end
-  return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or ''}
+  local history, turn = {}, tonumber(f[5] or '0')
+  if f[3] and turn and turn > 0 then history = redis.call('LRANGE', KEY.conv .. f[3] .. TURNS_SUFFIX, '0', turn - 1) end
+  return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or '', history}
 end
 -- End `job` in state `etype` with its terminal event (and its answer appended, `holder` then holding the
 -- conversation's cache). only_state, only_worker: end it only while it is in this state / owned by this worker
