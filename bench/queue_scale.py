@@ -142,7 +142,7 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
     import redis
 
     from bench import stack_ceiling
-    from bench.queue_probe import command_calls, redis_counters
+    from bench.queue_probe import command_calls, reads_processed, redis_counters
 
     r = redis.Redis.from_url(url)
     marks: dict[int, dict[str, tuple[int, float]]] = {}
@@ -152,7 +152,7 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
 
     def on_window(tokens: int, edge: str) -> None:
         marks.setdefault(tokens, {})[edge] = redis_counters(r)
-        reads.setdefault(tokens, {})[edge] = int(r.info("stats")["total_reads_processed"])
+        reads.setdefault(tokens, {})[edge] = reads_processed(r)
         mix.setdefault(tokens, {})[edge] = command_calls(r)
         usec.setdefault(tokens, {})[edge] = {k: int(v["usec"]) for k, v in r.info("commandstats").items()}
 

@@ -43,11 +43,12 @@ local function conversation_bytes(turns, entries)
   for _, t in ipairs(turns) do size = size + #t + TURN_BYTES end
   return size
 end
-local function conversation_live(conv)  -- a job still answering it: it never gives way then
+-- A job still answering conv (it never gives way then): that job's id, else false.
+local function conversation_live(conv)
   local pending = redis.call('HGET', KEY.conv .. conv, CONV.pending)
   if not pending then return false end
   local st = redis.call('HGET', KEY.job .. pending, JOB.state)
-  return st == STATE.queued or st == STATE.dispatched or st == STATE.started
+  return (st == STATE.queued or st == STATE.dispatched or st == STATE.started) and pending
 end
 local function history_charge(conv, delta)  -- while conv is charged at all
   if delta == 0 then return end

@@ -12,10 +12,8 @@ local turns = redis.call('LRANGE', tk, 0, -1)
 local charged = redis.call('HGET', KEY.conversation_sizes, conv)
 if charged then
   local size = conversation_bytes(turns, redis.call('SCARD', KEY.chat_indexes_of .. conv))
-  local pending = redis.call('HGET', KEY.conv .. conv, CONV.pending)
-  if pending and conversation_live(conv) then
-    size = size + tonumber(redis.call('HGET', KEY.job .. pending, JOB.reserved) or '0')
-  end
+  local answering = conversation_live(conv)
+  if answering then size = size + tonumber(redis.call('HGET', KEY.job .. answering, JOB.reserved) or '0') end
   history_charge(conv, size - tonumber(charged))
 end
 return #turns
