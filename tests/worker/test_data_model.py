@@ -73,7 +73,7 @@ def test_the_scripts_use_only_declared_names():
         assert "KEYS[" not in code, f"{name}.lua takes its keys from the KEY table, not KEYS"
         assert "ARGV" not in code, f"{name}.lua reads its arguments from args and argv (a library function has no ARGV)"
         argv = set(re.findall(r"\bargv\[(\d+)\]", code))
-        assert argv <= ({"2"} if name == "submit" else set()), (name, argv)
+        assert argv <= ({"3"} if name == "submit" else set()), (name, argv)  # argv[2] is the settings (common.lua)
 
 
 def test_every_declared_name_is_used():
@@ -149,9 +149,10 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     passed: dict[str, set[str]] = {}
     real_call = Scripts.call
 
-    def recording_call(self, script, *data, client=None, **args):
+    def recording_call(self, script, *data, client=None, settings="", **args):
         passed.setdefault(script.name, set()).update(k for k, v in args.items() if v is not None)
-        return real_call(self, script, *data, client=client, **args)
+        passed[script.name].update(json.loads(settings) if settings else ())  # read the same way (common.lua)
+        return real_call(self, script, *data, client=client, settings=settings, **args)
 
     monkeypatch.setattr(Scripts, "call", recording_call)
     fake_capacity(2)

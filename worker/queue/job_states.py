@@ -25,7 +25,7 @@ from worker.store.history_budget import history_budget, redis_maxmemory, room_by
 from worker.store.jobs import Job
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
 from worker.store.streams import token_event_data
-from worker.queue.scripts import Scripts, missing_library
+from worker.queue.scripts import Scripts, missing_library, settings_json
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
@@ -106,6 +106,7 @@ class JobStates:
         maxmemory = redis_maxmemory(r)
         self.history_budget = history_budget(settings, maxmemory)
         self.waiting_room = waiting_room(settings, maxmemory)  # questions that may wait at once, service-wide
+        self._settings_cache: dict[str, tuple] = {}  # script -> (what its settings text was made from, the text)
 
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
@@ -158,11 +159,8 @@ class JobStates:
                     new_conv=new_conv, payload=payload, now=repr(time.time()), turn=turn_json or "",
                     image_sha=image_sha or "", answer_bytes=answer_bytes, history=history,
                     expect_turns=expect_turns,
-                    job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
-                    history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
-                    index_digest=index_digest, newest=newest or None,
-                    notify=notify, **pop_args,
-                    **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
+                    index_digest=index_digest, newest=newest or None, notify=notify, settings=self._submit_settings(),
+                    **pop_args)
                 break
             except redis.exceptions.OutOfMemoryError:  # refused whole, nothing written: make room, ask again
                 if not self.make_room(keep=conv):
@@ -179,6 +177,28 @@ class JobStates:
             raise refusal
         dispatched = (reply[1].decode(), int(reply[2]), reply[3].decode()) if len(reply) > 1 else None
         return Admitted(int(code), dispatched)
+
+    def _submit_settings(self) -> str:
+        """SUBMIT's settings (``Scripts.call``'s ``settings``): the caps and quotas, and the budgets derived from them.
+        The same text on every call while the settings and budgets are the same."""
+        s = self.settings
+        made = self._settings_cache.get("submit")
+        if made is None or made[0][0] is not s or made[0][1:] != (self.history_budget, self.waiting_room):
+            text = settings_json(job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
+                                 history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
+                                 **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
+            self._settings_cache["submit"] = ((s, self.history_budget, self.waiting_room), text)
+        return self._settings_cache["submit"][1]
+
+    def _finish_settings(self) -> str:
+        """FINISH's settings, as ``_submit_settings``."""
+        s = self.settings
+        made = self._settings_cache.get("finish")
+        if made is None or made[0] is not s:
+            text = settings_json(holder_ttl_s=s.holder_ttl_s, stream_ttl_s=s.stream_ttl_s,
+                                 stream_maxlen=s.stream_maxlen)
+            self._settings_cache["finish"] = (s, text)
+        return self._settings_cache["finish"][1]
 
     def adopt_line(self) -> int:
         """Put the questions waiting in the line's earlier form into the line (ADOPT_LINE; after an upgrade, once).
@@ -276,9 +296,8 @@ class JobStates:
             extra = dict(take_capacity=capacity, take_shared=shared, take_light_from=max(shared, capacity - shared),
                          take_worker=worker, now=repr(time.time()))
         done = self._scripts.call(self._scripts.finish, job=job_id, type=event_type, data=json.dumps(data),
-                                  answer=answer_turn or "", holder=holder or "", holder_ttl_s=s.holder_ttl_s,
-                                  only_state=only_state, only_worker=only_worker, stream_ttl_s=s.stream_ttl_s,
-                                  stream_maxlen=s.stream_maxlen, service_s=service_s,
+                                  answer=answer_turn or "", holder=holder or "", only_state=only_state,
+                                  only_worker=only_worker, service_s=service_s, settings=self._finish_settings(),
                                   tail=token_event_data(tail) if tail else None, **extra)
         if isinstance(done, list):
             return True, Taken.from_script(done[1:])

@@ -32,8 +32,9 @@ time.) Redis keeps the library until it restarts without its data: a call that f
 again (``Scripts.call``). Two versions of Owlet on one Redis each run their own library, as their digests differ.
 
 A script takes one JSON object of named arguments as its first argument (its file's header lists them, and
-``Scripts.call`` adds the key prefix as ``prefix``); SUBMIT also takes the bytes of an image sent with the turn as
-the second (argv[2]), which JSON cannot carry. No script takes KEYS: Owlet runs on one Redis (not a cluster), and
+``Scripts.call`` adds the key prefix as ``prefix``), and as its second the deployment's settings it reads, one JSON
+text the same on every call, which the library decodes once and keeps (``settings_json``; '' for none); SUBMIT also
+takes the bytes of an image sent with the turn as the third (argv[3]), which JSON cannot carry. No script takes KEYS: Owlet runs on one Redis (not a cluster), and
 every key a script touches is a name or prefix from KEY. The library's text does not depend on the prefix, so one
 copy serves every deployment sharing a Redis.
 
@@ -177,14 +178,16 @@ class Scripts:
             if "already exists" not in str(e):
                 raise
 
-    def call(self, script: Function, *data: bytes, client=None, **args):
+    def call(self, script: Function, *data: bytes, client=None, settings: str = "", **args):
         """Run ``script`` with ``args`` and the key prefix as its JSON object of named arguments (an argument that
-        is None is left out: the script sees nil), and ``data`` as its further arguments (raw bytes). ``client``: a
-        pipeline to queue the call on (its reply comes with the pipeline's; ``missing_library`` tells the caller to
-        ``load`` and run the pipeline again). A Redis that lost the library (it restarted without its data) gets it
-        again, and the call runs again: a call that found no function did nothing."""
+        is None is left out: the script sees nil), ``settings`` (``settings_json``: the deployment's settings the
+        script reads, the same text on every call, which Redis decodes once and keeps) and ``data`` as its further
+        arguments (raw bytes). ``client``: a pipeline to queue the call on (its reply comes with the pipeline's;
+        ``missing_library`` tells the caller to ``load`` and run the pipeline again). A Redis that lost the library
+        (it restarted without its data) gets it again, and the call runs again: a call that found no function did
+        nothing."""
         named = {"prefix": self.keys.prefix, **{k: v for k, v in args.items() if v is not None}}
-        argv = [json.dumps(named, ensure_ascii=False, separators=(",", ":")), *data]
+        argv = [json.dumps(named, ensure_ascii=False, separators=(",", ":")), settings, *data]
         if client is not None:
             return client.fcall(script.function, 0, *argv)
         try:
@@ -194,6 +197,11 @@ class Scripts:
                 raise
         self.load()
         return self.r.fcall(script.function, 0, *argv)
+
+
+def settings_json(**settings) -> str:
+    """Settings for ``Scripts.call``'s ``settings``: one JSON text, the same for the same values (keys sorted)."""
+    return json.dumps(settings, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def missing_library(error: Exception) -> bool:

@@ -9,8 +9,22 @@
 -- keys' prefix, its clock) lives in the locals below, and begin_call sets every one of them afresh.
 
 -- The call's named arguments: one JSON object (each script's header lists its fields; every script also gets the
--- deployment's key prefix as `prefix`), and its raw arguments (argv[2], ...: bytes JSON cannot carry).
+-- deployment's key prefix as `prefix`), and its raw arguments (argv[3], ...: bytes JSON cannot carry).
 local args, argv
+-- argv[2]: the deployment's settings a script reads, one JSON object the same on every call of a deployment ('' =
+-- none). args reads a field it lacks from them. Each text is decoded once and kept (decoding SUBMIT's twenty settings
+-- cost about as much as ten commands a call); past SETTINGS_KEPT texts the kept ones start afresh.
+local SETTINGS_KEPT = 64
+local settings_by_text, settings_kept = {}, 0
+local function settings_for(text)
+  if not text or text == '' then return nil end
+  local named = settings_by_text[text]
+  if named then return named end
+  if settings_kept >= SETTINGS_KEPT then settings_by_text, settings_kept = {}, 0 end
+  named = {__index = cjson.decode(text)}
+  settings_by_text[text], settings_kept = named, settings_kept + 1
+  return named
+end
 -- KEY.<name>: the key of that name with the call's prefix in front. KEY_NAMES come without the prefix, so the
 -- library's text, and Redis's copy of it, is the same whatever the prefix; each prefix's names are made once and
 -- kept (a few prefixes share one Redis; past KEY_PREFIXES_KEPT the kept ones start afresh).
@@ -39,6 +53,8 @@ local CALL
 local function begin_call(call_argv)
   argv = call_argv
   args = cjson.decode(call_argv[1])
+  local settings = settings_for(call_argv[2])
+  if settings then setmetatable(args, settings) end
   KEY = keys_for(args.prefix)
   NOW, NOW_TEXT, CALL = nil, nil, {}
 end

@@ -12,9 +12,9 @@
 --   messages; absent = none)
 --   expect_turns: continue the conversation only while it holds exactly this many turns (absent = any), else
 --   refused as busy: a stateless client matched its earlier messages to those turns, which must not have changed
---   image_sha: the sha256 of the image the turn is about ('' = none; argv[2] holds its bytes when sent now)
+--   image_sha: the sha256 of the image the turn is about ('' = none; argv[3] holds its bytes when sent now)
 --   answer_bytes: the answer's share of the text quota, reserved at its longest
---   the settings of the same names (worker.config.Settings): user_queue_cap, group_job_cap,
+--   in the settings (argv[2], common.lua), those of the same names (worker.config.Settings): user_queue_cap, group_job_cap,
 --   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
 --   history_ttl_s, stream_maxlen; and job_ttl_s: how long the job's hash and stream live
@@ -22,14 +22,14 @@
 --   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
 --   newest: remember it as its identity's newest conversation (absent = not)
 --   notify: the stream its start is announced on (Keys.started_notices of the page following it; absent = none)
--- argv[2]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
+-- argv[3]: the image's bytes when the turn sends one now, else '' (JSON cannot carry raw bytes).
 --   capacity, shared, light_from (optional): the workers' slots as the caller last read them (POP's arguments): when
 --   one is free, SUBMIT then dispatches the next job in line (POP's step) in the same call
 -- Returns {position}, or {position, job, dispatch_n, conv} when it dispatched a job (POP's reply), or {negative code}
 -- (see ``worker.queue.job_states.REFUSALS``).
 local job, user, group, conv, now, turn = args.job, args.user, args.group, args.conv, args.now, args.turn
 local q, qg = args.queue_user, args.queue_group
-local image = argv[2]
+local image = argv[3]
 local JK, SK = KEY.job .. job, KEY.stream .. job
 local CK = KEY.conv .. conv
 local TK = CK .. TURNS_SUFFIX
