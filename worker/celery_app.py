@@ -6,7 +6,9 @@
   thread take the next job at once, and a thread whose job ended takes the next one itself, from the fair queue, without
   Celery (``WorkerRuntime.run_job``, ``OWLET_WORKER_TAKES_NEXT``);
 - worker_direct: each worker also consumes its own queue ``<node>.dq2`` for conversation affinity;
-- acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams;
+- acks on receipt and no result backend: failover is ours (heartbeats + re-dispatch), results go to streams; so
+  kombu's ack emulation is off too (it recorded every message it delivered, and deleted the record on the ack: two
+  round trips a message, to restore what Owlet's reaper re-dispatches anyway, as a job dispatched and never claimed);
 - fail loudly: a worker whose engine cannot start exits non-zero with the reason (``worker.serving.startup``).
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ def create_app(settings: Settings | None = None, with_runtime: bool = False) -> 
     settings = settings or Settings.from_env()
     app = Celery("owlet", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
-        broker_transport_options={"global_keyprefix": settings.key_prefix + "celery:"},
+        broker_transport_options={"global_keyprefix": settings.key_prefix + "celery:", "ack_emulation": False},
         broker_connection_retry_on_startup=True,
         task_default_queue=settings.key_prefix + "jobs",
         task_ignore_result=True,
