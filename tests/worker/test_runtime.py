@@ -167,3 +167,38 @@ def test_the_page_benchmarks_stub_engine_serves_jobs_through_the_runtime(setting
     finally:
         runtime.stop()
         client.close(purge=True)
+
+
+class CountingEvent:
+    """The runtime's dispatch wake-up, counting who asks for a pass."""
+
+    def __init__(self, real):
+        self.real, self.sets = real, 0
+
+    def set(self):
+        self.sets += 1
+        self.real.set()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_freed_slot_wakes_a_dispatch_pass_only_when_its_finish_did_not_look_for_the_next_job(runtime_client):
+    """A finish that takes the next job in the slot it frees runs POP itself; finding nothing, a dispatch pass a
+    moment later (heartbeats read, POP again: three round trips) would find nothing too. A finish that took nothing
+    because taking is off (shutting down) leaves the slot to a pass, at once."""
+    runtime, client = runtime_client
+    deadline = time.monotonic() + 10
+    while runtime._take_args() is None and time.monotonic() < deadline:  # the first heartbeat tick's reading
+        time.sleep(0.05)
+    assert runtime._take_args() is not None
+    runtime._wake_dispatch = wake = CountingEvent(runtime._wake_dispatch)
+    first = client.submit_turn("ann", client.new_conversation("ann"), "hi", sampling={"max_new_tokens": 3})
+    runtime.run_job(first, dispatched(client, first))
+    assert types(collect(client, first))[-1] == "done"
+    assert wake.sets == 0, "the finish found the line empty itself"
+    runtime.stop_taking()
+    second = client.submit_turn("bob", client.new_conversation("bob"), "hi", sampling={"max_new_tokens": 3})
+    runtime.run_job(second, dispatched(client, second))
+    assert types(collect(client, second))[-1] == "done"
+    assert wake.sets == 1, "a finish that took nothing without looking leaves the slot to a pass"

@@ -159,11 +159,19 @@ class WorkerRuntime:
         job = self._start(job_id, started) if started is not None else None
         if job is None:
             return
+        line_was_empty = False
         try:
             while job is not None:
-                job = self._next(self._serve(*job))
+                taken, took = self._serve(*job)
+                line_was_empty = took and taken is None
+                job = self._next(taken)
         finally:
-            self._wake_dispatch.set()  # a slot was freed: the heartbeat thread dispatches now, not at its next tick
+            # A slot was freed: the heartbeat thread dispatches now, not at its next tick; unless the finish that freed
+            # it took the next job in the same step and found none for it (the same POP a pass runs, a moment earlier:
+            # a pass now would read the heartbeats and run POP for nothing, three round trips, and a question asked
+            # after the take is dispatched by its own SUBMIT).
+            if not line_was_empty:
+                self._wake_dispatch.set()
 
     def _claim(self, job_id, dispatch_n) -> Started | None:
         """CLAIM the job a Celery message names (``JobStates.claim``); None for a malformed, stale or duplicate
@@ -200,9 +208,9 @@ class WorkerRuntime:
             self._held.add(job_id)
             return True
 
-    def _serve(self, job_id: str, started: Started) -> Taken | None:
+    def _serve(self, job_id: str, started: Started) -> tuple[Taken | None, bool]:
         """Serve one started job and end it (a failure ends that job, never the thread). Returns the job its finish
-        took for this worker, if any."""
+        took for this worker, if any, and whether the finish asked for one (``_finish``)."""
         try:
             result = self.runner.serve(job_id, started)
             self.routes.add(result.routes)
@@ -214,10 +222,11 @@ class WorkerRuntime:
                 self._held.discard(job_id)
                 self._aborted.discard(job_id)
 
-    def _finish(self, job_id: str, result: JobResult) -> Taken | None:
+    def _finish(self, job_id: str, result: JobResult) -> tuple[Taken | None, bool]:
         """The terminal event, retried while Redis restarts (a finished answer is delivered, not dropped), and with it
         this worker's next job in the slot the job freed (a retry after a lost reply ends nothing and so takes
-        nothing)."""
+        nothing). Returns that job, and whether the finish ended the job and asked for one (then None means POP
+        had nothing for the slot)."""
         take = self._take_args()
         ended, taken = until_reachable(
             lambda: self.jobs.finish_and_take(job_id, result.state, answer_turn=result.answer_turn,
@@ -229,7 +238,7 @@ class WorkerRuntime:
             self.metrics.job_finished(result.state)
             if result.error_kind is not None:
                 self.metrics.error(result.error_kind)
-        return taken
+        return taken, bool(ended) and take is not None
 
     def _take_args(self) -> tuple[int, int, str] | None:
         """(capacity, decode rows, this worker) for a finish or take of this worker's next job; None while it takes
