@@ -38,7 +38,6 @@ for i = 1, args.n do
   local job, who = args.name .. i, args.name .. i
   redis.call('HSET', KEY.job .. job, JOB.user, who, JOB.qkey, who, JOB.group, who, JOB.qgroup, who,
              JOB.state, STATE.queued, JOB.payload, '{}')
-  redis.call('HINCRBY', KEY.queued_by_user, who, 1)
   redis.call('HINCRBY', KEY.queued_by_group, who, 1)
   queue_job(job, who, who)
   redis.call('INCR', KEY.queued_count)

@@ -115,6 +115,42 @@ def test_user_cap_and_global_cap(redis_url, settings):
             c.r.delete(k)
 
 
+@pytest.mark.parametrize("fifo", [False, True], ids=["fair line", "fifo"])
+def test_the_identity_cap_counts_exactly_what_waits_through_pop_cancel_and_requeue(settings, fifo):
+    """The fair line reads an identity's count off its own queue; FIFO mode, one queue for all, keeps a count. Either
+    way the cap sees what waits now, after every step that moves a question in or out of line."""
+    from worker.client import OwletClient
+
+    c = OwletClient(settings=type(settings)(**{**vars(settings), "user_queue_cap": 2, "fifo": fifo}))
+
+    def refused() -> bool:
+        try:
+            submit(c, "ann")
+        except UserCapReached:
+            return True
+        return False
+
+    try:
+        first, second = submit(c, "ann")[0], submit(c, "ann")[0]
+        submit(c, "bob")
+        assert refused(), "two wait: the third is refused"
+        popped = c.jobs.pop(10)[0]
+        assert popped == first
+        assert not refused(), "one left the line: one more may wait"
+        assert refused()
+        assert c.cancel("ann", second) is True
+        assert not refused(), "a cancelled question no longer counts"
+        assert c.jobs.requeue(popped, "lost") == 1  # its worker was lost: it waits again, and counts again
+        assert refused()
+        c.jobs.pop(10), c.jobs.pop(10), c.jobs.pop(10), c.jobs.pop(10)
+        assert c.readouts.queued_total() == 0
+        assert not c.r.hgetall(c.keys.queued_by_user), "nothing left counted once nothing waits"
+        assert not refused() and not refused() and refused()
+    finally:
+        for k in c.r.scan_iter(match=settings.key_prefix + "*"):
+            c.r.delete(k)
+
+
 def test_cancel_queued_job_ends_stream_and_frees_the_queue(client):
     job, conv = submit(client, "ann")
     other, _ = submit(client, "bob")

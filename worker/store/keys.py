@@ -145,7 +145,8 @@ class Keys:
 
     @property
     def queued_by_user(self) -> str:
-        """Hash identity -> queued jobs (the per-identity cap)."""
+        """Hash identity -> queued jobs (the per-identity cap), in FIFO mode only: in the fair line an identity's own
+        queue (``user_queue``) holds its queued jobs, and its length is the count."""
         return f"{self.prefix}queued_by_user"
 
     @property

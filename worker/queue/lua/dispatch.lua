@@ -84,8 +84,8 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         redis.call('ZREM', KEY.queued_since, job)
         local jk = KEY.job .. job
         local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts,
-                             JOB.payload, JOB.notify, JOB.turn)
-        if f[1] then hdecr(KEY.queued_by_user, f[1]) end
+                             JOB.payload, JOB.notify, JOB.turn, JOB.qkey)
+        if f[1] then queued_by_user_add(f[1], f[10] or f[1], -1) end
         local group = f[2] or f[1]
         if group then hdecr(KEY.queued_by_group, group) end
         if f[3] ~= STATE.queued then

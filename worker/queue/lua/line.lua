@@ -35,6 +35,17 @@ local function job_of(member) return string.sub(member, PLACE_WIDTH + 1) end
 local function group_of_idle(member) return string.sub(member, PLACE_WIDTH + 1) end
 local function in_line(qg) return redis.call('LLEN', gq(qg)) > 0 end
 local function has_flight(qg) return redis.call('HEXISTS', KEY.inflight_by_group, qg) == 1 end
+-- An identity's questions waiting (its cap): in the fair line, where its queue q is its own, that queue's length; in
+-- FIFO mode, where everyone shares one queue, KEY.queued_by_user counts them (queued_by_user_add keeps it, and only
+-- there: a count the fair line can read off its lists would be two writes a question for nothing).
+local function queued_by_user(user, q)
+  if q == user then return redis.call('LLEN', uq(q)) end
+  return tonumber(redis.call('HGET', KEY.queued_by_user, user) or '0')
+end
+local function queued_by_user_add(user, q, delta)
+  if q == user then return end
+  if delta > 0 then redis.call('HINCRBY', KEY.queued_by_user, user, delta) else hdecr(KEY.queued_by_user, user) end
+end
 -- The places of each tier (the sub-tier orders the served: 0 = starting to wait again, latest first; 1 = at the end).
 local function requeued_place()
   local seq = next_seq()
@@ -170,7 +181,7 @@ end
 local function unqueue(job, q, qg, user, group)
   if redis.call('LREM', uq(q), 1, job) > 0 then
     redis.call('DECR', KEY.queued_count)
-    hdecr(KEY.queued_by_user, user)
+    queued_by_user_add(user, q, -1)
     hdecr(KEY.queued_by_group, group)
     local place = redis.call('HGET', KEY.places, qg)
     if place then redis.call('ZREM', KEY.line, place .. job) end

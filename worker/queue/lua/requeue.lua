@@ -40,7 +40,7 @@ local waiting = redis.call('LLEN', gq(qg)) > 0
 if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
 if waiting then rekey(qg) else join_line(qg, true) end
 redis.call('INCR', KEY.queued_count)
-redis.call('HINCRBY', KEY.queued_by_user, user, 1)
+queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, now_s()) or 1

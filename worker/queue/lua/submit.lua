@@ -64,7 +64,7 @@ local submits, waiting, text_user, text_group, history_held = tonumber(counted[1
   tonumber(counted[3] or '0'), tonumber(counted[4] or '0'), tonumber(counted[5] or '0')
 if submits >= args.group_submit_limit then return {-6} end
 -- the caps count real identities and groups even in FIFO mode, where everyone shares one list
-if tonumber(redis.call('HGET', KEY.queued_by_user, user) or '0') >= args.user_queue_cap then return {-1} end
+if queued_by_user(user, q) >= args.user_queue_cap then return {-1} end
 local group_load = tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0')
                  + tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
 if group_load >= args.group_job_cap then return {-5} end
@@ -257,7 +257,7 @@ if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.lig
   set_slot_layout(args.capacity, args.shared, args.light_from)
   return {1, job, dispatch_job(job, group, qg, now, 0, 0, ''), conv}
 end
-redis.call('HINCRBY', KEY.queued_by_user, user, 1)
+queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 local place = queue_job(job, q, qg)
 redis.call('INCR', KEY.queued_count)
