@@ -20,6 +20,7 @@ from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import ConversationCleared
+from worker.store.keys import SlotsField
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -298,12 +299,12 @@ def test_queue_eta_is_the_workers_mean_service_time_over_live_capacity(idle_hand
 
     client = idle_handlers.client
     assert client.eta_s(3) is None, "no service time measured yet: no estimate"
-    client.r.set(client.keys.service_time, 8.0)  # what FINISH keeps: the workers' mean service time
+    client.r.hset(client.keys.slots, SlotsField.service_s, 8.0)  # what FINISH keeps: the workers' mean service time
     assert client.eta_s(3) is None, "no live worker: no estimate"
     publish(client.r, client.keys, Heartbeat(worker="a@test", capacity=2), ttl_s=60)
     publish(client.r, client.keys, Heartbeat(worker="b@test", capacity=3), ttl_s=60)
     assert client.eta_s(10) == pytest.approx(10 * 8.0 / 5)
-    client.r.set(client.keys.service_time, 10.0)
+    client.r.hset(client.keys.slots, SlotsField.service_s, 10.0)
     assert client.eta_s(5) == pytest.approx(10.0)
     assert client.eta_s(None) is None
 
@@ -313,7 +314,7 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers,
 
     h = idle_handlers
     publish(h.client.r, h.client.keys, Heartbeat(worker="busy@test", capacity=1), ttl_s=60)
-    h.client.r.set(h.client.keys.service_time, 8.0)
+    h.client.r.hset(h.client.keys.slots, SlotsField.service_s, 8.0)
     h.config = replace(h.config, stall_timeout_s=30.0)  # the dispatched job is silent on purpose
 
     async def scenario():

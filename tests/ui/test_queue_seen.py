@@ -20,6 +20,7 @@ from tests.ui.test_browser import BOT, CHROMIUM
 from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.store.keys import SlotsField
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")]
@@ -75,7 +76,7 @@ def test_a_visitor_behind_a_crowd_sees_place_and_time_go_down_then_the_answer(on
     tokens = tokens_for(client, ANSWER_S)
     # The queue's ETA rests on a moving average of service times: start it from one answer like the crowd's, not
     # from the short probe.
-    client.r.delete(client.keys.service_time)
+    client.r.hdel(client.keys.slots, SlotsField.service_s)
     finished(client, long_answer(client, 101, tokens))
     crowd = [long_answer(client, i + 1, tokens) for i in range(CROWD)]
     deadline = time.monotonic() + 30

@@ -125,7 +125,7 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
     assert client.jobs.claim(job, n + 1, "w@x")
     assert client.jobs.finish(job, JobState.done, answer_turn=json.dumps({"role": "assistant", "text": "hello",
                                                                           "image_sha": None, "job_id": job}),
-                              holder="w@x", text="hello")
+                              holder="w@x", service_s=1.5, text="hello")
     assert hash_fields(r, keys.job(job)) == set(fields_of(JobField).values()), "a job that ran has every field"
     assert r.hget(keys.job(job), JobField.state).decode() == JobState.done
     assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created}, "nothing pending"

@@ -188,9 +188,11 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
                 model.submit(job, user, group)
     r.hset(keys.legacy_ring_keys, "g2", "1")
     r.sadd(keys.legacy_served, "g9")
+    r.set(keys.legacy_service_time, "12.5")  # the service-time average's earlier key (KEY.slots keeps it now)
     assert client.jobs.adopt_line() == 3
     assert client.jobs.adopt_line() == 0, "a second run finds nothing to do"
     assert not r.exists(keys.legacy_ring) and not r.exists(keys.legacy_ring_keys) and not r.exists(keys.legacy_served)
+    assert not r.exists(keys.legacy_service_time)
     order = model.order()
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
     assert [client.jobs.pop(100)[0] for _ in order] == order

@@ -36,7 +36,7 @@ def test_submit_records_turn_and_queued_event(client):
 def test_queued_event_carries_an_eta_once_service_times_are_known(client, fake_capacity):
     first, _ = submit(client, "ann")
     assert next(iter(client.events(first)))[1]["eta_s"] is None  # no service time measured yet
-    client.r.set(client.keys.service_time, 2.0)  # the mean FINISH keeps
+    client.r.hset(client.keys.slots, SlotsField.service_s, 2.0)  # the mean FINISH keeps
     fake_capacity(4)
     client.dispatch()  # slots are free now, but the eta only depends on position x service / slots
     job, _ = submit(client, "bob")

@@ -6,8 +6,10 @@ test_worker_failover.py, with the setting on as shipped.
 """
 from __future__ import annotations
 
+import pytest
+
 from worker.store.history import turn_json
-from worker.store.keys import JobField, JobState
+from worker.store.keys import JobField, JobState, SlotsField
 
 ME, OTHER = "me@test", "other@test"
 
@@ -117,13 +119,22 @@ def test_finish_folds_the_run_time_into_the_service_average(client):
     earlier, _ = submit(client, "ann")
     start(client, earlier)
     assert client.jobs.finish(earlier, JobState.done, service_s=8.0)
-    assert float(client.r.get(client.keys.service_time)) == 8.0, "the first run time is the average"
+    assert float(client.r.hget(client.keys.slots, SlotsField.service_s)) == 8.0, "the first run time is the average"
     first, _ = submit(client, "bob")
     start(client, first)
     assert client.jobs.finish(first, JobState.done, service_s=18.0)
-    assert float(client.r.get(client.keys.service_time)) == 0.8 * 8.0 + 0.2 * 18.0
+    assert float(client.r.hget(client.keys.slots, SlotsField.service_s)) == 0.8 * 8.0 + 0.2 * 18.0
     assert not client.jobs.finish(first, JobState.done, service_s=100.0), "already ended: nothing folded in"
-    assert float(client.r.get(client.keys.service_time)) == 0.8 * 8.0 + 0.2 * 18.0
+    assert float(client.r.hget(client.keys.slots, SlotsField.service_s)) == 0.8 * 8.0 + 0.2 * 18.0
+    # a finish that takes the next job writes the average with the slot layout its take counted
+    third, _ = submit(client, "cid")
+    start(client, third)
+    waiting, _ = submit(client, "dan")
+    ended, taken = client.jobs.finish_and_take(third, JobState.done, service_s=28.0, take=(4, 4, ME))
+    assert ended and taken.job == waiting
+    slots = {k.decode(): float(v) for k, v in client.r.hgetall(client.keys.slots).items()}
+    assert slots == {SlotsField.capacity: 4, SlotsField.shared: 4, SlotsField.light_from: 4,
+                     SlotsField.service_s: pytest.approx(0.8 * (0.8 * 8.0 + 0.2 * 18.0) + 0.2 * 28.0)}
 
 
 def test_a_taking_worker_first_starts_the_oldest_job_still_travelling_through_celery(client):

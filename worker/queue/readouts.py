@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker import heartbeat
-from worker.store.keys import Keys, StatField
+from worker.store.keys import Keys, SlotsField, StatField
 
 # How long one reading of the live workers' decode rows serves the ETA: every submit and every waiting tab whose
 # place changed asks for it, and a reading costs a read of every worker's heartbeat.
@@ -27,7 +27,7 @@ class QueueReadouts:
     def seconds_per_position(self) -> float | None:
         """Expected seconds each queue position adds: mean service time over the live workers' decode rows (answers
         served at once), the rows read at most once a second per process while there are any."""
-        service = self.r.get(self.keys.service_time)
+        service = self.r.hget(self.keys.slots, SlotsField.service_s)
         if service is None:
             return None
         rows = self._live_rows()

@@ -173,8 +173,8 @@ class Keys:
 
     @property
     def slots(self) -> str:
-        """Hash of ``SlotsField``: how the last dispatch pass split the workers' slots. POP writes it, POSITION
-        reads it."""
+        """Hash of ``SlotsField``: how the last dispatch pass split the workers' slots, and the mean run time of a job
+        that ETAs rest on. POP writes the split and FINISH the mean; POSITION and queued events read both."""
         return f"{self.prefix}slots"
 
     @property
@@ -318,8 +318,9 @@ class Keys:
         return f"{self.prefix}stats"
 
     @property
-    def service_time(self) -> str:
-        """Moving average of one job's run time in seconds (for queue ETAs)."""
+    def legacy_service_time(self) -> str:
+        """Earlier versions' moving average of one job's run time (``SlotsField.service_s`` keeps it now, read with
+        the slot layout): ADOPT_LINE deletes it."""
         return f"{self.prefix}service_s"
 
     # -- for Lua scripts -------------------------------------------------------------------------------------
@@ -337,7 +338,7 @@ class Keys:
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
             "inflight": self.inflight, "group_usage": self.group_usage, "waiting_since": self.waiting_since, "slots": self.slots, "total_image_quota": self.total_image_quota,
-            "images_held": self.images_held(), "image_sizes": self.image_sizes(), "service_time": self.service_time,
+            "images_held": self.images_held(), "image_sizes": self.image_sizes(), "legacy_service_time": self.legacy_service_time,
             "image_holders": self.image_holders(), "image_owners": self.image_owners(),
             "history_total": self.history_total, "conversations_held": self.conversations_held,
             "conversation_sizes": self.conversation_sizes, "cleared_held": self.cleared_held,
@@ -411,6 +412,7 @@ class SlotsField:
     capacity = "capacity"  # jobs the live workers take at once
     shared = "shared"  # of those, the slots served round robin (the workers' decode rows)
     light_from = "light_from"  # jobs in flight past which a slot goes only to a light group with nothing in flight
+    service_s = "service_s"  # moving average of one job's run time in seconds (FINISH folds each in): queue ETAs
 
 
 class StatField:

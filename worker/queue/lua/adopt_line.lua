@@ -3,7 +3,8 @@
 -- front, without the sorted set), put in the line in that order, so that a deployment upgraded while people wait
 -- loses none of them. Each group's identities and jobs are the lists the line reads already; the groups join in the
 -- order the old list held them, and the dispatched jobs no worker has started yet become unclaimed. The set of groups
--- served that earlier versions kept goes too (the line reads a group's jobs in flight instead). Run when a worker
+-- served that earlier versions kept goes too (the line reads a group's jobs in flight instead), and so does their
+-- service-time average of its own (KEY.slots keeps it now: one job's run time sets it again). Run when a worker
 -- starts; a second run finds nothing to do.
 -- args: none
 -- Returns the number of groups put in the line.
@@ -16,7 +17,7 @@ for _, qg in ipairs(groups) do
     joined = joined + 1
   end
 end
-redis.call('DEL', KEY.legacy_ring, KEY.legacy_ring_keys, KEY.legacy_served)
+redis.call('DEL', KEY.legacy_ring, KEY.legacy_ring_keys, KEY.legacy_served, KEY.legacy_service_time)
 for _, job in ipairs(redis.call('ZRANGE', KEY.inflight, 0, -1)) do
   if redis.call('HGET', KEY.job .. job, JOB.state) == STATE.dispatched then
     redis.call('ZADD', KEY.unclaimed, redis.call('ZSCORE', KEY.inflight, job), job)

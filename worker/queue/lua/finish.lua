@@ -18,13 +18,9 @@
 local ended = finish(args.job, args.type, args.data, args.answer, args.stream_ttl_s, args.stream_maxlen, args.holder,
                      args.holder_ttl_s, args.only_state ~= '' and args.only_state or nil,
                      args.only_worker ~= '' and args.only_worker or nil, args.tail)
-if ended == 1 and args.service_s then
-  local old = tonumber(redis.call('GET', KEY.service_time))
-  redis.call('SET', KEY.service_time, tostring(old and 0.8 * old + 0.2 * args.service_s or args.service_s))
-end
-if ended == 1 and args.take_worker then
-  local taken = pop_next(args.take_capacity, args.take_shared, args.take_light_from, args.now, args.take_worker,
-                         args.stream_maxlen)
-  if taken then return {1, unpack(taken)} end
-end
+if ended == 1 and args.service_s then fold_service_time(args.service_s) end
+local taken = ended == 1 and args.take_worker and
+  pop_next(args.take_capacity, args.take_shared, args.take_light_from, args.now, args.take_worker, args.stream_maxlen)
+write_service_time()  -- (unless the take wrote it with the slot layout)
+if taken then return {1, unpack(taken)} end
 return ended

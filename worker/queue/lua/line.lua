@@ -213,17 +213,39 @@ end
 
 -- The slot layout the last POP counted (KEY.slots): capacity, shared and light_from as numbers (nil while none). Read
 -- once a call (a POSITION call tells hundreds of jobs their places), and kept current by set_slot_layout, the one
--- place that writes it.
+-- place that writes it. The same hash keeps the service-time average (FINISH folds each run time into it), what ETAs
+-- rest on with the layout's rows: read with the layout, and written with it when the call writes one.
 local function slot_layout()
   if not CALL.slots then
-    local f = redis.call('HMGET', KEY.slots, SLOTS.capacity, SLOTS.shared, SLOTS.light_from)
+    local f = redis.call('HMGET', KEY.slots, SLOTS.capacity, SLOTS.shared, SLOTS.light_from, SLOTS.service_s)
     CALL.slots = {tonumber(f[1]), tonumber(f[2]), tonumber(f[3])}
+    CALL.service = tonumber(f[4] or '')
   end
   return CALL.slots[1], CALL.slots[2], CALL.slots[3]
 end
 local function set_slot_layout(capacity, shared, light_from)
-  redis.call('HSET', KEY.slots, SLOTS.capacity, capacity, SLOTS.shared, shared, SLOTS.light_from, light_from)
+  local fields = {SLOTS.capacity, capacity, SLOTS.shared, shared, SLOTS.light_from, light_from}
+  if CALL.service_unwritten then
+    table.insert(fields, SLOTS.service_s)
+    table.insert(fields, CALL.service_unwritten)
+    CALL.service_unwritten = nil
+  end
+  redis.call('HSET', KEY.slots, unpack(fields))
   CALL.slots = {tonumber(capacity), tonumber(shared), tonumber(light_from)}
+end
+-- A job's run time on its worker folded into the average (FINISH): 0.8 of the old and 0.2 of the new, or the first run
+-- time alone. Written by the call's set_slot_layout if it writes the layout after this, else by write_service_time,
+-- which the caller runs before it returns.
+local function fold_service_time(seconds)
+  slot_layout()
+  CALL.service = CALL.service and 0.8 * CALL.service + 0.2 * seconds or seconds
+  CALL.service_unwritten = tostring(CALL.service)
+end
+local function write_service_time()
+  if CALL.service_unwritten then
+    redis.call('HSET', KEY.slots, SLOTS.service_s, CALL.service_unwritten)
+    CALL.service_unwritten = nil
+  end
 end
 
 -- Where a queued job stands: its place in line, or, for the next job of a group with nothing in flight when the
@@ -255,8 +277,8 @@ end
 -- The seconds each place in line adds: the service-time average FINISH keeps over the decode rows the last POP counted
 -- (KEY.slots); nil while either is unknown. What a queued event's and a place's ETA rest on.
 local function seconds_per_place()
-  local service = tonumber(redis.call('GET', KEY.service_time) or '')
   local _, rows = slot_layout()
+  local service = CALL.service
   if service and rows and rows > 0 then return service / rows end
   return nil
 end
