@@ -16,11 +16,11 @@ from engine.sampling_params import SamplingParams
 from worker import heartbeat
 from worker.celery_app import create_app
 from worker.config import Settings
-from worker.store.conversation_index import ConversationIndex, as_messages, digest
+from worker.store.conversation_index import ConversationIndex, digest
 from worker.errors import ConversationBusy, ImageMissing, InvalidInput, NotYourConversation, UnknownJob
 from worker.store.history import ConversationStore, turn_json
 from worker.store.images import ImageStore
-from worker.store.jobs import ROLES, Job, Message, check_image_count
+from worker.store.jobs import ROLES, TOO_LONG, Job, Message, check_image_count
 from worker.store.keys import LIVE_STATES, ConvField, JobField, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, new_job_id
@@ -145,11 +145,10 @@ class OwletClient:
             image_sha = self.images.check(image)
         elif image_sha is not None and not self.images.exists(image_sha):
             raise ImageMissing()
-        past: tuple[Message, ...] = ()
-        if conv is not None:
-            past = as_messages(self.convs.owned_turns(user_id, conv))
-        return self._admit(user_id, group, conv, past, Message("user", text, image_sha), image, image_sha, sampling,
-                           notify=notify)
+        # A follow-up reads nothing first: SUBMIT checks the conversation's owner and the history limits on the sums
+        # it keeps, and the worker gets the turns with the job (past None).
+        return self._admit(user_id, group, conv, () if conv is None else None, Message("user", text, image_sha), image,
+                           image_sha, sampling, notify=notify)
 
     def submit_messages(self, user_id: str, messages, images: dict[str, bytes] | None = None,
                         sampling: dict | None = None, group: str | None = None,
@@ -199,12 +198,14 @@ class OwletClient:
             break
         return submitted
 
-    def _admit(self, user_id: str, group: str | None, conv: str | None, past: tuple[Message, ...],
+    def _admit(self, user_id: str, group: str | None, conv: str | None, past: tuple[Message, ...] | None,
                question: Message, image: bytes | None, image_sha: str | None, sampling: dict | None,
                expect_turns: int | None = None, newest: bool = True,
                index_digest: str | None = None, notify: str | None = None) -> "Submitted":
-        """Check the turn against the history limits and enqueue it (SUBMIT). ``conv`` None: a new conversation
-        holding ``past`` before the question; otherwise ``past`` is what ``conv`` holds. ``image``: bytes to store
+        """Check the turn against the history limits and enqueue it (SUBMIT, which checks them too, on what the
+        conversation holds). ``conv`` None: a new conversation holding ``past`` before the question; otherwise
+        ``past`` is what ``conv`` holds, or None when it was not read (a follow-up of the page's: its job carries its
+        question alone, and SUBMIT gives its turn). ``image``: bytes to store
         with it (sha256 ``image_sha``); without bytes, ``image_sha`` is a stored picture the turn keeps alive.
         ``newest``: remember it as the identity's newest conversation (the page reopens that one on reload);
         ``index_digest``: under this digest of a stateless client's messages (``worker.store.conversation_index``)."""
@@ -219,12 +220,12 @@ class OwletClient:
         new_conv = conv is None
         if new_conv:
             conv = self.convs.new_id()
-        messages = past + (question,)
+        messages = (past or ()) + (question,)
         if len(messages) > s.history_max_turns or sum(len(m.text) for m in messages) > s.history_max_chars:
-            raise InvalidInput("This conversation is too long to continue. Start a new conversation.")
+            raise InvalidInput(TOO_LONG)
         check_image_count(messages, s.max_images_per_request)
         job_id = new_job_id()
-        job = Job(job_id, user_id, conv, len(past), messages, dict(sampling or {}))
+        job = Job(job_id, user_id, conv, None if past is None else len(past), messages, dict(sampling or {}))
         history = [turn_json(m.role, m.text, m.image_sha) for m in past] if new_conv else None
         workers = self._workers()
         slots = (sum(w.capacity for w in workers.values()), sum(w.decode_rows for w in workers.values()))
@@ -235,7 +236,7 @@ class OwletClient:
                                          newest=new_conv and newest, notify=notify, slots=slots)
         except NotYourConversation:
             if not new_conv:
-                self.convs.check_owner(user_id, conv)  # gone since it was read: ConversationCleared says why
+                self.convs.check_owner(user_id, conv)  # cleared, or not the caller's: ConversationCleared says why
             raise
         if admitted.dispatched is not None:  # a slot was free: SUBMIT handed out the next job; send it to Celery
             self.fair.send(*admitted.dispatched, workers=workers)

@@ -115,7 +115,8 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
     r, keys = client.r, client.keys
     job = client.submit("ann", conv, "hi", notify=keys.started_notices("page1")).job  # as the page submits
     assert hash_fields(r, keys.job(job)) <= set(fields_of(JobField).values())
-    assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created, ConvField.pending}
+    assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created, ConvField.pending,
+                                                        ConvField.chars, ConvField.images}
     fake_capacity(4, name="w@x")
     assert client.dispatch() == 1
     n = int(r.hget(keys.job(job), JobField.dispatch_n))
@@ -128,7 +129,8 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
                               holder="w@x", service_s=1.5, text="hello")
     assert hash_fields(r, keys.job(job)) == set(fields_of(JobField).values()), "a job that ran has every field"
     assert r.hget(keys.job(job), JobField.state).decode() == JobState.done
-    assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created}, "nothing pending"
+    assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created, ConvField.chars,
+                                                        ConvField.images}, "nothing pending"
     assert hash_fields(r, keys.slots) == set(fields_of(SlotsField).values())
     notices = r.xrange(keys.started_notices("page1"))
     assert [fields for _, fields in notices] == [{EntryField.data.encode(): job.encode()}] * 2, \

@@ -40,14 +40,14 @@ def test_a_follow_up_carries_its_question_and_its_worker_reads_the_conversation(
     seen = [(m.role, m.text, m.image_sha) for m in as_messages(client.history("ann", conv))]
     follow_up = client.submit("ann", conv, "and after that?")
     payload = stored_payload(client, follow_up.job)
-    assert payload[HISTORY_IN_CONVERSATION] is True and payload["turn"] == 12
+    assert payload[HISTORY_IN_CONVERSATION] is True and payload["turn"] is None, "SUBMIT gives it its turn"
     assert [m["text"] for m in payload["messages"]] == ["and after that?"], "its question alone"
     assert job_route_keys(client.r.hget(client.keys.job(follow_up.job), JobField.payload)) == [], \
         "a follow-up is routed to its conversation's holder, never by a first question's prefix"
     # a worker taking its next job itself: the history comes with the start, in the same round trip
     taken = client.jobs.take(4, 4, WORKER)
-    assert taken.job == follow_up.job and taken.started is not None
-    job = parse_job(taken.started.payload, 64, 32_000, history=taken.started.history)
+    assert taken.job == follow_up.job and taken.started is not None and taken.started.turn == 12
+    job = parse_job(taken.started.payload, 64, 32_000, history=taken.started.history, turn=taken.started.turn)
     assert [(m.role, m.text, m.image_sha) for m in job.messages] == seen + [("user", "and after that?", None)]
 
 
@@ -59,7 +59,8 @@ def test_a_follow_up_celery_carried_gets_its_history_from_claim(client, fake_cap
     assert client.job_state(follow_up.job) == JobState.dispatched
     n = int(client.r.hget(client.keys.job(follow_up.job), JobField.dispatch_n))
     started = client.jobs.claim(follow_up.job, n, WORKER)
-    job = parse_job(started.payload, 64, 32_000, history=started.history)
+    assert started.turn == 2
+    job = parse_job(started.payload, 64, 32_000, history=started.history, turn=started.turn)
     assert [(m.role, m.text) for m in job.messages] == [("user", "what colour?"), ("assistant", "red"),
                                                         ("user", "and the shape?")]
 
@@ -87,7 +88,7 @@ def test_a_follow_ups_job_is_the_same_size_however_long_the_conversation(client)
         client.jobs.take(4, 4, WORKER)
         client.jobs.finish(sub.job, JobState.done, holder=WORKER, text="y" * 500,
                            answer_turn=turn_json("assistant", "y" * 500, job_id=sub.job))
-    assert max(sizes[1:]) - min(sizes[1:]) <= 4, sizes  # (the turn number's digits)
+    assert len(set(sizes[1:])) == 1, sizes  # (its turn is SUBMIT's, in the job's hash)
 
 
 def test_a_conversation_that_changed_under_a_waiting_follow_up_is_refused_in_a_sentence():
@@ -101,5 +102,12 @@ def test_a_conversation_that_changed_under_a_waiting_follow_up_is_refused_in_a_s
     for history in (earlier[:1], earlier + [turn_json("user", "other tab")], None):
         with pytest.raises(InvalidInput, match="changed while your question waited"):
             parse_job(json.dumps(question), 64, 32_000, history=history)
+    # a follow-up whose client read nothing: its turn is the one SUBMIT appended it as (``Started.turn``)
+    unread = json.dumps({**question, "turn": None})
+    assert [m.text for m in parse_job(unread, 64, 32_000, history=earlier, turn=2).messages] == ["hi", "hello", "and?"]
+    with pytest.raises(InvalidInput, match="changed while your question waited"):
+        parse_job(unread, 64, 32_000, history=earlier[:1], turn=2)
+    with pytest.raises(InvalidInput, match="'turn' must be"):
+        parse_job(unread, 64, 32_000, history=earlier)
     with pytest.raises(InvalidInput, match="question alone"):
         parse_job(json.dumps({**question, "messages": question["messages"] * 2}), 64, 32_000, history=earlier)

@@ -19,10 +19,10 @@ import redis
 
 from engine.sampling_params import SamplingParams
 from worker.config import Settings
-from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, NotYourConversation, QuotaExceeded,
-                           RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
+from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, InvalidInput, NotYourConversation,
+                           QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
 from worker.store.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
-from worker.store.jobs import Job
+from worker.store.jobs import TOO_LONG, Job, too_many_images
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
 from worker.store.streams import token_event_data
 from worker.queue.scripts import Scripts, missing_library, settings_json
@@ -45,7 +45,8 @@ PLACES_PER_CALL = 500
 SUBMIT_SETTINGS = ("user_queue_cap", "group_job_cap", "group_submit_limit",
                    "group_submit_window_s", "image_quota_user_bytes", "image_quota_group_bytes",
                    "image_quota_total_bytes", "image_ttl_s", "text_quota_user_bytes", "text_quota_group_bytes",
-                   "text_quota_window_s", "history_ttl_s", "stream_maxlen")
+                   "text_quota_window_s", "history_ttl_s", "stream_maxlen", "history_max_turns", "history_max_chars",
+                   "max_images_per_request")
 
 
 def new_job_id() -> str:
@@ -64,20 +65,23 @@ class Admitted:
 class Started:
     """What a worker reads to start a job it has just claimed, returned by the claiming script itself (no further
     round trip): the stored payload (None if missing), the client group, whether its cancel flag is set, the
-    conversation the job hash names, that conversation's owner ("" when missing), and its turns before the job's
-    question (their JSON: a follow-up's history, which its payload does not carry; ``worker.store.jobs``)."""
+    conversation the job hash names, that conversation's owner ("" when missing), its turns before the job's
+    question (their JSON: a follow-up's history, which its payload does not carry; ``worker.store.jobs``), and the
+    question's turn as SUBMIT appended it (None for a job without one)."""
     payload: bytes | None
     group: str
     cancelled: bool
     conv: str
     owner: str
     history: tuple[bytes, ...] = ()
+    turn: int | None = None
 
     @classmethod
     def from_script(cls, fields: list) -> "Started":
-        payload, group, cancelled, conv, owner, history = fields
+        payload, group, cancelled, conv, owner, history, turn = fields
         text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
-        return cls(payload or None, text(group), bool(int(cancelled)), text(conv), text(owner), tuple(history or ()))
+        return cls(payload or None, text(group), bool(int(cancelled)), text(conv), text(owner), tuple(history or ()),
+                   int(turn) if int(turn) >= 0 else None)
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class Taken:
         job, n, conv = popped[0].decode(), int(popped[1]), popped[2].decode()
         if len(popped) == 3:
             return cls(job, n, conv, None)
-        return cls(job, n, conv, Started.from_script([*popped[4:9], popped[10]]), bool(int(popped[9])))
+        return cls(job, n, conv, Started.from_script([*popped[4:9], *popped[10:12]]), bool(int(popped[9])))
 
 
 class JobStates:
@@ -171,6 +175,10 @@ class JobStates:
         if code == -1:
             raise UserCapReached(f"You already have {s.user_queue_cap} questions waiting. Wait for one to "
                                  "finish, then ask again.")
+        if code == -13:
+            raise InvalidInput(TOO_LONG)
+        if code == -14:
+            raise InvalidInput(too_many_images(s.max_images_per_request))
         if code in REFUSALS:
             refusal = REFUSALS[code]()
             refusal.retry_after_s = self._retry_after(code, user, group)
@@ -264,7 +272,7 @@ class JobStates:
         duplicate delivery: skip it."""
         claimed = self._scripts.call(self._scripts.claim, job=job_id, dispatch_n=dispatch_n, worker=worker,
                                      now=repr(time.time()), stream_maxlen=self.settings.stream_maxlen)
-        return Started.from_script(claimed[1:7]) if claimed else None
+        return Started.from_script(claimed[1:8]) if claimed else None
 
     def finish(self, job_id: str, event_type: str, answer_turn: str | None = None, holder: str | None = None,
                only_state: str = "", only_worker: str = "", service_s: float | None = None, **data) -> bool:

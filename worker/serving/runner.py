@@ -99,7 +99,8 @@ class JobRunner:
         s = self.settings
         if started_job.cancelled:
             return JobResult(JobState.cancelled)
-        job = parse_job(started_job.payload, s.history_max_turns, s.history_max_chars, history=started_job.history)
+        job = parse_job(started_job.payload, s.history_max_turns, s.history_max_chars, history=started_job.history,
+                        turn=started_job.turn)
         if job.job_id != job_id:
             raise InvalidInput("The job payload names a different job.")
         owner = started_job.owner if job.conv == started_job.conv else self.convs.owner(job.conv)

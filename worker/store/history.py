@@ -52,20 +52,6 @@ class ConversationStore:
     def turns(self, conv: str) -> list[dict]:
         return [json.loads(t) for t in self.r.lrange(self.keys.turns(conv), 0, -1)]
 
-    def owned_turns(self, user: str, conv: str) -> list[dict]:
-        """``conv``'s turns once ``check_owner`` would pass, in one round trip: a follow-up reads both (its owner,
-        and the history its job carries). Raises as ``check_owner`` does."""
-        if not isinstance(conv, str) or not conv:
-            raise NotYourConversation()
-        with self.r.pipeline(transaction=False) as p:
-            p.hget(self.keys.conversation(conv), ConvField.user)
-            p.lrange(self.keys.turns(conv), 0, -1)
-            owner, turns = p.execute()
-        if owner is None or owner.decode() != user:
-            self.check_owner(user, conv)  # (says why: cleared, or not the caller's)
-            raise NotYourConversation()
-        return [json.loads(t) for t in turns]
-
     def refresh(self, conv: str) -> None:
         with self.r.pipeline() as p:
             p.expire(self.keys.conversation(conv), self.ttl_s)

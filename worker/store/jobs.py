@@ -37,25 +37,34 @@ class Job:
     job_id: str
     user: str
     conv: str
-    turn: int  # index of this job's user turn in the conversation
+    turn: int | None  # index of this job's user turn in the conversation (None: a follow-up, SUBMIT's to give)
     messages: tuple[Message, ...]  # the history up to and including this turn
     sampling: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         d = asdict(self)
         earlier = self.messages[:-1]
-        if len(earlier) == self.turn and any(m.role == "assistant" for m in earlier):  # a follow-up: its question
+        if self.turn is None or (len(earlier) == self.turn and any(m.role == "assistant" for m in earlier)):
+            # a follow-up: its question alone (with turn None, its client did not read the conversation: the turn is
+            # the one SUBMIT appended it as, which the worker gets with the history, ``Started.turn``)
             d["messages"], d[HISTORY_IN_CONVERSATION] = [asdict(self.messages[-1])], True
         else:
             d["messages"] = [asdict(m) for m in self.messages]
         return json.dumps(d, ensure_ascii=False)  # UTF-8 as is: escaped, an emoji takes 12 bytes, not 4
 
 
+TOO_LONG = "This conversation is too long to continue. Start a new conversation."
+
+
+def too_many_images(limit: int) -> str:
+    return (f"This conversation already holds {limit} images, the most one conversation can use. Start a new "
+            "conversation to ask about another image.")
+
+
 def check_image_count(messages, limit: int) -> None:
     """Refuse a history with more than ``limit`` image turns before any of them is decoded."""
     count = sum(1 for m in messages if m.image_sha)
-    _require(count <= limit, f"This conversation already holds {limit} images, the most one conversation can use. "
-                             "Start a new conversation to ask about another image.")
+    _require(count <= limit, too_many_images(limit))
 
 
 def _require(cond: bool, message: str) -> None:
@@ -64,11 +73,12 @@ def _require(cond: bool, message: str) -> None:
 
 
 def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int,
-              history: Sequence[str | bytes] | None = None) -> Job:
+              history: Sequence[str | bytes] | None = None, turn: int | None = None) -> Job:
     """Parse and validate a stored payload; raises InvalidInput with a message the user can act on. ``history``: the
     conversation's turns before the job's question (their stored JSON), as the script that started it read them; a
     follow-up's payload holds the question alone (``HISTORY_IN_CONVERSATION``), and its messages are these turns and
-    the question."""
+    the question. ``turn``: the question's turn as SUBMIT appended it (``Started.turn``), for a follow-up whose
+    payload leaves it to SUBMIT."""
     _require(raw is not None, "The job was not found (it may have expired). Please ask again.")
     try:
         d = json.loads(raw)
@@ -77,7 +87,8 @@ def parse_job(raw: str | bytes | None, max_turns: int, max_chars: int,
     _require(isinstance(d, dict), "The job payload must be an object.")
     for name in ("job_id", "user", "conv"):
         _require(isinstance(d.get(name), str) and d[name] != "", f"The job field {name!r} must be a non-empty string.")
-    turn = d.get("turn")
+    if d.get("turn") is not None or d.get(HISTORY_IN_CONVERSATION) is not True:
+        turn = d.get("turn")
     _require(isinstance(turn, int) and not isinstance(turn, bool) and turn >= 0,
              "The job field 'turn' must be a non-negative integer.")
     raw_messages = d.get("messages")

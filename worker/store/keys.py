@@ -404,6 +404,8 @@ class ConvField:
     user = "user"  # the identity that owns it: SUBMIT of its first turn (or ConversationStore.create)
     created = "created"  # the caller's clock when it was created: with ``user``
     pending = "pending"  # the job answering its last question, until that job ends: SUBMIT sets, FINISH clears
+    chars = "chars"  # characters of its turns' texts (the history_max_chars limit): SUBMIT, FINISH, TRUNCATE
+    images = "images"  # its turns that name a picture (max_images_per_request): SUBMIT, TRUNCATE
 
 
 class SlotsField:

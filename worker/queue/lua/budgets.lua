@@ -43,6 +43,24 @@ local function conversation_bytes(turns, entries)
   for _, t in ipairs(turns) do size = size + #t + TURN_BYTES end
   return size
 end
+-- What the history limits count (the settings history_max_turns, history_max_chars and max_images_per_request): a
+-- turn's characters (code points, as Python counts a str) and whether it names a picture, from its stored JSON. A
+-- conversation keeps its sums in its hash (CONV.chars, CONV.images: SUBMIT, FINISH and TRUNCATE keep them exact),
+-- so a follow-up is checked without reading its turns.
+local function turn_measure(turn)
+  local t = cjson.decode(turn)
+  local text = type(t.text) == 'string' and t.text or ''
+  local _, chars = string.gsub(text, '[^\128-\191]', '')  -- a UTF-8 character's bytes but its first are 10xxxxxx
+  return chars, type(t.image_sha) == 'string' and 1 or 0
+end
+local function turns_measure(turns)
+  local chars, images = 0, 0
+  for _, turn in ipairs(turns) do
+    local c, i = turn_measure(turn)
+    chars, images = chars + c, images + i
+  end
+  return chars, images
+end
 -- A job still answering conv (it never gives way then): that job's id, else false.
 local function conversation_live(conv)
   local pending = redis.call('HGET', KEY.conv .. conv, CONV.pending)

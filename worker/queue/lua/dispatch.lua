@@ -48,7 +48,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       elseif not f[2] or f[2] == '' or f[2] == worker then
         redis.call('HSET', KEY.job .. j, JOB.target, worker)
         local s = start_job(j, worker, now, maxlen)
-        return {j, tonumber(f[3]), f[4] or '', 1, s[1], s[2], s[3], s[4], s[5], 0, s[6]}
+        return {j, tonumber(f[3]), f[4] or '', 1, s[1], s[2], s[3], s[4], s[5], 0, s[6], s[7]}
       end
     end
   end
@@ -98,7 +98,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
           local n = dispatch_job(job, group, qg, now, tonumber(f[5] or '0'), tonumber(f[6] or '0'), taker)
           if taker ~= '' then
             local s = start_job(job, worker, now, maxlen, {f[7], f[2], f[4], f[8], f[9]})
-            return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0, s[6]}
+            return {job, n, conv, 1, s[1], s[2], s[3], s[4], s[5], holder and 1 or 0, s[6], s[7]}
           end
           return {job, n, conv}
         end

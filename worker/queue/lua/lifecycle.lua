@@ -5,8 +5,9 @@
 local NOTICES_MAXLEN = 1000
 
 -- dispatched -> started on `worker`, and what the worker reads to start it, so it needs no further round trip:
--- {payload, group, cancelled (0/1), conv, conv's owner, history} ('' for what is missing; history: the
--- conversation's turns before the job's question, which a follow-up's payload does not carry, worker.store.jobs).
+-- {payload, group, cancelled (0/1), conv, conv's owner, history, turn} ('' for what is missing; history: the
+-- conversation's turns before the job's question, which a follow-up's payload does not carry, worker.store.jobs;
+-- turn: the question's index in the conversation as SUBMIT appended it, -1 for none).
 -- from_line: the job's {payload, group, conv, notify, turn} as its caller just read them, for a job dispatched
 -- straight from the line to this worker (never listed as unclaimed, and written started by dispatch_job); nil for a
 -- job Celery carried.
@@ -23,9 +24,10 @@ local function start_job(job, worker, now, maxlen, from_line)
   if f[4] and f[4] ~= '' then  -- the page following it reads its stream again now
     redis.call('XADD', f[4], 'MAXLEN', '~', NOTICES_MAXLEN, '*', ENTRY.data, job)
   end
-  local history, turn = {}, tonumber(f[5] or '0')
+  local history, turn = {}, tonumber(f[5] or '')
   if f[3] and turn and turn > 0 then history = redis.call('LRANGE', KEY.conv .. f[3] .. TURNS_SUFFIX, '0', turn - 1) end
-  return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or '', history}
+  return {f[1] or '', f[2] or '', redis.call('EXISTS', KEY.cancel .. job), f[3] or '', owner or '', history,
+          turn or -1}
 end
 -- End `job` in state `etype` with its terminal event (and its answer appended, `holder` then holding the
 -- conversation's cache). only_state, only_worker: end it only while it is in this state / owned by this worker
@@ -57,7 +59,9 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
       appended = true
       if holder ~= '' then redis.call('SET', KEY.holder .. f[3], holder, 'EX', holder_ttl) end
     end
-    if redis.call('HGET', ck, CONV.pending) == job then redis.call('HDEL', ck, CONV.pending) end
+    local conv_fields = redis.call('HMGET', ck, CONV.pending, CONV.chars)
+    if conv_fields[1] == job then redis.call('HDEL', ck, CONV.pending) end
+    if appended and conv_fields[2] then redis.call('HINCRBY', ck, CONV.chars, (turn_measure(answer))) end
     -- the answer's bytes were charged to the history budget at their longest: charge what it stored instead
     local reserved = tonumber(f[9] or '0')
     if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end

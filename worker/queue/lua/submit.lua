@@ -12,12 +12,15 @@
 --   messages; absent = none)
 --   expect_turns: continue the conversation only while it holds exactly this many turns (absent = any), else
 --   refused as busy: a stateless client matched its earlier messages to those turns, which must not have changed
+--   (the history limits, history_max_turns, history_max_chars and max_images_per_request, are checked here, on the
+--   conversation's sums: a follow-up's client does not read its turns)
 --   image_sha: the sha256 of the image the turn is about ('' = none; argv[3] holds its bytes when sent now)
 --   answer_bytes: the answer's share of the text quota, reserved at its longest
 --   in the settings (argv[2], common.lua), those of the same names (worker.config.Settings): user_queue_cap, group_job_cap,
 --   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
---   history_ttl_s, stream_maxlen; and job_ttl_s: how long the job's hash and stream live
+--   history_ttl_s, stream_maxlen, history_max_turns, history_max_chars, max_images_per_request; and job_ttl_s: how
+--   long the job's hash and stream live
 --   history_total_bytes: the history budget; global_queue_cap: the waiting room (both worker.store.history_budget)
 --   index_digest: remember the conversation under this digest of a stateless client's messages (absent = not)
 --   newest: remember it as its identity's newest conversation (absent = not)
@@ -45,18 +48,30 @@ local image_ttl = args.image_ttl_s
 local history = args.history or {}
 local text_bytes = #args.payload + #turn + args.answer_bytes
 for _, earlier in ipairs(history) do text_bytes = text_bytes + #earlier end
+-- what the conversation holds with this question, as the history limits count it: {turns, characters, pictures}
+local measured
 if turn ~= '' then
+  local chars, images = turn_measure(turn)
   if args.new_conv then
     if redis.call('EXISTS', CK) == 1 then return {-3} end
+    local c, i = turns_measure(history)
+    measured = {#history + 1, chars + c, images + i}
   else
-    if redis.call('HGET', CK, CONV.user) ~= user then return {-3} end
-    if args.expect_turns and redis.call('LLEN', TK) ~= args.expect_turns then return {-4} end
-    local pending = redis.call('HGET', CK, CONV.pending)
+    local conv_fields = redis.call('HMGET', CK, CONV.user, CONV.pending, CONV.chars, CONV.images)
+    if conv_fields[1] ~= user then return {-3} end
+    local held = redis.call('LLEN', TK)
+    if args.expect_turns and held ~= args.expect_turns then return {-4} end
+    local pending = conv_fields[2]
     if pending then
       local st = redis.call('HGET', KEY.job .. pending, JOB.state)
       if st == STATE.queued or st == STATE.dispatched or st == STATE.started then return {-4} end
     end
+    local c, i = tonumber(conv_fields[3] or ''), tonumber(conv_fields[4] or '')
+    if not c or not i then c, i = turns_measure(redis.call('LRANGE', TK, 0, -1)) end  -- kept by an earlier version
+    measured = {held + 1, chars + c, images + i}
   end
+  if measured[1] > args.history_max_turns or measured[2] > args.history_max_chars then return {-13} end
+  if measured[3] > args.max_images_per_request then return {-14} end
 end
 -- the counters admission reads, in one round of reads: its rate, the waiting room, the text quotas, the history budget
 local counted = redis.call('MGET', RK, KEY.queued_count, TU, TG, KEY.history_total)
@@ -228,9 +243,10 @@ if turn ~= '' then
   end
   if args.newest then redis.call('SET', KEY.newest .. user, conv, 'EX', ttl) end
   if args.new_conv then
-    redis.call('HSET', CK, CONV.user, user, CONV.created, now, CONV.pending, job)
+    redis.call('HSET', CK, CONV.user, user, CONV.created, now, CONV.pending, job, CONV.chars, measured[2],
+               CONV.images, measured[3])
   else
-    redis.call('HSET', CK, CONV.pending, job)
+    redis.call('HSET', CK, CONV.pending, job, CONV.chars, measured[2], CONV.images, measured[3])
   end
   if #history > 0 then redis.call('RPUSH', TK, unpack(history)) end
   table.insert(job_fields, JOB.turn)
