@@ -89,23 +89,23 @@ def test_the_turn_limit_counts_every_turn(limited):
 
 def test_the_sums_stay_exact_through_a_truncate_and_a_conversation_kept_by_an_earlier_version(limited):
     sha = limited.put_image(png())
-    sub = limited.submit("cy", None, "what is it?", image_sha=sha)
+    sub = limited.submit("cy", None, "what is it? 🦩", image_sha=sha)  # 13 characters, 16 bytes
     answer(limited, sub.job, "a picture of a heron")
     nxt = limited.submit("cy", sub.conv, "and this?", image_sha=sha)
     answer(limited, nxt.job, "the same heron")
-    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (54, 2)
+    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (56, 2)
     with pytest.raises(InvalidInput, match="already holds 2 images"):
-        limited.submit("cy", sub.conv, "3rd?", image_sha=sha)  # 58 characters: within that limit
-    limited.truncate("cy", sub.conv, 2)  # an edit of the second question
-    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (31, 1)
+        limited.submit("cy", sub.conv, "3rd?", image_sha=sha)  # 60 characters: within that limit
+    limited.truncate("cy", sub.conv, 2)  # an edit of the second question: TRUNCATE counts in Lua what Python did
+    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (33, 1)
     # a conversation an earlier version kept has no sums: SUBMIT counts its turns once, then keeps them
     limited.r.hdel(limited.keys.conversation(sub.conv), ConvField.chars, ConvField.images)
     with pytest.raises(InvalidInput, match=TOO_LONG):
         limited.submit("cy", sub.conv, "z" * 30)
     again = limited.submit("cy", sub.conv, "and now?", image_sha=sha)
-    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (39, 2)
+    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (41, 2)
     answer(limited, again.job, "yes")
-    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (42, 2)
+    assert sums(limited, sub.conv) == counted(limited, sub.conv) == (44, 2)
 
 
 def test_another_identitys_conversation_is_still_refused_without_a_read(limited):

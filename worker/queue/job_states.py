@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from worker.config import Settings
 from worker.errors import (ClientBusy, ConversationBusy, ImageStoreFull, InvalidInput, NotYourConversation,
                            QuotaExceeded, RateLimited, ServiceBusy, TextQuotaExceeded, UserCapReached)
+from worker.store.history import turn_measure
 from worker.store.history_budget import history_budget, redis_maxmemory, room_bytes, waiting_room
 from worker.store.jobs import TOO_LONG, Job, too_many_images
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
@@ -155,12 +156,14 @@ class JobStates:
         group = group or user
         quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
         pop_args = self._pop_args(*slots) if slots and slots[0] > 0 else {}
+        measured = turn_measure(turn_json) if turn_json else (None, None)  # counted here, not in Redis's one thread
         for _ in range(MAKE_ROOM_ROUNDS + 1):
             try:
                 reply = self._scripts.call(
                     self._scripts.submit, bytes(image) if image else b"",
                     job=job_id, user=user, group=group, conv=conv, queue_user=quser, queue_group=qgroup,
                     new_conv=new_conv, payload=payload, now=repr(time.time()), turn=turn_json or "",
+                    turn_chars=measured[0], turn_images=measured[1],
                     image_sha=image_sha or "", answer_bytes=answer_bytes, history=history,
                     expect_turns=expect_turns,
                     index_digest=index_digest, newest=newest or None, notify=notify, settings=self._submit_settings(),
@@ -305,6 +308,7 @@ class JobStates:
                          take_worker=worker, now=repr(time.time()))
         done = self._scripts.call(self._scripts.finish, job=job_id, type=event_type, data=json.dumps(data),
                                   answer=answer_turn or "", holder=holder or "", only_state=only_state,
+                                  answer_chars=turn_measure(answer_turn)[0] if answer_turn else None,
                                   only_worker=only_worker, service_s=service_s, settings=self._finish_settings(),
                                   tail=token_event_data(tail) if tail else None, **extra)
         if isinstance(done, list):

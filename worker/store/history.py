@@ -59,6 +59,14 @@ class ConversationStore:
             p.execute()
 
 
+def turn_measure(turn: str | bytes) -> tuple[int, int]:
+    """What the history limits count of one stored turn: its text's characters, and 1 if it names a picture (else
+    0). The scripts keep a conversation's sums of both (``worker/queue/lua/budgets.lua`` counts the same in Lua)."""
+    t = json.loads(turn)
+    text = t.get("text")
+    return (len(text) if isinstance(text, str) else 0), (1 if isinstance(t.get("image_sha"), str) else 0)
+
+
 def turn_json(role: str, text: str, image_sha: str | None = None, job_id: str | None = None) -> str:
     """The stored form of one turn."""
     # ensure_ascii=False: UTF-8 as is, since escaping would store an emoji as 12 bytes instead of 4

@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 -- FINISH: queued | dispatched | started -> done | error | cancelled, with the terminal event, atomically.
 -- args: job; type: the state it ends in (also its last event's type); data: that event's JSON
---   answer: the answer's turn as JSON, appended to the conversation when it is done ('' = none)
+--   answer: the answer's turn as JSON, appended to the conversation when it is done ('' = none); answer_chars: its
+--   text's characters, for the conversation's sum the history limits read (budgets.lua turn_measure)
 --   holder: the worker that now holds the conversation's cache ('' = none), for holder_ttl_s seconds
 --   only_state, only_worker: end it only while it is in this state / owned by this worker ('' = any): a runner
 --   ends only the job it still owns
@@ -17,7 +18,7 @@
 -- ended already, or is not in only_state / only_worker's.
 local ended = finish(args.job, args.type, args.data, args.answer, args.stream_ttl_s, args.stream_maxlen, args.holder,
                      args.holder_ttl_s, args.only_state ~= '' and args.only_state or nil,
-                     args.only_worker ~= '' and args.only_worker or nil, args.tail)
+                     args.only_worker ~= '' and args.only_worker or nil, args.tail, args.answer_chars)
 if ended == 1 and args.service_s then fold_service_time(args.service_s) end
 local taken = ended == 1 and args.take_worker and
   pop_next(args.take_capacity, args.take_shared, args.take_light_from, args.now, args.take_worker, args.stream_maxlen)

@@ -32,7 +32,8 @@ end
 -- End `job` in state `etype` with its terminal event (and its answer appended, `holder` then holding the
 -- conversation's cache). only_state, only_worker: end it only while it is in this state / owned by this worker
 -- (nil = any). Returns 1 when it ended the job, 0 when it had ended already or is not in only_state / only_worker's.
-local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl, only_state, only_worker, tail)
+local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, holder_ttl, only_state, only_worker, tail,
+                      answer_chars)
   local jk = KEY.job .. job
   local f = redis.call('HMGET', jk, JOB.state, JOB.user, JOB.conv, JOB.worker, JOB.qkey, JOB.turn, JOB.group,
                        JOB.qgroup, JOB.reserved, JOB.flight_t)
@@ -61,7 +62,9 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
     end
     local conv_fields = redis.call('HMGET', ck, CONV.pending, CONV.chars)
     if conv_fields[1] == job then redis.call('HDEL', ck, CONV.pending) end
-    if appended and conv_fields[2] then redis.call('HINCRBY', ck, CONV.chars, (turn_measure(answer))) end
+    if appended and conv_fields[2] then  -- (answer_chars: the answer's characters as its caller counted them)
+      redis.call('HINCRBY', ck, CONV.chars, answer_chars or (turn_measure(answer)))
+    end
     -- the answer's bytes were charged to the history budget at their longest: charge what it stored instead
     local reserved = tonumber(f[9] or '0')
     if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end

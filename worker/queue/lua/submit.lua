@@ -7,7 +7,8 @@
 --   queue_user, queue_group: the queue and ring entry it waits in (its user and group; in FIFO mode shared ones)
 --   new_conv: create the conversation (refused if it exists) rather than continue it (refused unless the user's)
 --   payload: the job as JSON; now: the caller's clock, as text (stored, and written into the queued event as is)
---   turn: the question's turn as JSON ('' = a job without a conversation turn)
+--   turn: the question's turn as JSON ('' = a job without a conversation turn); turn_chars, turn_images: its text's
+--   characters and whether it names a picture, as the history limits count them (budgets.lua turn_measure)
 --   history: turns as JSON written before the question's in a new conversation (a stateless client's earlier
 --   messages; absent = none)
 --   expect_turns: continue the conversation only while it holds exactly this many turns (absent = any), else
@@ -51,7 +52,7 @@ for _, earlier in ipairs(history) do text_bytes = text_bytes + #earlier end
 -- what the conversation holds with this question, as the history limits count it: {turns, characters, pictures}
 local measured
 if turn ~= '' then
-  local chars, images = turn_measure(turn)
+  local chars, images = args.turn_chars, args.turn_images
   if args.new_conv then
     if redis.call('EXISTS', CK) == 1 then return {-3} end
     local c, i = turns_measure(history)
