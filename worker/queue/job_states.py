@@ -111,7 +111,7 @@ class JobStates:
         maxmemory = redis_maxmemory(r)
         self.history_budget = history_budget(settings, maxmemory)
         self.waiting_room = waiting_room(settings, maxmemory)  # questions that may wait at once, service-wide
-        self._settings_cache: dict[str, tuple] = {}  # script -> (what its settings text was made from, the text)
+        self._settings_cache: dict[str, tuple] = {}  # script -> (settings, budgets, its settings text)
 
     def enqueue(self, job: Job, turn_json: str | None, group: str | None = None, new_conv: bool = False,
                 image: bytes | None = None, image_sha: str | None = None, history: list[str] | None = None,
@@ -190,26 +190,26 @@ class JobStates:
         return Admitted(int(code), dispatched)
 
     def _submit_settings(self) -> str:
-        """SUBMIT's settings (``Scripts.call``'s ``settings``): the caps and quotas, and the budgets derived from them.
-        The same text on every call while the settings and budgets are the same."""
+        """SUBMIT's settings (``Scripts.call``'s ``settings``): the caps and quotas, and the budgets derived from them."""
         s = self.settings
-        made = self._settings_cache.get("submit")
-        if made is None or made[0][0] is not s or made[0][1:] != (self.history_budget, self.waiting_room):
-            text = settings_json(job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
-                                 history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
-                                 **{name: getattr(s, name) for name in SUBMIT_SETTINGS})
-            self._settings_cache["submit"] = ((s, self.history_budget, self.waiting_room), text)
-        return self._settings_cache["submit"][1]
+        return self._settings_text("submit", (self.history_budget, self.waiting_room), lambda: dict(
+            job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s), history_total_bytes=self.history_budget,
+            global_queue_cap=self.waiting_room, **{name: getattr(s, name) for name in SUBMIT_SETTINGS}))
 
     def _finish_settings(self) -> str:
-        """FINISH's settings, as ``_submit_settings``."""
+        """FINISH's settings (``Scripts.call``'s ``settings``)."""
         s = self.settings
-        made = self._settings_cache.get("finish")
-        if made is None or made[0] is not s:
-            text = settings_json(holder_ttl_s=s.holder_ttl_s, stream_ttl_s=s.stream_ttl_s,
-                                 stream_maxlen=s.stream_maxlen)
-            self._settings_cache["finish"] = (s, text)
-        return self._settings_cache["finish"][1]
+        return self._settings_text("finish", (), lambda: dict(holder_ttl_s=s.holder_ttl_s, stream_ttl_s=s.stream_ttl_s,
+                                                               stream_maxlen=s.stream_maxlen))
+
+    def _settings_text(self, script: str, budgets: tuple, values) -> str:
+        """``script``'s settings as one text (``settings_json`` of ``values()``), made again only when the settings or
+        ``budgets`` changed: the same text on every call meanwhile, which the library decodes once."""
+        made = self._settings_cache.get(script)
+        if made is None or made[0] is not self.settings or made[1] != budgets:
+            made = (self.settings, budgets, settings_json(**values()))
+            self._settings_cache[script] = made
+        return made[2]
 
     def adopt_line(self) -> int:
         """Put the questions waiting in the line's earlier form into the line (ADOPT_LINE; after an upgrade, once).
