@@ -190,11 +190,13 @@ class JobStates:
         return Admitted(int(code), dispatched)
 
     def _submit_settings(self) -> str:
-        """SUBMIT's settings (``Scripts.call``'s ``settings``): the caps and quotas, and the budgets derived from them."""
+        """SUBMIT's settings (``Scripts.call``'s ``settings``): the caps and quotas, and the budgets derived from
+        them."""
         s = self.settings
         return self._settings_text("submit", (self.history_budget, self.waiting_room), lambda: dict(
-            job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s), history_total_bytes=self.history_budget,
-            global_queue_cap=self.waiting_room, **{name: getattr(s, name) for name in SUBMIT_SETTINGS}))
+            job_ttl_s=int(s.queue_timeout_s + s.job_deadline_s + s.stream_ttl_s),
+            history_total_bytes=self.history_budget, global_queue_cap=self.waiting_room,
+            **{name: getattr(s, name) for name in SUBMIT_SETTINGS}))
 
     def _finish_settings(self) -> str:
         """FINISH's settings (``Scripts.call``'s ``settings``)."""

@@ -2,8 +2,8 @@
 -- CLAIM: dispatched -> started on a worker.
 -- args: job; dispatch_n: the dispatch its Celery message carries; worker: who claims it; now: its clock, as text;
 --   stream_maxlen
--- Returns {1, payload, group, cancelled, conv, owner, history, turn} (start_job's) when this worker now owns the job; 0 for
--- a stale or duplicate delivery.
+-- Returns {1, payload, group, cancelled, conv, owner, history, turn} (start_job's) when this worker now owns the
+-- job; 0 for a stale or duplicate delivery.
 local job, worker, now = args.job, args.worker, args.now
 local jk = KEY.job .. job
 local seen = redis.call('HMGET', jk, JOB.state, JOB.dispatch_n)

@@ -14,6 +14,6 @@
 --   straight to started on it (CLAIM's writes, start_job) unless another worker holds its conversation's cache:
 --   then it stays dispatched, for the caller to route to that worker as any dispatch does. stream_maxlen with it.
 -- Returns {job, dispatch_n, conv}, with 1, start_job's first five fields, 1 if `worker` held the conversation (else 0)
--- and start_job's history and turn after them when `worker` took it; nil when nothing waits or no slot is free. The step itself
--- is dispatch.lua's pop_next.
+-- and start_job's history and turn after them when `worker` took it; nil when nothing waits or no slot is free. The
+-- step itself is dispatch.lua's pop_next.
 return pop_next(args.capacity, args.shared, args.light_from, args.now, args.worker, args.stream_maxlen)

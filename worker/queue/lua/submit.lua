@@ -17,8 +17,8 @@
 --   conversation's sums: a follow-up's client does not read its turns)
 --   image_sha: the sha256 of the image the turn is about ('' = none; argv[3] holds its bytes when sent now)
 --   answer_bytes: the answer's share of the text quota, reserved at its longest
---   in the settings (argv[2], common.lua), those of the same names (worker.config.Settings): user_queue_cap, group_job_cap,
---   group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
+--   in the settings (argv[2], common.lua), those of the same names (worker.config.Settings): user_queue_cap,
+--   group_job_cap, group_submit_limit, group_submit_window_s, image_quota_user_bytes, image_quota_group_bytes,
 --   image_quota_total_bytes, image_ttl_s, text_quota_user_bytes, text_quota_group_bytes, text_quota_window_s,
 --   history_ttl_s, stream_maxlen, history_max_turns, history_max_chars, max_images_per_request; and job_ttl_s: how
 --   long the job's hash and stream live
