@@ -193,7 +193,11 @@ def assert_the_first_lines_say_what_matters(lines: list[str], port: int, log_dir
     assert any("No public share link" in line for line in first), "the share outcome, in Owlet's words"
     for noise in NOISE:
         assert noise not in "".join(lines), f"{noise!r} in the demo's terminal:\n" + "".join(lines)
-    worker_log = (log_dir / "worker.log").read_text()
+    # Celery prints its banner as its consumer starts, which may come just after the runtime announced the worker
+    # (and the demo said ready): give it a moment
+    deadline = time.monotonic() + 10
+    while "[queues]" not in (worker_log := (log_dir / "worker.log").read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "[queues]" in worker_log and "causal_conv1d" not in worker_log, "the banner went to the log; no GPU advice"
     assert "Owlet UI: http" in (log_dir / "ui.log").read_text(), "the page's output is in its log"
 
