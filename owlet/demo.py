@@ -202,7 +202,8 @@ class Stack:
     def check_children(self) -> None:
         dead = self.dead_child()
         if dead is not None:
-            raise ChildExited(*dead)
+            name, code = dead
+            raise ChildExited(name, code, last_lines=self.last_words(name))
 
     def relay_output(self) -> None:
         """Show in the terminal what the page wrote for its operator since the last call (``owlet.child_logs``)."""
@@ -263,11 +264,15 @@ class Stack:
 
 
 class ChildExited(RuntimeError):
-    """A child process of the stack exited (and the demo cannot go on without it, unless said otherwise)."""
+    """A child process of the stack exited (and the demo cannot go on without it, unless said otherwise). Its text
+    is ``headline`` and then what the child wrote last, so a caller that lets it propagate (a benchmark, a test's
+    fixture) shows why the child died without anyone opening its log."""
 
-    def __init__(self, name: str, code: int, why: str = ""):
-        super().__init__(f"the {name} process exited with code {code}{why}")
-        self.name, self.code = name, code
+    def __init__(self, name: str, code: int, why: str = "", last_lines: list[str] | tuple = ()):
+        self.headline = f"the {name} process exited with code {code}{why}"
+        self.name, self.code, self.last_lines = name, code, list(last_lines)
+        words = "".join(f"\n    {line}" for line in self.last_lines)
+        super().__init__(f"{self.headline}; its last lines:{words}" if words else self.headline)
 
 
 def _free_port() -> int:
@@ -463,7 +468,7 @@ def serve(stack: Stack, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log("stopping…")
     except ChildExited as exc:
-        log(f"{exc}; stopping everything")
+        log(f"{exc.headline}; stopping everything")
         show_last_words(stack, exc.name)
         return 1
     except (RuntimeError, TimeoutError) as exc:

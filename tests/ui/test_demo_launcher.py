@@ -322,6 +322,23 @@ def test_a_worker_is_restarted_until_new_ones_cannot_serve_and_a_dead_page_stops
     assert [w for w in waits if w != 0.5] == [1, 2, 4], "backing off"
 
 
+def test_a_child_that_dies_while_the_stack_starts_says_why_in_the_error_itself(tmp_path):
+    """A benchmark or a test fixture that waits for the stack lets ``ChildExited`` propagate: its text carries what
+    the child wrote last, so a start-up failure in CI shows its cause without the child's log file."""
+    from owlet import demo as launcher
+
+    stack = launcher.Stack(None, "unused", "127.0.0.1", free_port(), [], 1, log_dir=tmp_path)
+    stack._spawn("ui", [sys.executable, "-c", "import sys; print('binding the page'); "
+                        "sys.exit('OSError: [Errno 98] Address already in use')"], dict(os.environ))
+    stack.children["ui"].wait(timeout=30)
+    with pytest.raises(launcher.ChildExited) as raised:
+        stack.check_children()
+    assert raised.value.headline == "the ui process exited with code 1"
+    assert raised.value.last_lines == ["binding the page", "OSError: [Errno 98] Address already in use"]
+    assert str(raised.value).endswith("its last lines:\n    binding the page\n"
+                                      "    OSError: [Errno 98] Address already in use")
+
+
 def test_a_stop_asked_for_is_never_lost_and_a_second_ctrl_c_cannot_cut_the_stop_short(capsys, monkeypatch):
     """Ctrl-C sets a flag besides raising KeyboardInterrupt: Python drops an exception raised while a finaliser runs
     in the main thread, and the waiting loops must still stop. Once the stop has begun, another Ctrl-C only says so:
