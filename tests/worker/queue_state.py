@@ -40,7 +40,6 @@ for i = 1, args.n do
              JOB.state, STATE.queued, JOB.payload, '{}')
   redis.call('HINCRBY', KEY.queued_by_group, who, 1)
   queue_job(job, who, who)
-  redis.call('INCR', KEY.queued_count)
   redis.call('ZADD', KEY.queued_since, args.now, job)
 end
 return args.n

@@ -189,10 +189,12 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
     r.hset(keys.legacy_ring_keys, "g2", "1")
     r.sadd(keys.legacy_served, "g9")
     r.set(keys.legacy_service_time, "12.5")  # the service-time average's earlier key (KEY.slots keeps it now)
+    r.set(keys.legacy_queued_count, "99")  # the waiting count earlier versions kept (the line's size is the count)
     assert client.jobs.adopt_line() == 3
     assert client.jobs.adopt_line() == 0, "a second run finds nothing to do"
     assert not r.exists(keys.legacy_ring) and not r.exists(keys.legacy_ring_keys) and not r.exists(keys.legacy_served)
-    assert not r.exists(keys.legacy_service_time)
+    assert not r.exists(keys.legacy_service_time) and not r.exists(keys.legacy_queued_count)
+    assert client.readouts.queued_total() == sum(len(jobs) for users in lists.values() for jobs in users.values())
     order = model.order()
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
     assert [client.jobs.pop(100)[0] for _ in order] == order

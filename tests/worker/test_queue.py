@@ -151,6 +151,42 @@ def test_the_identity_cap_counts_exactly_what_waits_through_pop_cancel_and_reque
             c.r.delete(k)
 
 
+@pytest.mark.parametrize("fifo", [False, True], ids=["fair line", "fifo"])
+def test_the_waiting_room_counts_exactly_what_waits_through_pop_cancel_requeue_and_a_dropped_job(settings, fifo):
+    """The global cap reads the line's size, which holds each queued question once: after every step that moves a
+    question in or out of line, and a question whose job record expired while it waited, the room has exactly
+    the places its cap promises."""
+    from worker.client import OwletClient
+
+    c = OwletClient(settings=type(settings)(**{**vars(settings), "global_queue_cap": 3, "fifo": fifo}))
+
+    def refused(who: str) -> bool:
+        try:
+            submit(c, who)
+        except ServiceBusy:
+            return True
+        return False
+
+    try:
+        first, second, third = (submit(c, who)[0] for who in ("ann", "bob", "cid"))
+        assert refused("dan"), "three wait: the room is full"
+        popped = c.jobs.pop(10)[0]
+        assert popped == first and c.readouts.queued_total() == 2
+        assert not refused("dan") and refused("eve"), "one left the line: one more may wait"
+        assert c.cancel("bob", second) is True and c.readouts.queued_total() == 2
+        assert not refused("eve") and refused("fay"), "a cancelled question no longer counts"
+        assert c.jobs.requeue(popped, "lost") == 1 and c.readouts.queued_total() == 4
+        assert refused("fay"), "a question put back after a lost worker waits again, and counts again"
+        c.r.delete(c.keys.job(third))  # its record expired while it waited: POP drops it from the line
+        while c.jobs.pop(10) is not None:
+            pass
+        assert c.readouts.queued_total() == 0 and c.queue_stats()["queued"] == 0
+        assert not refused("gus") and not refused("hal") and not refused("ivy") and refused("jon")
+    finally:
+        for k in c.r.scan_iter(match=settings.key_prefix + "*"):
+            c.r.delete(k)
+
+
 def test_cancel_queued_job_ends_stream_and_frees_the_queue(client):
     job, conv = submit(client, "ann")
     other, _ = submit(client, "bob")

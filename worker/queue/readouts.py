@@ -48,13 +48,13 @@ class QueueReadouts:
         return None if position is None or per_position is None else round(position * per_position, 1)
 
     def queued_total(self) -> int:
-        return int(self.r.get(self.keys.queued_count) or 0)
+        return int(self.r.zcard(self.keys.line))  # the line holds each queued question once
 
     def queue_stats(self, now: float | None = None) -> dict:
         """Aggregates only (no identities, no addresses): what /metrics may show about the queue."""
         now = time.time() if now is None else now
         with self.r.pipeline(transaction=False) as p:
-            p.get(self.keys.queued_count)
+            p.zcard(self.keys.line)
             p.hlen(self.keys.places)
             p.zrange(self.keys.queued_since, 0, 0, withscores=True)
             p.zcard(self.keys.inflight)

@@ -139,8 +139,9 @@ class Keys:
         return f"{self.prefix}served"
 
     @property
-    def queued_count(self) -> str:
-        """Integer: queued jobs in total (the global cap)."""
+    def legacy_queued_count(self) -> str:
+        """Integer: queued jobs in total, as earlier versions counted them beside the line (the line holds each queued
+        job once: its size is the count the global cap reads): ADOPT_LINE deletes it."""
         return f"{self.prefix}queued"
 
     @property
@@ -334,7 +335,7 @@ class Keys:
             "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
             "light_line": self.light_line, "idle_members": self.idle_members, "unclaimed": self.unclaimed,
             "legacy_ring": self.legacy_ring, "legacy_ring_keys": self.legacy_ring_keys,
-            "legacy_served": self.legacy_served, "queued_count": self.queued_count,
+            "legacy_served": self.legacy_served, "legacy_queued_count": self.legacy_queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
             "inflight": self.inflight, "group_usage": self.group_usage, "waiting_since": self.waiting_since, "slots": self.slots, "total_image_quota": self.total_image_quota,

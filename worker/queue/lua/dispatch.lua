@@ -80,7 +80,6 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         idle_refresh(qg)
         if not in_line(qg) then leave_line(qg) end
       else
-        redis.call('DECR', KEY.queued_count)
         redis.call('ZREM', KEY.queued_since, job)
         local jk = KEY.job .. job
         local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts,

@@ -180,7 +180,6 @@ end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)
   if redis.call('LREM', uq(q), 1, job) > 0 then
-    redis.call('DECR', KEY.queued_count)
     queued_by_user_add(user, q, -1)
     hdecr(KEY.queued_by_group, group)
     local place = redis.call('HGET', KEY.places, qg)

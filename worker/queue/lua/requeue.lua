@@ -39,7 +39,6 @@ left_flight(group, qg)
 local waiting = redis.call('LLEN', gq(qg)) > 0
 if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
 if waiting then rekey(qg) else join_line(qg, true) end
-redis.call('INCR', KEY.queued_count)
 queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 redis.call('ZADD', KEY.queued_since, now, job)

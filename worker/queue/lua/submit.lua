@@ -74,16 +74,19 @@ if turn ~= '' then
   if measured[1] > args.history_max_turns or measured[2] > args.history_max_chars then return {-13} end
   if measured[3] > args.max_images_per_request then return {-14} end
 end
--- the counters admission reads, in one round of reads: its rate, the waiting room, the text quotas, the history budget
-local counted = redis.call('MGET', RK, KEY.queued_count, TU, TG, KEY.history_total)
-local submits, waiting, text_user, text_group, history_held = tonumber(counted[1] or '0'), tonumber(counted[2] or '0'),
-  tonumber(counted[3] or '0'), tonumber(counted[4] or '0'), tonumber(counted[5] or '0')
+-- the counters admission reads, in one round of reads: its rate, the text quotas, the history budget
+local counted = redis.call('MGET', RK, TU, TG, KEY.history_total)
+local submits, text_user, text_group, history_held = tonumber(counted[1] or '0'), tonumber(counted[2] or '0'),
+  tonumber(counted[3] or '0'), tonumber(counted[4] or '0')
 if submits >= args.group_submit_limit then return {-6} end
 -- the caps count real identities and groups even in FIFO mode, where everyone shares one list
 if queued_by_user(user, q) >= args.user_queue_cap then return {-1} end
 local group_load = tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0')
                  + tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
 if group_load >= args.group_job_cap then return {-5} end
+-- the waiting room: the line holds each queued question once, so its size is the count (no script below changes it
+-- before the question joins it: what gives way for this turn is never waiting, docs/redis_memory.md)
+local waiting = redis.call('ZCARD', KEY.line)
 if waiting >= args.global_queue_cap then return {-2} end
 -- Image bytes sent with a turn are charged to its identity and address whether or not the same bytes are stored
 -- already, and checked against the service total either way: an answer that depended on whether the image
@@ -267,7 +270,7 @@ redis.call('HSET', JK, unpack(job_fields))
 redis.call('EXPIRE', JK, args.job_ttl_s)
 -- Nobody waits and a slot is free that this job may take: it is what POP would hand out next, so it goes out now
 -- without passing through the line (its queued event, then its dispatch).
-local inflight = args.capacity and redis.call('ZCARD', KEY.line) == 0 and redis.call('ZCARD', KEY.inflight)
+local inflight = args.capacity and waiting == 0 and redis.call('ZCARD', KEY.inflight)
 if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.light_from) then
   xadd(job, STATE.queued, queued_event(1, now), args.stream_maxlen)
   redis.call('EXPIRE', SK, args.job_ttl_s)
@@ -277,7 +280,6 @@ end
 queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 local place = queue_job(job, q, qg)
-redis.call('INCR', KEY.queued_count)
 redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, held_now, place)
 xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
