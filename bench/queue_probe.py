@@ -127,8 +127,10 @@ def line(args) -> dict:
         client.close(purge=True)
 
 
-def steps(args) -> dict:
-    """``--mode steps`` (the module docstring): K turns in a steady state of ``args.rows`` in flight."""
+def steps(args, before_measure=None) -> dict:
+    """``--mode steps`` (the module docstring): K turns in a steady state of ``args.rows`` in flight.
+    ``before_measure``: called with the Redis client once the steady state is reached, just before the measured
+    turns (``bench/queue_lua_profile.py`` starts its counts there)."""
     client = make_client(args)
     worker = "probe-worker@host"
     rows = args.rows
@@ -168,6 +170,8 @@ def steps(args) -> dict:
         # warm: every visitor's counters and the line in their steady state, and its conversations at every length
         for _ in range(max(min(args.ops, 100), 2 * args.waiting * args.conversation_turns)):
             turn()
+        if before_measure is not None:
+            before_measure(client.r)
         before = cpu_split(client.r)
         with Meter(client.r) as m:
             for _ in range(args.ops):

@@ -109,6 +109,10 @@ BENCHMARKS = {
         within={"position_cmds_ratio_largest_over_smallest": (0.8, 1.25),
                 "submit_cmds_ratio_largest_over_smallest": (0.8, 1.25),
                 "pop_cmds_ratio_largest_over_smallest": (0.8, 1.25)}),
+    # each helper of the queue's scripts timed in place: its own times must add up to about the scripts' time
+    "queue_lua_profile": QuickRun(module("queue_lua_profile"), (
+        "redis_us_per_turn", "scripts_us_per_turn", "cmds_per_turn", "profiled_own_us_per_turn", "timer_cost_us"),
+        within={"profiled_over_scripts": (0.5, 2.0)}),
     "multiturn": QuickRun(module("multiturn"), (
         "followup_ttft_ratio", "int8_bytes_ratio", "int4_bytes_ratio", "session_hit_rate")),
     **{f"multiturn_mplug_owl3_{layout}": QuickRun(
@@ -169,7 +173,7 @@ def last_result(output: str) -> dict:
 
 # Which test file runs which benchmark: the longest (abuse, soak, gpu_stack) each in a different file.
 KINDS = {
-    "queue": ("abuse", "crowd", "fairness", "queue_overhead", "queue_scale"),
+    "queue": ("abuse", "crowd", "fairness", "queue_overhead", "queue_scale", "queue_lua_profile"),
     "stack": ("gpu_stack", "soak", "page_stream", "stack_ceiling", "stack_ceiling_page"),
     "engine": ("engine", "prefill_burst", "step_profile", "gpu_decode", "gpu_sdpa_shapes", "multiturn",
                *(f"multiturn_mplug_owl3_{layout}" for layout in LAYOUTS), "cache_tiers", "prefix_sharing", "peers",
