@@ -190,10 +190,12 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
     r.sadd(keys.legacy_served, "g9")
     r.set(keys.legacy_service_time, "12.5")  # the service-time average's earlier key (KEY.slots keeps it now)
     r.set(keys.legacy_queued_count, "99")  # the waiting count earlier versions kept (the line's size is the count)
+    r.hset(keys.legacy_group_usage, mapping={"g1": "3.0:1.0", "g8": "1.0:1.0"})  # every group's usage, in one hash
     assert client.jobs.adopt_line() == 3
     assert client.jobs.adopt_line() == 0, "a second run finds nothing to do"
     assert not r.exists(keys.legacy_ring) and not r.exists(keys.legacy_ring_keys) and not r.exists(keys.legacy_served)
     assert not r.exists(keys.legacy_service_time) and not r.exists(keys.legacy_queued_count)
+    assert not r.exists(keys.legacy_group_usage)
     assert client.readouts.queued_total() == sum(len(jobs) for users in lists.values() for jobs in users.values())
     order = model.order()
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}

@@ -334,6 +334,25 @@ def test_a_group_whose_answer_just_ended_queues_behind_a_newcomer_and_lighter_us
     assert pop_all(client) == [visitor, light_again, heavy_again]
 
 
+def test_a_groups_usage_is_a_key_of_its_own_that_expires_when_its_use_no_longer_counts(client):
+    """A public link is served by a crowd of addresses that each ask a few questions and leave. Their usage once lived
+    in one hash whose expiry every answer pushed out, so on a service that never went quiet it kept a field for every
+    address it ever served. Each group's usage is now a key that expires 20 half-lives after its last charge, when
+    what it holds counts for under a millionth: what the crowd of recent addresses holds is bounded by that time."""
+    from worker.queue.fairness import GROUP_USAGE_HALF_LIFE_S
+
+    jobs = [client.submit(f"visitor{i}", None, "hi", group=f"addr{i}").job for i in range(40)]
+    assert sorted(pop_all(client)) == sorted(jobs)
+    for job in jobs:
+        assert client.jobs.finish(job, "done")
+    for i in range(40):
+        key = client.keys.group_usage(f"addr{i}")
+        seconds, _, at = client.r.get(key).decode().partition(":")
+        assert float(seconds) >= 0 and abs(float(at) - time.time()) < 60, "charged its time in flight, in Redis time"
+        assert 20 * GROUP_USAGE_HALF_LIFE_S - 60 < client.r.ttl(key) <= 20 * GROUP_USAGE_HALF_LIFE_S
+    assert not client.r.exists(client.keys.legacy_group_usage), "no service-wide ledger of every address"
+
+
 def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_goes_behind(client):
     """A group waits with the key 'started waiting + usage (capped)': lighter groups that start waiting later go
     ahead of it only while their key is smaller, so once it has waited out its usage it keeps its place."""
@@ -341,11 +360,11 @@ def test_usage_sets_a_waiting_group_back_by_at_most_the_cap_and_a_served_group_g
 
     now = client.r.time()
     now = now[0] + now[1] / 1e6
-    client.r.hset(client.keys.group_usage, "heavy", f"{10 * GROUP_USAGE_CAP_S}:{now}")
+    client.r.set(client.keys.group_usage("heavy"), f"{10 * GROUP_USAGE_CAP_S}:{now}")
     heavy = submit(client, "heavy")[0]
     key = waiting_key(client, "heavy")
     assert GROUP_USAGE_CAP_S - 1 < key - now <= GROUP_USAGE_CAP_S + 1, "usage counts at most the cap"
-    client.r.hset(client.keys.group_usage, "mid", f"2:{now}")
+    client.r.set(client.keys.group_usage("mid"), f"2:{now}")
     mid = submit(client, "mid")[0]
     mid_key = waiting_key(client, "mid")
     assert 2 * GROUP_USAGE_WEIGHT - 1 < mid_key - now < 2 * GROUP_USAGE_WEIGHT + 1, "weighted below the cap"
@@ -381,11 +400,11 @@ def test_a_line_longer_than_the_cap_sets_a_heavy_group_back_to_its_end_and_no_fu
     crowd = submit(client, "crowd")[0]
     now = _redis_now(client)
     client.r.zadd(client.keys.waiting_since, {"crowd": now - 3 * GROUP_USAGE_CAP_S})  # as if it had waited 90 s
-    client.r.hset(client.keys.group_usage, "heavy", f"{1000 * GROUP_USAGE_CAP_S}:{now}")
+    client.r.set(client.keys.group_usage("heavy"), f"{1000 * GROUP_USAGE_CAP_S}:{now}")
     heavy = submit(client, "heavy")[0]
     setback = waiting_key(client, "heavy") - now
     assert 3 * GROUP_USAGE_CAP_S - 1 < setback < 3 * GROUP_USAGE_CAP_S + 1, "set back by the longest wait now"
-    client.r.hset(client.keys.group_usage, "moderate", f"{GROUP_USAGE_CAP_S / 2}:{now}")
+    client.r.set(client.keys.group_usage("moderate"), f"{GROUP_USAGE_CAP_S / 2}:{now}")
     moderate = submit(client, "moderate")[0]
     setback = waiting_key(client, "moderate") - now
     assert GROUP_USAGE_CAP_S < setback < 3 * GROUP_USAGE_CAP_S - 1, "beyond the cap, by its own weighted usage"
@@ -403,7 +422,7 @@ def test_the_last_slots_go_to_light_groups_and_their_position_says_so(client):
     now = _redis_now(client)
     crowd = []
     for i in range(6):
-        client.r.hset(client.keys.group_usage, f"crowd{i}", f"{GROUP_USAGE_CAP_S}:{now}")  # weighted 4x: heavy
+        client.r.set(client.keys.group_usage(f"crowd{i}"), f"{GROUP_USAGE_CAP_S}:{now}")  # weighted 4x: heavy
         crowd.append(submit(client, f"crowd{i}")[0])
     order = []
     while (popped := client.jobs.pop(6, 2)):
@@ -430,7 +449,7 @@ def test_the_light_slots_go_to_the_group_that_used_the_workers_least(client):
     light_usage = GROUP_USAGE_CAP_S / GROUP_USAGE_WEIGHT / 2  # within the light bound, but not nothing
     crowd = []
     for i in range(3):
-        client.r.hset(client.keys.group_usage, f"crowd{i}", f"{light_usage * (1 + i / 10)}:{now}")
+        client.r.set(client.keys.group_usage(f"crowd{i}"), f"{light_usage * (1 + i / 10)}:{now}")
         crowd.append(submit(client, f"crowd{i}")[0])
         set_waiting_key(client, f"crowd{i}", now - 100 + i)  # waited out their setback
     visitor = submit(client, "visitor")[0]
@@ -446,7 +465,7 @@ def test_without_slots_beyond_the_rows_a_position_is_the_round_robin_order(clien
     from worker.queue.fairness import GROUP_USAGE_CAP_S
 
     now = _redis_now(client)
-    client.r.hset(client.keys.group_usage, "crowd", f"{GROUP_USAGE_CAP_S}:{now}")
+    client.r.set(client.keys.group_usage("crowd"), f"{GROUP_USAGE_CAP_S}:{now}")
     crowd = submit(client, "crowd")[0]
     set_waiting_key(client, "crowd", now - 100)  # it has waited out its setback
     client.r.hset(client.keys.slots, mapping={SlotsField.capacity: 1, SlotsField.shared: 1,

@@ -160,10 +160,17 @@ class Keys:
         """Hash group -> dispatched or running jobs."""
         return f"{self.prefix}inflight_by_group"
 
+    def group_usage(self, group: str) -> str:
+        """String "seconds:t": client group ``group``'s jobs' time in flight as of Redis time t, decaying by half every
+        ``GROUP_USAGE_HALF_LIFE_S``. FINISH charges a job's time in flight to it and sets it to expire 20 half-lives
+        later (by then the usage counts for nothing); SUBMIT and POP read it. One key a group, so what the crowd of
+        addresses that used the workers lately holds is bounded by that time, however busy the service stays."""
+        return f"{self.prefix}usage:{group}"
+
     @property
-    def group_usage(self) -> str:
-        """Hash group -> "seconds:t": its jobs' time in flight as of Redis time t, decaying by half every
-        ``GROUP_USAGE_HALF_LIFE_S``. FINISH charges a job's time in flight to it; SUBMIT and POP read it."""
+    def legacy_group_usage(self) -> str:
+        """Earlier versions' hash of every group's usage, which kept a field for each group ever served while the
+        service stayed busy: ADOPT_LINE deletes it (the usage it held decays within minutes anyway)."""
         return f"{self.prefix}group_usage"
 
     @property
@@ -338,7 +345,8 @@ class Keys:
             "legacy_served": self.legacy_served, "legacy_queued_count": self.legacy_queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,
             "inflight_by_group": self.inflight_by_group, "queued_since": self.queued_since,
-            "inflight": self.inflight, "group_usage": self.group_usage, "waiting_since": self.waiting_since, "slots": self.slots, "total_image_quota": self.total_image_quota,
+            "inflight": self.inflight, "legacy_group_usage": self.legacy_group_usage, "waiting_since": self.waiting_since,
+            "slots": self.slots, "total_image_quota": self.total_image_quota,
             "images_held": self.images_held(), "image_sizes": self.image_sizes(), "legacy_service_time": self.legacy_service_time,
             "image_holders": self.image_holders(), "image_owners": self.image_owners(),
             "history_total": self.history_total, "conversations_held": self.conversations_held,
@@ -350,7 +358,7 @@ class Keys:
             "image": self.image(""), "picture_jobs": self.picture_jobs(""), "images_of": self.images_of(""),
             "user_image_quota": self.user_image_quota(""), "group_image_quota": self.group_image_quota(""),
             "user_text_quota": self.user_text_quota(""), "group_text_quota": self.group_text_quota(""),
-            "submit_rate": self.submit_rate(""), "newest": self.newest_conversation(""),
+            "submit_rate": self.submit_rate(""), "newest": self.newest_conversation(""), "group_usage": self.group_usage(""),
             # a chat_index key is this prefix, then "<user>:<digest>"
             "chat_index": self.chat_index("", "")[:-1], "chat_indexes_of": self.chat_indexes_of(""),
             "cleared": self.cleared(""),

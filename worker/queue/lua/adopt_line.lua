@@ -4,8 +4,10 @@
 -- loses none of them. Each group's identities and jobs are the lists the line reads already; the groups join in the
 -- order the old list held them, and the dispatched jobs no worker has started yet become unclaimed. The set of groups
 -- served that earlier versions kept goes too (the line reads a group's jobs in flight instead), and so does their
--- service-time average of its own (KEY.slots keeps it now: one job's run time sets it again), and their count of the
--- questions waiting (the line's size is the count). Run when a worker starts; a second run finds nothing to do.
+-- service-time average of its own (KEY.slots keeps it now: one job's run time sets it again), their count of the
+-- questions waiting (the line's size is the count), and their hash of every group's usage (a key a group now; what
+-- it held decays within minutes, so it is not carried over). Run when a worker starts; a second run finds nothing
+-- to do.
 -- args: none
 -- Returns the number of groups put in the line.
 local groups = redis.call('LRANGE', KEY.legacy_ring, 0, -1)
@@ -17,8 +19,9 @@ for _, qg in ipairs(groups) do
     joined = joined + 1
   end
 end
-redis.call('DEL', KEY.legacy_ring, KEY.legacy_ring_keys, KEY.legacy_served, KEY.legacy_service_time,
-           KEY.legacy_queued_count)
+-- (UNLINK: the earlier usage hash may hold a field for every group served in weeks; Redis frees it in the background)
+redis.call('UNLINK', KEY.legacy_ring, KEY.legacy_ring_keys, KEY.legacy_served, KEY.legacy_service_time,
+           KEY.legacy_queued_count, KEY.legacy_group_usage)
 for _, job in ipairs(redis.call('ZRANGE', KEY.inflight, 0, -1)) do
   if redis.call('HGET', KEY.job .. job, JOB.state) == STATE.dispatched then
     redis.call('ZADD', KEY.unclaimed, redis.call('ZSCORE', KEY.inflight, job), job)

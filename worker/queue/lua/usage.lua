@@ -1,9 +1,10 @@
 -- A client group's recent use of the workers: its jobs' seconds in flight, halved every HALF_LIFE seconds
--- (KEY.group_usage holds "seconds:t" per group, t in Redis time). FINISH charges it; a group that starts waiting is
--- set back by it (line.lua), and the last slots POP keeps go only to groups that used the workers little lately.
+-- (KEY.group_usage .. group holds "seconds:t", t in Redis time, until 20 half-lives after its last charge). FINISH
+-- charges it; a group that starts waiting is set back by it (line.lua), and the last slots POP keeps go only to
+-- groups that used the workers little lately.
 
 -- A group's usage as stored ("seconds:t", or nil), read once by whoever needs both of what follows.
-local function usage_record(g) return redis.call('HGET', KEY.group_usage, g) end
+local function usage_record(g) return redis.call('GET', KEY.group_usage .. g) end
 local function usage_at(record, now)
   if not record then return 0 end
   local seconds, t = string.match(record, '^([^:]+):(.+)$')
@@ -31,6 +32,7 @@ local function charge_usage(group, since)
   if not since then return end
   local now = now_s()
   local total = usage(group, now) + math.max(0, now - tonumber(since))
-  redis.call('HSET', KEY.group_usage, group, string.format('%.3f:%.3f', total, now))
-  redis.call('EXPIRE', KEY.group_usage, math.floor(HALF_LIFE * 20))  -- after 20 half-lives nobody's use matters
+  -- 20 half-lives without a charge leave under a millionth of it: then its key expires
+  redis.call('SET', KEY.group_usage .. group, string.format('%.3f:%.3f', total, now),
+             'EX', math.floor(HALF_LIFE * 20))
 end
