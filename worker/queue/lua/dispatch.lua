@@ -35,6 +35,10 @@ local function dispatch_job(job, group, qg, now, n, attempts, taker)
   return n + 1
 end
 
+-- The fields of a queued job POP reads to serve it (the line's head is read with them: its group is the last).
+local SERVE_FIELDS = {JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts, JOB.payload, JOB.notify,
+                      JOB.turn, JOB.qkey, JOB.qgroup}
+
 local function pop_next(capacity, shared, light_from, now, worker, maxlen)
   -- A worker taking its next job first starts the oldest job already dispatched to Celery for any worker (or for
   -- it) that no worker has claimed yet: it was popped earlier, so it must not start later than the jobs popped after
@@ -58,7 +62,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
   -- the slot layout position() reads (POSITION, and the queued event of SUBMIT and REQUEUE)
   set_slot_layout(capacity, shared, light_from)
   while true do
-    local qg, first
+    local qg, first, head_job, head_fields
     if light_only then
       first = redis.call('ZRANGEBYSCORE', KEY.light_line, '-inf', light_bound(now_s()), 'LIMIT', 0, 1)[1]
       qg = first and group_of_idle(first)
@@ -67,7 +71,11 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       qg = first and group_of_idle(first)
     else
       first = redis.call('ZRANGE', KEY.line, 0, 0)[1]
-      qg = first and redis.call('HGET', KEY.job .. job_of(first), JOB.qgroup)
+      if first then  -- (the head of the line is the job its group serves next: read once, for both)
+        head_job = job_of(first)
+        head_fields = redis.call('HMGET', KEY.job .. head_job, unpack(SERVE_FIELDS))
+        qg = head_fields[11]
+      end
       if first and not qg then redis.call('ZREM', KEY.line, first) end  -- its hash expired: not a job any more
     end
     if not qg then
@@ -81,9 +89,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
         if not in_line(qg) then leave_line(qg) end
       else
         redis.call('ZREM', KEY.queued_since, job)
-        local jk = KEY.job .. job
-        local f = redis.call('HMGET', jk, JOB.user, JOB.group, JOB.state, JOB.conv, JOB.dispatch_n, JOB.attempts,
-                             JOB.payload, JOB.notify, JOB.turn, JOB.qkey)
+        local f = job == head_job and head_fields or redis.call('HMGET', KEY.job .. job, unpack(SERVE_FIELDS))
         if f[1] then queued_by_user_add(f[1], f[10] or f[1], -1) end
         local group = f[2] or f[1]
         if group then hdecr(KEY.queued_by_group, group) end
