@@ -53,3 +53,19 @@ def fill_line(client, n: int, name: str = "v") -> list[str]:
     script = client.r.register_script(_FILL)
     script(keys=[], args=[json.dumps({"prefix": client.keys.prefix, "n": n, "name": name, "now": repr(time.time())})])
     return [f"{name}{i}" for i in range(1, n + 1)]
+
+
+def idle_index_errors(client) -> list[str]:
+    """What is wrong with the index of groups with nothing in flight (``idle_line`` and ``light_line``, line.lua): it
+    must hold exactly the groups in line (with a place) and nothing in flight, each as its place followed by the
+    group, in both sets. Empty when it is right."""
+    keys, r = client.keys, client.r
+    places = {g.decode(): p.decode() for g, p in r.hgetall(keys.places).items()}
+    flying = {g.decode() for g in r.hkeys(keys.inflight_by_group)}
+    expected = {places[g] + g for g in places if g not in flying}
+    errors = []
+    for name in ("idle_line", "light_line"):
+        held = {m.decode() for m in r.zrange(getattr(keys, name), 0, -1)}
+        if held != expected:
+            errors.append(f"{name}: extra {sorted(held - expected)}, missing {sorted(expected - held)}")
+    return errors

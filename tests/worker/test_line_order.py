@@ -13,12 +13,14 @@ needs no clock; tests/worker/test_queue.py covers the setback.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 import worker.queue.scripts as scripts
 from tests.redis_server import unique_prefix
+from tests.worker.queue_state import idle_index_errors
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.store.keys import JobField, JobState
@@ -146,28 +148,55 @@ def test_the_line_serves_as_a_rotating_ring_of_groups_and_says_so(unweighted_cli
             model.cancel(job, *owner[job])
         order = model.order()
         assert client.queue_positions(order) == {job: i + 1 for i, job in enumerate(order)}, f"step {step}"
+        assert not idle_index_errors(client), f"step {step}: {idle_index_errors(client)}"
 
 
-def test_the_job_pop_serves_next_is_the_one_told_it_is_first(client, fake_capacity):
+@pytest.mark.parametrize("seed,fifo", [(11, False), (12, False), (13, False), (14, True)])
+def test_the_job_pop_serves_next_is_the_one_told_it_is_first(settings, seed, fifo):
     """With slots beyond the decode rows (kept for groups with nothing in flight, the last ones for light groups)
-    and real usage setbacks, a job told position 1 is the one POP serves next, at every step."""
-    rng = random.Random(11)
+    and real usage setbacks, a job told position 1 is the one POP (or a worker's take) serves next, at every step,
+    through cancels and jobs put back after a lost worker; and the index of groups with nothing in flight holds
+    exactly those groups in line, at their places (in FIFO mode, the one shared group, which counts nothing in
+    flight, whenever anything waits)."""
+    client = OwletClient(settings=dataclasses.replace(settings, fifo=fifo))
+    try:
+        serve_and_check(client, random.Random(seed))
+    finally:
+        client.close(purge=True)
+
+
+def serve_and_check(client, rng):
     queued, flying = [], []
-    for step in range(120):
+    for step in range(160):
         op = rng.random()
-        if op < 0.5:
+        if op < 0.45:
             group = f"g{rng.randrange(6)}"
             queued.append(client.submit(f"{group}-u{rng.randrange(2)}", None, f"q{step}", group=group).job)
-        elif op < 0.8:
+        elif op < 0.72:
             places = client.queue_positions(queued)
             first = {job for job, place in places.items() if place == 1}
-            popped = client.jobs.pop(8, 3)
+            if rng.random() < 0.5:
+                popped = client.jobs.pop(8, 3)
+                popped = popped and popped[0]
+            else:
+                taken = client.jobs.take(8, 3, "worker@host")
+                # (a job POP dispatched that no worker claimed yet starts first: it is in flight already)
+                popped = taken and taken.job not in flying and taken.job
             if popped:
-                assert popped[0] in first, f"step {step}: POP served a job told {places[popped[0]]}"
-                queued.remove(popped[0])
-                flying.append(popped[0])
-        elif flying:
+                assert popped in first, f"step {step}: POP served a job told {places[popped]}"
+                queued.remove(popped)
+                flying.append(popped)
+        elif op < 0.86 and flying:
             assert client.jobs.finish(flying.pop(rng.randrange(len(flying))), "done")
+        elif op < 0.93 and flying:
+            job = flying.pop(rng.randrange(len(flying)))
+            back = client.jobs.requeue(job, "lost")
+            assert back in (1, 2), "queued again, or failed once its attempts are spent"
+            if back == 1:
+                queued.append(job)
+        elif queued:
+            assert client.jobs.cancel(queued.pop(rng.randrange(len(queued))))
+        assert not idle_index_errors(client), f"step {step}: {idle_index_errors(client)}"
 
 
 def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_order(unweighted_client):
@@ -191,11 +220,12 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
     r.set(keys.legacy_service_time, "12.5")  # the service-time average's earlier key (KEY.slots keeps it now)
     r.set(keys.legacy_queued_count, "99")  # the waiting count earlier versions kept (the line's size is the count)
     r.hset(keys.legacy_group_usage, mapping={"g1": "3.0:1.0", "g8": "1.0:1.0"})  # every group's usage, in one hash
+    r.hset(keys.legacy_idle_members, "g8", "x")  # each idle group's member (its place names it now)
     assert client.jobs.adopt_line() == 3
     assert client.jobs.adopt_line() == 0, "a second run finds nothing to do"
     assert not r.exists(keys.legacy_ring) and not r.exists(keys.legacy_ring_keys) and not r.exists(keys.legacy_served)
     assert not r.exists(keys.legacy_service_time) and not r.exists(keys.legacy_queued_count)
-    assert not r.exists(keys.legacy_group_usage)
+    assert not r.exists(keys.legacy_group_usage) and not r.exists(keys.legacy_idle_members)
     assert client.readouts.queued_total() == sum(len(jobs) for users in lists.values() for jobs in users.values())
     order = model.order()
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}

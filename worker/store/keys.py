@@ -117,8 +117,9 @@ class Keys:
         return f"{self.prefix}light_line"
 
     @property
-    def idle_members(self) -> str:
-        """Hash group -> its member in ``idle_line`` and ``light_line``."""
+    def legacy_idle_members(self) -> str:
+        """Earlier versions' hash group -> its member in ``idle_line`` and ``light_line``, which is its place followed
+        by the group (line.lua reads it off the place): ADOPT_LINE deletes it."""
         return f"{self.prefix}idle_members"
 
     @property
@@ -340,7 +341,8 @@ class Keys:
         return {
             # fixed keys
             "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
-            "light_line": self.light_line, "idle_members": self.idle_members, "unclaimed": self.unclaimed,
+            "light_line": self.light_line, "legacy_idle_members": self.legacy_idle_members,
+            "unclaimed": self.unclaimed,
             "legacy_ring": self.legacy_ring, "legacy_ring_keys": self.legacy_ring_keys,
             "legacy_served": self.legacy_served, "legacy_queued_count": self.legacy_queued_count,
             "queued_by_user": self.queued_by_user, "queued_by_group": self.queued_by_group,

@@ -6,8 +6,8 @@
 -- served that earlier versions kept goes too (the line reads a group's jobs in flight instead), and so does their
 -- service-time average of its own (KEY.slots keeps it now: one job's run time sets it again), their count of the
 -- questions waiting (the line's size is the count), and their hash of every group's usage (a key a group now; what
--- it held decays within minutes, so it is not carried over). Run when a worker starts; a second run finds nothing
--- to do.
+-- it held decays within minutes, so it is not carried over), and their hash of each idle group's member (a group's
+-- place names it). Run when a worker starts; a second run finds nothing to do.
 -- args: none
 -- Returns the number of groups put in the line.
 local groups = redis.call('LRANGE', KEY.legacy_ring, 0, -1)
@@ -21,7 +21,7 @@ for _, qg in ipairs(groups) do
 end
 -- (UNLINK: the earlier usage hash may hold a field for every group served in weeks; Redis frees it in the background)
 redis.call('UNLINK', KEY.legacy_ring, KEY.legacy_ring_keys, KEY.legacy_served, KEY.legacy_service_time,
-           KEY.legacy_queued_count, KEY.legacy_group_usage)
+           KEY.legacy_queued_count, KEY.legacy_group_usage, KEY.legacy_idle_members)
 for _, job in ipairs(redis.call('ZRANGE', KEY.inflight, 0, -1)) do
   if redis.call('HGET', KEY.job .. job, JOB.state) == STATE.dispatched then
     redis.call('ZADD', KEY.unclaimed, redis.call('ZSCORE', KEY.inflight, job), job)

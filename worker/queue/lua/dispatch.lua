@@ -18,11 +18,10 @@ end
 -- taker starts at once is written started here too (start_job's fields, in the same write; start_job with
 -- from_line then does the rest). Returns its dispatch number.
 local function dispatch_job(job, group, qg, now, n, attempts, taker)
-  if redis.call('HINCRBY', KEY.inflight_by_group, group, '1') == 1 and group == qg then
-    idle_forget(qg)  -- it has something in flight now
-  else
-    idle_refresh(qg)
-  end
+  redis.call('HINCRBY', KEY.inflight_by_group, group, '1')
+  -- a group with something in flight is not idle: serve_group forgot its member (a job SUBMIT sends straight out
+  -- never was in line). In FIFO mode the line's one group, which counts nothing in flight, is indexed again.
+  if group ~= qg then idle_refresh(qg) end
   local fields = {JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker, JOB.flight_t, now_s_text(),
                   JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1)}
   if taker ~= '' then
@@ -83,10 +82,10 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       -- (a member whose hash expired was dropped above: look again)
     else
       local job = serve_group(qg)
-      if not job then  -- a group indexed without queued jobs: drop what named it, then look again
+      if not job then  -- a group named without queued jobs: drop what named it, then look again
         if not light_only and not newcomers_only then redis.call('ZREM', KEY.line, first) end
-        idle_refresh(qg)
-        if not in_line(qg) then leave_line(qg) end
+        idle_forget(qg, string.sub(first, 1, PLACE_WIDTH))  -- (its idle member, at the place that named it)
+        if in_line(qg) then idle_refresh(qg) else leave_line(qg) end
       else
         redis.call('ZREM', KEY.queued_since, job)
         local f = job == head_job and head_fields or redis.call('HMGET', KEY.job .. job, unpack(SERVE_FIELDS))

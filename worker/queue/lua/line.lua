@@ -21,8 +21,9 @@
 --
 -- Beyond the workers' decode rows POP serves only groups with nothing in flight, and in the last slots only such
 -- groups that used the workers little lately (dispatch.lua): KEY.idle_line orders the groups in line with nothing in
--- flight by their place, and KEY.light_line the same groups by their usage (usage_key), ties by place.
--- KEY.idle_members holds each such group's member of both (place .. group).
+-- flight by their place, and KEY.light_line the same groups by their usage (usage_key), ties by place. A group's
+-- member of both is its place .. group: whatever changes or removes the place of a group that may be indexed
+-- forgets the member written with the place it had (idle_forget), so the member is always known from the place.
 
 local PLACE_WIDTH = 34  -- tier (1) + sub-tier (1) + number (20) + arrival sequence (12)
 local COUNT_DOWN = 1e12  -- "latest first" places count down from here
@@ -77,37 +78,45 @@ local function group_walk(qg)
   return order
 end
 
--- The slots POP keeps for groups with nothing in flight: (re)index a group in line with nothing in flight, or
--- forget it.
-local function idle_forget(qg)
-  local member = redis.call('HGET', KEY.idle_members, qg)
-  if member then
-    redis.call('ZREM', KEY.idle_line, member)
-    redis.call('ZREM', KEY.light_line, member)
-    redis.call('HDEL', KEY.idle_members, qg)
-  end
+-- The slots POP keeps for groups with nothing in flight: a group is indexed (KEY.idle_line, KEY.light_line) exactly
+-- while it is in line (it has a place) with nothing in flight.
+-- Forget group qg's member written with place `place` (nil: it had none, so nothing is indexed).
+local function idle_forget(qg, place)
+  if not place then return end
+  local member = place .. qg
+  redis.call('ZREM', KEY.idle_line, member)
+  redis.call('ZREM', KEY.light_line, member)
 end
 local function idle_index(qg, place, record)
   local member = place .. qg
   redis.call('ZADD', KEY.idle_line, '0', member)
-  redis.call('ZADD', KEY.light_line, usage_key_of(record), member)
-  redis.call('HSET', KEY.idle_members, qg, member)
+  redis.call('ZADD', KEY.light_line, usage_key_of(record), member)  -- (its usage now, should it have changed)
 end
-local function idle_refresh(qg)
-  idle_forget(qg)
-  if has_flight(qg) or not in_line(qg) then return end
-  idle_index(qg, redis.call('HGET', KEY.places, qg), usage_record(qg))
+-- Index group qg at its place (nil: read here) or forget it there, by what it has in line and in flight now. Its
+-- place must be the one it was indexed with, if any (a caller changing the place forgets the old member first).
+local function idle_refresh(qg, place)
+  place = place or redis.call('HGET', KEY.places, qg)
+  if not place then return end  -- not in line: not indexed (leaving the line forgot it)
+  if has_flight(qg) or not in_line(qg) then
+    idle_forget(qg, place)
+  else
+    idle_index(qg, place, usage_record(qg))
+  end
 end
 
--- Write the tags of every queued job of group qg from its place (old_place: the place they were written with, when
--- it changed). Returns the place.
-local function rekey(qg, old_place)
+-- Write the tags of every queued job of group qg from its place (old_place: the place they and its idle member were
+-- written with, when it changed). keep_idle: leave the idle index alone (the caller sees to it). Returns the place.
+local function rekey(qg, old_place, keep_idle)
   local place = redis.call('HGET', KEY.places, qg)
+  local moved = old_place and old_place ~= place
   for k, job in ipairs(group_walk(qg)) do
-    if old_place and old_place ~= place then redis.call('ZREM', KEY.line, old_place .. job) end
+    if moved then redis.call('ZREM', KEY.line, old_place .. job) end
     redis.call('ZADD', KEY.line, k - 1, place .. job)
   end
-  idle_refresh(qg)
+  if not keep_idle then
+    if moved then idle_forget(qg, old_place) end
+    idle_refresh(qg, place)
+  end
   return place
 end
 
@@ -167,15 +176,18 @@ end
 
 -- Group qg has no more queued jobs: it leaves the ring. (With nothing in flight either it is idle: it waits as a
 -- newcomer, with its setback, when it asks again.)
-local function leave_line(qg)
+-- place: its place, when the caller has it (nil: read here).
+local function leave_line(qg, place)
+  place = place or redis.call('HGET', KEY.places, qg)
   redis.call('HDEL', KEY.places, qg)
   redis.call('ZREM', KEY.waiting_since, qg)
-  idle_forget(qg)
+  idle_forget(qg, place)
 end
--- A job of group (in line as qg) left flight (it ended, or is put back in line).
+-- A job of group (in line as qg) left flight (it ended, or is put back in line). A group with something still in
+-- flight was not indexed and is not now; one with nothing left in flight is, if it is in line. (In FIFO mode the
+-- line's one group counts nothing in flight: it is indexed whenever in line, at its place.)
 local function left_flight(group, qg)
-  hdecr(KEY.inflight_by_group, group)
-  if in_line(qg) then idle_refresh(qg) end
+  if hdecr(KEY.inflight_by_group, group) <= 0 or group ~= qg then idle_refresh(qg) end
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)
@@ -185,14 +197,15 @@ local function unqueue(job, q, qg, user, group)
     local place = redis.call('HGET', KEY.places, qg)
     if place then redis.call('ZREM', KEY.line, place .. job) end
     if redis.call('LLEN', uq(q)) == 0 then redis.call('LREM', gq(qg), 0, q) end
-    if in_line(qg) then rekey(qg) else leave_line(qg) end
+    if in_line(qg) then rekey(qg) else leave_line(qg, place) end
   end
   redis.call('ZREM', KEY.queued_since, job)
 end
 
 -- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on (its job in
--- flight says so): it moves to the end of the ring, and each of its other jobs up a turn. Returns the job (nil if the
--- group had none).
+-- flight says so): it moves to the end of the ring, and each of its other jobs up a turn. Its idle member goes (about
+-- to have a job in flight, it is not idle; the caller indexes it again when it is: dispatch_job). Returns the job
+-- (nil if the group had none).
 local function serve_group(qg)
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))
@@ -201,9 +214,10 @@ local function serve_group(qg)
   local place = redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
   redis.call('ZREM', KEY.waiting_since, qg)  -- served now: its wait no longer bounds anyone's setback
+  idle_forget(qg, place)
   if in_line(qg) then
     redis.call('HSET', KEY.places, qg, served_place_end())
-    rekey(qg, place)
+    rekey(qg, place, true)
   else
     redis.call('HDEL', KEY.places, qg)
   end
@@ -250,12 +264,14 @@ end
 -- Where a queued job stands: its place in line, or, for the next job of a group with nothing in flight when the
 -- last POP kept slots for such groups (KEY.slots), its place among the groups competing for them, whichever is
 -- nearer the front.
-local function slot_position(job, q, qg, now)
+local function slot_position(job, q, qg, now, place)
   local capacity, shared, light_from = slot_layout()
   if not capacity or capacity <= shared then return nil end
-  local member = redis.call('HGET', KEY.idle_members, qg)
-  if not member or redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then return nil end
-  local eligible = redis.call('ZRANK', KEY.idle_line, member) + 1
+  if redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then return nil end
+  local member = place .. qg
+  local eligible = redis.call('ZRANK', KEY.idle_line, member)  -- (nil: not indexed, something of it is in flight)
+  if not eligible then return nil end
+  eligible = eligible + 1
   if capacity > light_from then
     local used = score_number(redis.call('ZSCORE', KEY.light_line, member))
     if used <= light_bound(now) then  -- every group ahead of it there used less, so is light too
@@ -270,7 +286,7 @@ local function position(job, q, qg, now, place)
   place = place or redis.call('HGET', KEY.places, qg)
   local rank = place and redis.call('ZRANK', KEY.line, place .. job)
   if not rank then return false end
-  local slot = slot_position(job, q, qg, now)
+  local slot = slot_position(job, q, qg, now, place)
   return slot and math.min(rank + 1, slot) or rank + 1
 end
 -- The seconds each place in line adds: the service-time average FINISH keeps over the decode rows the last POP counted
