@@ -9,6 +9,7 @@ import json
 import time
 
 from worker.queue.scripts import compose
+from worker.store.keys import JobField
 
 _SET_KEY = compose("""#!lua
 local qg = args.group
@@ -56,9 +57,11 @@ def fill_line(client, n: int, name: str = "v") -> list[str]:
 
 
 def idle_index_errors(client) -> list[str]:
-    """What is wrong with the index of groups with nothing in flight (``idle_line`` and ``light_line``, line.lua): it
-    must hold exactly the groups in line (with a place) and nothing in flight, each as its place followed by the
-    group, in both sets. Empty when it is right."""
+    """What is wrong with the line's indexes (line.lua), empty when they are right: the index of groups with nothing
+    in flight (``idle_line`` and ``light_line``) must hold exactly the groups in line (with a place) and nothing in
+    flight, each as its place followed by the group, in both sets; every job in line must be there under its group's
+    place (POP reads a group's place off the member it finds); and ``waiting_since`` must hold exactly the groups
+    waiting with a key (places of tier 1)."""
     keys, r = client.keys, client.r
     places = {g.decode(): p.decode() for g, p in r.hgetall(keys.places).items()}
     flying = {g.decode() for g in r.hkeys(keys.inflight_by_group)}
@@ -68,4 +71,14 @@ def idle_index_errors(client) -> list[str]:
         held = {m.decode() for m in r.zrange(getattr(keys, name), 0, -1)}
         if held != expected:
             errors.append(f"{name}: extra {sorted(held - expected)}, missing {sorted(expected - held)}")
+    width = len(next(iter(places.values()), ""))
+    for member in r.zrange(keys.line, 0, -1):
+        place, job = member.decode()[:width], member.decode()[width:]
+        group = (r.hget(keys.job(job), JobField.qgroup) or b"").decode()
+        if places.get(group) != place:
+            errors.append(f"line: job {job} of {group!r} at place {place}, its group's is {places.get(group)}")
+    waiting = {g.decode() for g in r.zrange(keys.waiting_since, 0, -1)}
+    keyed = {g for g, p in places.items() if p.startswith("1")}
+    if waiting != keyed:
+        errors.append(f"waiting_since: extra {sorted(waiting - keyed)}, missing {sorted(keyed - waiting)}")
     return errors

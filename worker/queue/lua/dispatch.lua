@@ -6,10 +6,12 @@ local UNCLAIMED_LOOKS = 16
 
 -- Whether group qg may take a free slot with `inflight` jobs in flight: any group within the decode rows (`shared`),
 -- beyond them a group with nothing in flight, past `light_from` only such a group that used the workers little.
-local function may_take_slot(qg, inflight, capacity, shared, light_from)
+-- flight: whether qg has a job in flight, when the caller read it (nil: read here).
+local function may_take_slot(qg, inflight, capacity, shared, light_from, flight)
   if inflight >= capacity then return false end
   if inflight < shared then return true end
-  if has_flight(qg) then return false end
+  if flight == nil then flight = has_flight(qg) end
+  if flight then return false end
   return inflight < light_from or score_number(usage_key(qg)) <= light_bound(now_s())
 end
 
@@ -81,7 +83,7 @@ local function pop_next(capacity, shared, light_from, now, worker, maxlen)
       if not first or light_only or newcomers_only then return nil end
       -- (a member whose hash expired was dropped above: look again)
     else
-      local job = serve_group(qg)
+      local job = serve_group(qg, string.sub(first, 1, PLACE_WIDTH))  -- (every member starts with its group's place)
       if not job then  -- a group named without queued jobs: drop what named it, then look again
         if not light_only and not newcomers_only then redis.call('ZREM', KEY.line, first) end
         idle_forget(qg, string.sub(first, 1, PLACE_WIDTH))  -- (its idle member, at the place that named it)

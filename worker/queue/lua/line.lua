@@ -58,6 +58,8 @@ local function served_place_front()
   return place_string(2, 0, COUNT_DOWN - seq, seq)
 end
 local function served_place_end() return place_string(2, 1, 0, next_seq()) end
+-- Whether a group at `place` (nil: none known) may be in KEY.waiting_since, which holds the groups waiting with a key.
+local function may_wait_since(place) return not place or string.sub(place, 1, 1) == '1' end
 
 -- A group's queued jobs in the order it serves them: round robin over its identities (KEY.group_queue), each
 -- identity's jobs oldest first (KEY.user_queue).
@@ -155,12 +157,13 @@ local function join_line(qg, front)
 end
 
 -- Job `job` of identity q in group qg was just queued (SUBMIT): it goes to the end of q's queue, and gets its tag.
--- Returns its group's place (for position()).
-local function queue_job(job, q, qg)
+-- flight: whether qg has a job in flight, when the caller read it already (nil: read here). Returns its group's place
+-- (for position()).
+local function queue_job(job, q, qg, flight)
   local mine = redis.call('RPUSH', uq(q), job)
   local identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
   if identities == 1 and mine == 1 then  -- the group starts waiting with this job alone
-    local flight = has_flight(qg)
+    if flight == nil then flight = has_flight(qg) end
     local place, record = join_place(qg, false, flight)
     redis.call('HSET', KEY.places, qg, place)
     redis.call('ZADD', KEY.line, '0', place .. job)
@@ -180,7 +183,7 @@ end
 local function leave_line(qg, place)
   place = place or redis.call('HGET', KEY.places, qg)
   redis.call('HDEL', KEY.places, qg)
-  redis.call('ZREM', KEY.waiting_since, qg)
+  if may_wait_since(place) then redis.call('ZREM', KEY.waiting_since, qg) end
   idle_forget(qg, place)
 end
 -- A job of group (in line as qg) left flight (it ended, or is put back in line). A group with something still in
@@ -204,16 +207,18 @@ end
 
 -- Serve group qg's next job (POP): take it from its lists and the line. The group is served from now on (its job in
 -- flight says so): it moves to the end of the ring, and each of its other jobs up a turn. Its idle member goes (about
--- to have a job in flight, it is not idle; the caller indexes it again when it is: dispatch_job). Returns the job
--- (nil if the group had none).
-local function serve_group(qg)
+-- to have a job in flight, it is not idle; the caller indexes it again when it is: dispatch_job). place: its place,
+-- as the line or the idle index the caller found it in names it (nil: read here). Returns the job (nil if the group
+-- had none).
+local function serve_group(qg, place)
   local q = redis.call('LPOP', gq(qg))
   local job = q and redis.call('LPOP', uq(q))
   if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
   if not job then return nil end
-  local place = redis.call('HGET', KEY.places, qg)
+  place = place or redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
-  redis.call('ZREM', KEY.waiting_since, qg)  -- served now: its wait no longer bounds anyone's setback
+  -- served now: its wait no longer bounds anyone's setback
+  if may_wait_since(place) then redis.call('ZREM', KEY.waiting_since, qg) end
   idle_forget(qg, place)
   if in_line(qg) then
     redis.call('HSET', KEY.places, qg, served_place_end())

@@ -81,9 +81,14 @@ local submits, text_user, text_group, history_held = tonumber(counted[1] or '0')
 if submits >= args.group_submit_limit then return {-6} end
 -- the caps count real identities and groups even in FIFO mode, where everyone shares one list
 if queued_by_user(user, q) >= args.user_queue_cap then return {-1} end
-local group_load = tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0')
-                 + tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
-if group_load >= args.group_job_cap then return {-5} end
+local group_flight = tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
+if tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0') + group_flight >= args.group_job_cap then
+  return {-5}
+end
+-- whether the line's group has a job in flight, as the line reads it (its own group's count; FIFO's shared group
+-- counts none)
+local line_flight
+if qg == group then line_flight = group_flight > 0 end
 -- the waiting room: the line holds each queued question once, so its size is the count (no script below changes it
 -- before the question joins it: what gives way for this turn is never waiting, docs/redis_memory.md)
 local waiting = redis.call('ZCARD', KEY.line)
@@ -271,7 +276,7 @@ redis.call('EXPIRE', JK, args.job_ttl_s)
 -- Nobody waits and a slot is free that this job may take: it is what POP would hand out next, so it goes out now
 -- without passing through the line (its queued event, then its dispatch).
 local inflight = args.capacity and waiting == 0 and redis.call('ZCARD', KEY.inflight)
-if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.light_from) then
+if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.light_from, line_flight) then
   xadd(job, STATE.queued, queued_event(1, now), args.stream_maxlen)
   redis.call('EXPIRE', SK, args.job_ttl_s)
   set_slot_layout(args.capacity, args.shared, args.light_from)
@@ -279,7 +284,7 @@ if inflight and may_take_slot(qg, inflight, args.capacity, args.shared, args.lig
 end
 queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
-local place = queue_job(job, q, qg)
+local place = queue_job(job, q, qg, line_flight)
 redis.call('ZADD', KEY.queued_since, now, job)
 local pos = position(job, q, qg, held_now, place)
 xadd(job, STATE.queued, queued_event(pos, now), args.stream_maxlen)
