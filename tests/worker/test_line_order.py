@@ -171,7 +171,9 @@ def serve_and_check(client, rng):
         op = rng.random()
         if op < 0.45:
             group = f"g{rng.randrange(6)}"
-            queued.append(client.submit(f"{group}-u{rng.randrange(2)}", None, f"q{step}", group=group).job)
+            # now and then an identity asks from another group than its own (its address changed)
+            home = group if rng.random() < 0.8 else f"g{rng.randrange(6)}"
+            queued.append(client.submit(f"{home}-u{rng.randrange(2)}", None, f"q{step}", group=group).job)
         elif op < 0.72:
             places = client.queue_positions(queued)
             first = {job for job, place in places.items() if place == 1}
@@ -230,3 +232,44 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
     order = model.order()
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
     assert [client.jobs.pop(100)[0] for _ in order] == order
+
+
+def test_an_identity_that_asks_from_a_new_address_while_it_waits_stays_in_one_place_in_line(settings, fake_capacity):
+    """An anonymous visitor's group is its address, and addresses change under a visitor: a phone moves from Wi-Fi to
+    its carrier, a dual-stack browser reaches the page over IPv4 then IPv6, an API key is used from two machines.
+    Such an identity asking again while its first question waits had its question appended to its own queue, which
+    waits in its first address's turn, while the line looked for it under the new address: SUBMIT failed half-way
+    (a Lua error after its writes) and left a job no one followed. Now every question an identity has waiting waits
+    in the group its queue joined; so does one put back after a lost worker; each is told its place, is served in
+    that order, and the line's indexes stay exact."""
+    client = OwletClient(settings=settings)
+    try:
+        first = client.submit("mover", None, "from the wifi", group="addr:wifi").job
+        other = client.submit("stayer", None, "hello", group="addr:other").job
+        moved = client.submit("mover", None, "from the carrier", group="addr:carrier").job
+        assert not idle_index_errors(client), idle_index_errors(client)
+        assert client.queue_positions([first, other, moved]) == {first: 1, other: 2, moved: 3}
+        assert client.r.hget(client.keys.job(moved), JobField.qgroup) == b"addr:wifi", "waits in its queue's group"
+        assert client.r.hget(client.keys.job(moved), JobField.group) == b"addr:carrier", "charged to where it asked"
+        assert client.jobs.pop(100)[0] == first
+        # while its second question waits, the first is put back (its worker was lost): ahead of it in its queue, in
+        # the first address's turn, which was served (so behind the other group's)
+        assert client.jobs.requeue(first, "lost") == 1
+        assert not idle_index_errors(client), idle_index_errors(client)
+        assert client.queue_positions([first, other, moved]) == {other: 1, first: 2, moved: 3}
+        assert [client.jobs.pop(100)[0] for _ in range(3)] == [other, first, moved]
+        assert not idle_index_errors(client), idle_index_errors(client)
+        # the identity asks from yet another address while one of its questions is in flight and none waits: a new
+        # queue, in that address's group; the one in flight put back joins it there
+        third = client.submit("mover", None, "from the train", group="addr:train").job
+        assert client.jobs.requeue(moved, "lost") == 1
+        assert client.r.hget(client.keys.job(moved), JobField.qgroup) == b"addr:train"
+        assert not idle_index_errors(client), idle_index_errors(client)
+        assert client.queue_positions([moved, third]) == {moved: 1, third: 2}
+        assert [client.jobs.pop(100)[0] for _ in range(2)] == [moved, third]
+        for job in (first, other, moved, third):
+            assert client.jobs.finish(job, "done")
+        assert not idle_index_errors(client) and client.readouts.queued_total() == 0
+        assert not client.r.hgetall(client.keys.inflight_by_group) and not client.r.hgetall(client.keys.queued_by_group)
+    finally:
+        client.close(purge=True)

@@ -20,10 +20,15 @@ end
 -- taker starts at once is written started here too (start_job's fields, in the same write; start_job with
 -- from_line then does the rest). Returns its dispatch number.
 local function dispatch_job(job, group, qg, now, n, attempts, taker)
-  redis.call('HINCRBY', KEY.inflight_by_group, group, '1')
+  local flying = redis.call('HINCRBY', KEY.inflight_by_group, group, '1')
   -- a group with something in flight is not idle: serve_group forgot its member (a job SUBMIT sends straight out
-  -- never was in line). In FIFO mode the line's one group, which counts nothing in flight, is indexed again.
-  if group ~= qg then idle_refresh(qg) end
+  -- never was in line). A job waiting in another group's turn than its own (FIFO mode's one shared group, or an
+  -- identity's question asked from a new address, queue_group_of): that group is indexed again at its new place, and
+  -- the job's own group, which has something in flight now, forgotten.
+  if group ~= qg then
+    idle_refresh(qg)
+    if flying == 1 then idle_refresh(group) end
+  end
   local fields = {JOB.state, STATE.dispatched, JOB.dispatched_at, now, JOB.target, taker, JOB.flight_t, now_s_text(),
                   JOB.dispatch_n, tostring(n + 1), JOB.attempts, tostring(attempts + 1)}
   if taker ~= '' then

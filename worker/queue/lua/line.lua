@@ -43,6 +43,13 @@ local function queued_by_user(user, q)
   if q == user then return redis.call('LLEN', uq(q)) end
   return tonumber(redis.call('HGET', KEY.queued_by_user, user) or '0')
 end
+-- The group in whose turn identity q's waiting questions wait (nil when none waits): its oldest's. Every question an
+-- identity has waiting waits in that one group's turn (its own queue is one entry of that group's ring), even when
+-- it asked from another group: an anonymous identity's group is its address, which can change while it waits.
+local function queue_group_of(q)
+  local oldest = redis.call('LINDEX', uq(q), 0)
+  return oldest and redis.call('HGET', KEY.job .. oldest, JOB.qgroup)
+end
 local function queued_by_user_add(user, q, delta)
   if q == user then return end
   if delta > 0 then redis.call('HINCRBY', KEY.queued_by_user, user, delta) else hdecr(KEY.queued_by_user, user) end
@@ -187,10 +194,12 @@ local function leave_line(qg, place)
   idle_forget(qg, place)
 end
 -- A job of group (in line as qg) left flight (it ended, or is put back in line). A group with something still in
--- flight was not indexed and is not now; one with nothing left in flight is, if it is in line. (In FIFO mode the
--- line's one group counts nothing in flight: it is indexed whenever in line, at its place.)
+-- flight was not indexed and is not now; one with nothing left in flight is, if it is in line. (A job that waited in
+-- another group's turn, qg: in FIFO mode the line's one group, which counts nothing in flight, so is indexed
+-- whenever in line; or its identity's, queue_group_of.)
 local function left_flight(group, qg)
-  if hdecr(KEY.inflight_by_group, group) <= 0 or group ~= qg then idle_refresh(qg) end
+  if hdecr(KEY.inflight_by_group, group) <= 0 then idle_refresh(group) end
+  if group ~= qg then idle_refresh(qg) end
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)

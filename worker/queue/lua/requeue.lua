@@ -36,6 +36,15 @@ redis.call('ZREM', KEY.inflight, job)
 redis.call('ZREM', KEY.unclaimed, job)
 redis.call('HSET', jk, JOB.state, STATE.queued, JOB.worker, '', JOB.target, '')
 left_flight(group, qg)
+-- its identity asked again meanwhile, from another group, and that question waits: this one joins it in that group's
+-- turn, ahead of it (queue_group_of)
+if q == user then
+  local joined = queue_group_of(q)
+  if joined and joined ~= qg then
+    qg = joined
+    redis.call('HSET', jk, JOB.qgroup, qg)
+  end
+end
 local waiting = redis.call('LLEN', gq(qg)) > 0
 if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
 if waiting then rekey(qg) else join_line(qg, true) end

@@ -80,7 +80,11 @@ local submits, text_user, text_group, history_held = tonumber(counted[1] or '0')
   tonumber(counted[3] or '0'), tonumber(counted[4] or '0')
 if submits >= args.group_submit_limit then return {-6} end
 -- the caps count real identities and groups even in FIFO mode, where everyone shares one list
-if queued_by_user(user, q) >= args.user_queue_cap then return {-1} end
+local mine_waiting = queued_by_user(user, q)
+if mine_waiting >= args.user_queue_cap then return {-1} end
+-- an identity with questions waiting asks from another group (its address changed): this one waits with them, in
+-- their group's turn (queue_group_of), and counts against the caps and quotas of the group it was asked from
+if mine_waiting > 0 and q == user then qg = queue_group_of(q) or qg end
 local group_flight = tonumber(redis.call('HGET', KEY.inflight_by_group, group) or '0')
 if tonumber(redis.call('HGET', KEY.queued_by_group, group) or '0') + group_flight >= args.group_job_cap then
   return {-5}
