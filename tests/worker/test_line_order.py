@@ -188,17 +188,33 @@ def serve_and_check(client, rng):
                 assert popped in first, f"step {step}: POP served a job told {places[popped]}"
                 queued.remove(popped)
                 flying.append(popped)
-        elif op < 0.86 and flying:
+        elif op < 0.84 and flying:
             assert client.jobs.finish(flying.pop(rng.randrange(len(flying))), "done")
+        elif op < 0.87 and flying:  # its user stops it: a dispatched job ends at once, a started one is flagged
+            job = rng.choice(flying)
+            assert client.jobs.cancel(job)
+            if client.job_state(job) == "cancelled":
+                flying.remove(job)
         elif op < 0.93 and flying:
             job = flying.pop(rng.randrange(len(flying)))
             back = client.jobs.requeue(job, "lost")
-            assert back in (1, 2), "queued again, or failed once its attempts are spent"
+            assert back in (1, 2, 3), "queued again, failed once its attempts are spent, or cancelled as flagged"
             if back == 1:
                 queued.append(job)
+        elif op < 0.96 and queued:  # it waited past its timeout (the reaper ends it)
+            assert client.jobs.finish(queued.pop(rng.randrange(len(queued))), "error", only_state="queued")
         elif queued:
             assert client.jobs.cancel(queued.pop(rng.randrange(len(queued))))
         assert not idle_index_errors(client), f"step {step}: {idle_index_errors(client)}"
+    # everything ends: nothing of the line or its counters is left behind
+    for job in queued:
+        assert client.jobs.cancel(job)
+    for job in flying:
+        client.jobs.finish(job, "done")
+    keys = client.keys
+    for key in (keys.line, keys.places, keys.idle_line, keys.light_line, keys.waiting_since, keys.queued_by_group,
+                keys.inflight_by_group, keys.queued_by_user, keys.queued_since, keys.inflight):
+        assert not client.r.exists(key), f"{key} left behind: {client.r.type(key)}"
 
 
 def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_order(unweighted_client):
