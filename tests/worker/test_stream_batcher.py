@@ -46,13 +46,62 @@ def test_every_token_is_in_the_stream_before_the_terminal_event(client, fake_cap
         writer = StreamWriter(client.r, client.keys, job, 1000, batcher)
         for k in range(10):
             writer.add("token", text=f"{k} ")
-        writer.flush()  # what the runner does before its result goes to FINISH, with the answer's last tokens
-        assert client.jobs.finish_and_take(job, JobState.done, only_worker="w@x", tail="end", text="0 1 end")[0]
+        # what the runner does before its result goes to FINISH: the writes still waiting go with the last tokens
+        tail = writer.take_unsent() + "end"
+        assert client.jobs.finish_and_take(job, JobState.done, only_worker="w@x", tail=tail, text="0 1 end")[0]
         events = [decode(fields) for _, fields in client.r.xrange(client.keys.stream(job))]
-        assert [e["type"] for e in events][-12:] == ["token"] * 11 + ["done"]
-        assert [e["text"] for e in events[-12:-1]] == [f"{k} " for k in range(10)] + ["end"]
+        tokens = [e for e in events if e["type"] == "token"]
+        assert events[-1]["type"] == "done" and events[-1 - len(tokens):-1] == tokens, "every token before done"
+        assert "".join(e["text"] for e in tokens) == "".join(f"{k} " for k in range(10)) + "end"
+        assert len(tokens) < 11, "the waiting writes went with the finish, not in round trips of their own"
         assert not client.jobs.finish_and_take(job, JobState.done, tail="again")[0], "it had ended"
         assert client.r.xlen(client.keys.stream(job)) == len(events), "a finish that ends nothing writes nothing"
+    finally:
+        batcher.close()
+
+
+def test_an_answer_that_ends_takes_its_waiting_writes_back_for_its_finish_and_no_text_is_lost(client):
+    """At an answer's end its writes still waiting for the batcher's round trip go with its finish instead (the
+    runner hands their text to the finish, before its last tokens), so its end costs no round trip of its own;
+    writes already on their way land first. Many answers ending at once, each stream read back in full: every text
+    once, in order, and the batcher sent fewer round trips than answers."""
+    batcher = StreamBatcher(client.r, window_s=0.02)
+    answers, chunks = 24, 12
+    writers = [StreamWriter(client.r, client.keys, f"job{i}", 1000, batcher) for i in range(answers)]
+    carried = {}
+    try:
+        def answer(i: int, writer: StreamWriter) -> None:
+            for k in range(chunks):
+                writer.add("token", text=f"{i}.{k} ")
+            carried[i] = writer.take_unsent()
+            # what FINISH does with it: one token event, then the terminal one
+            client.r.xadd(writer.key, encode("token", text=carried[i] + "end"))
+
+        threads = [threading.Thread(target=answer, args=(i, w)) for i, w in enumerate(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        for i in range(answers):
+            texts = [decode(fields)["text"] for _, fields in client.r.xrange(client.keys.stream(f"job{i}"))]
+            assert "".join(texts) == "".join(f"{i}.{k} " for k in range(chunks)) + "end", "every text once, in order"
+        assert any(carried.values()), "some answers ended with writes still waiting, and took them back"
+        assert batcher.round_trips < answers, f"{answers} answers ended, {batcher.round_trips} round trips"
+        # a write handed in after one was taken back is still sent, and waited for by its number
+        late = batcher.add(client.keys.stream("late"), encode("token", text="late"), 100)
+        assert batcher.wait_sent(late, 5) and client.r.xlen(client.keys.stream("late")) == 1
+    finally:
+        batcher.close()
+
+
+def test_writes_that_are_not_tokens_are_not_taken_back(client):
+    batcher = StreamBatcher(client.r, window_s=0.5)  # a long window: the writes wait
+    try:
+        key = client.keys.stream("j")
+        batcher.add(key, encode("token", text="a"), 100)
+        last = batcher.add(key, encode("notice", text="b"), 100)
+        assert batcher.take_back(key, last, 5) is None, "only token events go with a finish"
+        assert batcher.wait_sent(last, 5) and [decode(f)["text"] for _, f in client.r.xrange(key)] == ["a", "b"]
     finally:
         batcher.close()
 

@@ -129,8 +129,12 @@ class JobRunner:
                     tail = text  # written by the finish, with the terminal event
                 else:
                     writer.add(TOKEN_EVENT, text=text)
-        finally:
-            writer.flush()  # every earlier token is in the stream before the tail and the job's terminal event
+        except BaseException:
+            writer.flush()  # every earlier token is in the stream before the job's terminal event
+            raise
+        # the tokens still waiting for the batcher's round trip go with the finish too, before the last ones (every
+        # token already on its way is in the stream first)
+        tail = writer.take_unsent() + tail
         result = handle.result(timeout=s.job_deadline_s)
         self.metrics.tokens.inc(result.stats.generated_tokens)
         if result.stats.decode_tokens_per_s:

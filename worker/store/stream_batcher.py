@@ -6,7 +6,9 @@ on each (waking, reading the request, writing the reply) than on the write itsel
 all the worker's answers that are waiting in one pipeline: one round trip for all of them. A write waits at most
 ``window_s`` for others to join it. An answer's first write does not come here (``StreamWriter`` sends it at once),
 so the time to the first token never waits; nor does its last: its finish writes it, in the script that ends the job
-(``worker.serving.runner``).
+(``worker.serving.runner``). Nor do the writes of an answer that ends while they wait: the runner takes them back
+(``take_back``) and its finish writes them with its last tokens, so an answer's end costs no round trip of its own
+(sending them at once cost a round trip per answer on a busy engine).
 
 Each stream's writes reach Redis in the order they were handed in (one thread sends them, in that order), and a
 runner waits for its own writes (``wait_sent``) before its job's terminal event, which a script writes: the last
@@ -21,6 +23,8 @@ import time
 
 import redis
 
+from worker.store.keys import TOKEN_EVENT, EntryField
+
 log = logging.getLogger(__name__)
 
 WINDOW_S = 0.005  # how long a write waits for others to join its round trip: a tenth of stream_coalesce_s's default
@@ -31,9 +35,10 @@ class StreamBatcher:
     def __init__(self, r: redis.Redis, window_s: float = WINDOW_S):
         self.r, self.window_s = r, window_s
         self._cond = threading.Condition()
-        self._pending: list[tuple[str, dict, int]] = []
+        self._pending: list[tuple[str, dict, int] | None] = []  # (None: taken back, counted as sent with its batch)
         self._handed = 0  # writes handed in so far; each one's number is its place in this count
         self._sent = 0  # of those, the writes sent (or dropped) so far
+        self._taken = 0  # of those, the writes the sending thread took (sent, dropped, or on their way now)
         self._skip_until = 0.0
         self._closed = False
         self._hurry = threading.Event()  # a runner waits for its writes: send without waiting out the window
@@ -61,6 +66,23 @@ class StreamBatcher:
             self._hurry.set()
             return self._cond.wait_for(lambda: self._sent >= number, timeout_s)
 
+    def take_back(self, key: str, last: int, timeout_s: float) -> list[dict] | None:
+        """An answer's end: the token writes to stream ``key`` still waiting, taken back in order (their fields), for its
+        finish to write; those already on their way (up to write ``last``, this stream's last) are waited for, without
+        hurrying anyone's round trip. None, and nothing taken back, when a waiting write to ``key`` is not a token
+        event (then ``wait_sent``), or when those on their way were not sent within ``timeout_s``."""
+        with self._cond:
+            mine = [i for i, entry in enumerate(self._pending) if entry is not None and entry[0] == key]
+            if any(self._pending[i][1].get(EntryField.type) != TOKEN_EVENT for i in mine):
+                return None
+            taken = [self._pending[i][1] for i in mine]
+            for i in mine:
+                self._pending[i] = None
+            on_their_way = min(last, self._taken)  # (every write still waiting is numbered past what was taken)
+            if not self._cond.wait_for(lambda: self._sent >= on_their_way, timeout_s):
+                return None
+            return taken
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is waiting, then stop."""
         with self._cond:
@@ -80,7 +102,10 @@ class StreamBatcher:
                 self._hurry.clear()
             with self._cond:
                 batch, self._pending = self._pending, []
-            self._send(batch)
+                self._taken = self._handed
+            writes = [entry for entry in batch if entry is not None]
+            if writes:  # (every write of the batch taken back: nothing to send)
+                self._send(writes)
             with self._cond:
                 self._sent += len(batch)
                 self._cond.notify_all()

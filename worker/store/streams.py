@@ -43,7 +43,8 @@ class StreamWriter:
     With a ``batcher`` (``worker.store.stream_batcher``, one per worker process), the first event goes out at once, on
     the runner's own thread (a hand-off to the batcher's thread could wait out the interpreter's switch interval), and
     the later ones with the other answers' writes, one round trip for all; ``flush`` waits for them, and comes before
-    the job's terminal event. An answer's last write goes with its finish (``token_event_data``).
+    the job's terminal event. An answer's last write goes with its finish (``token_event_data``), and so do its token
+    writes still waiting in the batcher when it ends (``take_unsent``).
     """
 
     RETRY_AFTER_S = stream_batcher.RETRY_AFTER_S  # after a failed write, skip writes this long, as the batcher does
@@ -69,6 +70,18 @@ class StreamWriter:
         except UNREACHABLE as exc:
             log.warning("Redis unreachable; %s events for %s dropped until it is back (%s)", event_type, self.key, exc)
             self._skip_until = time.monotonic() + self.RETRY_AFTER_S
+
+    def take_unsent(self) -> str:
+        """At the answer's end, instead of ``flush``: the text of its token writes still waiting in the batcher, taken
+        back for its finish to write before its last tokens (no round trip of their own); any already on their way
+        are waited for. '' when none waits; when they cannot be taken back, waits for them as ``flush`` does."""
+        if self.batcher is None or not self._last:
+            return ""
+        taken = self.batcher.take_back(self.key, self._last, self.FLUSH_TIMEOUT_S)
+        if taken is None:
+            self.flush()
+            return ""
+        return "".join(json.loads(fields[EntryField.data])["text"] for fields in taken)
 
     def flush(self) -> None:
         """Wait until this stream's batched events were sent (or dropped), so none lands after its terminal event."""
