@@ -56,7 +56,7 @@ def fill_line(client, n: int, name: str = "v") -> list[str]:
     return [f"{name}{i}" for i in range(1, n + 1)]
 
 
-def idle_index_errors(client) -> list[str]:
+def line_index_errors(client) -> list[str]:
     """What is wrong with the line's indexes (line.lua), empty when they are right: the index of groups with nothing
     in flight (``idle_line`` and ``light_line``) must hold exactly the groups in line (with a place) and nothing in
     flight, each as its place followed by the group, in both sets; every job in line must be there under its group's

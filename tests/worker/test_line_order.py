@@ -20,7 +20,7 @@ import pytest
 
 import worker.queue.scripts as scripts
 from tests.redis_server import unique_prefix
-from tests.worker.queue_state import idle_index_errors
+from tests.worker.queue_state import line_index_errors
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.store.keys import JobField, JobState
@@ -148,7 +148,7 @@ def test_the_line_serves_as_a_rotating_ring_of_groups_and_says_so(unweighted_cli
             model.cancel(job, *owner[job])
         order = model.order()
         assert client.queue_positions(order) == {job: i + 1 for i, job in enumerate(order)}, f"step {step}"
-        assert not idle_index_errors(client), f"step {step}: {idle_index_errors(client)}"
+        assert not line_index_errors(client), f"step {step}: {line_index_errors(client)}"
 
 
 @pytest.mark.parametrize("seed,fifo", [(11, False), (12, False), (13, False), (14, True)])
@@ -205,7 +205,7 @@ def serve_and_check(client, rng):
             assert client.jobs.finish(queued.pop(rng.randrange(len(queued))), "error", only_state="queued")
         elif queued:
             assert client.jobs.cancel(queued.pop(rng.randrange(len(queued))))
-        assert not idle_index_errors(client), f"step {step}: {idle_index_errors(client)}"
+        assert not line_index_errors(client), f"step {step}: {line_index_errors(client)}"
     # everything ends: nothing of the line or its counters is left behind
     for job in queued:
         assert client.jobs.cancel(job)
@@ -263,7 +263,7 @@ def test_an_identity_that_asks_from_a_new_address_while_it_waits_stays_in_one_pl
         first = client.submit("mover", None, "from the wifi", group="addr:wifi").job
         other = client.submit("stayer", None, "hello", group="addr:other").job
         moved = client.submit("mover", None, "from the carrier", group="addr:carrier").job
-        assert not idle_index_errors(client), idle_index_errors(client)
+        assert not line_index_errors(client), line_index_errors(client)
         assert client.queue_positions([first, other, moved]) == {first: 1, other: 2, moved: 3}
         assert client.r.hget(client.keys.job(moved), JobField.qgroup) == b"addr:wifi", "waits in its queue's group"
         assert client.r.hget(client.keys.job(moved), JobField.group) == b"addr:carrier", "charged to where it asked"
@@ -271,21 +271,21 @@ def test_an_identity_that_asks_from_a_new_address_while_it_waits_stays_in_one_pl
         # while its second question waits, the first is put back (its worker was lost): ahead of it in its queue, in
         # the first address's turn, which was served (so behind the other group's)
         assert client.jobs.requeue(first, "lost") == 1
-        assert not idle_index_errors(client), idle_index_errors(client)
+        assert not line_index_errors(client), line_index_errors(client)
         assert client.queue_positions([first, other, moved]) == {other: 1, first: 2, moved: 3}
         assert [client.jobs.pop(100)[0] for _ in range(3)] == [other, first, moved]
-        assert not idle_index_errors(client), idle_index_errors(client)
+        assert not line_index_errors(client), line_index_errors(client)
         # the identity asks from yet another address while one of its questions is in flight and none waits: a new
         # queue, in that address's group; the one in flight put back joins it there
         third = client.submit("mover", None, "from the train", group="addr:train").job
         assert client.jobs.requeue(moved, "lost") == 1
         assert client.r.hget(client.keys.job(moved), JobField.qgroup) == b"addr:train"
-        assert not idle_index_errors(client), idle_index_errors(client)
+        assert not line_index_errors(client), line_index_errors(client)
         assert client.queue_positions([moved, third]) == {moved: 1, third: 2}
         assert [client.jobs.pop(100)[0] for _ in range(2)] == [moved, third]
         for job in (first, other, moved, third):
             assert client.jobs.finish(job, "done")
-        assert not idle_index_errors(client) and client.readouts.queued_total() == 0
+        assert not line_index_errors(client) and client.readouts.queued_total() == 0
         assert not client.r.hgetall(client.keys.inflight_by_group) and not client.r.hgetall(client.keys.queued_by_group)
     finally:
         client.close(purge=True)

@@ -94,6 +94,33 @@ def test_an_answer_that_ends_takes_its_waiting_writes_back_for_its_finish_and_no
         batcher.close()
 
 
+def test_writes_taken_back_are_returned_even_when_one_on_its_way_is_slow(client):
+    """A write on its way that takes longer than the wait: the writes taken back are nowhere else, so they still come
+    back to the runner (for its finish), and the slow one lands when its round trip ends."""
+    batcher = StreamBatcher(client.r, window_s=0)
+    release, sending = threading.Event(), threading.Event()
+    send = batcher._send
+
+    def slow_send(batch):
+        sending.set()
+        release.wait(10)
+        send(batch)
+
+    batcher._send = slow_send
+    try:
+        key = client.keys.stream("slow")
+        batcher.add(key, encode("token", text="a "), 100)
+        assert sending.wait(5), "the first write is on its way"
+        last = batcher.add(key, encode("token", text="b "), 100)
+        taken = batcher.take_back(key, last, 0.2)
+        assert [decode({k.encode(): v.encode() for k, v in f.items()})["text"] for f in taken] == ["b "]
+        release.set()
+        assert batcher.wait_sent(last, 5) and [decode(f)["text"] for _, f in client.r.xrange(key)] == ["a "]
+    finally:
+        release.set()
+        batcher.close()
+
+
 def test_writes_that_are_not_tokens_are_not_taken_back(client):
     batcher = StreamBatcher(client.r, window_s=0.5)  # a long window: the writes wait
     try:

@@ -8,7 +8,7 @@ all the worker's answers that are waiting in one pipeline: one round trip for al
 so the time to the first token never waits; nor does its last: its finish writes it, in the script that ends the job
 (``worker.serving.runner``). Nor do the writes of an answer that ends while they wait: the runner takes them back
 (``take_back``) and its finish writes them with its last tokens, so an answer's end costs no round trip of its own
-(sending them at once cost a round trip per answer on a busy engine).
+(sending them at once cost a busy engine about an eighth of a round trip a turn, ``bench.queue_scale``'s turns).
 
 Each stream's writes reach Redis in the order they were handed in (one thread sends them, in that order), and a
 runner waits for its own writes (``wait_sent``) before its job's terminal event, which a script writes: the last
@@ -67,10 +67,11 @@ class StreamBatcher:
             return self._cond.wait_for(lambda: self._sent >= number, timeout_s)
 
     def take_back(self, key: str, last: int, timeout_s: float) -> list[dict] | None:
-        """An answer's end: the token writes to stream ``key`` still waiting, taken back in order (their fields), for its
-        finish to write; those already on their way (up to write ``last``, this stream's last) are waited for, without
-        hurrying anyone's round trip. None, and nothing taken back, when a waiting write to ``key`` is not a token
-        event (then ``wait_sent``), or when those on their way were not sent within ``timeout_s``."""
+        """An answer's end: the token writes to stream ``key`` still waiting, taken back in order (their fields), for
+        its finish to write; those already on their way (up to write ``last``, this stream's last) are waited for, at
+        most ``timeout_s``, without hurrying anyone's round trip (what was taken back is returned either way: it is
+        nowhere else now). None, and nothing taken back, when a waiting write to ``key`` is not a token event (then
+        ``wait_sent``)."""
         with self._cond:
             mine = [i for i, entry in enumerate(self._pending) if entry is not None and entry[0] == key]
             if any(self._pending[i][1].get(EntryField.type) != TOKEN_EVENT for i in mine):
@@ -80,7 +81,7 @@ class StreamBatcher:
                 self._pending[i] = None
             on_their_way = min(last, self._taken)  # (every write still waiting is numbered past what was taken)
             if not self._cond.wait_for(lambda: self._sent >= on_their_way, timeout_s):
-                return None
+                log.warning("stream writes for %s not sent within %.0f s", key, timeout_s)
             return taken
 
     def close(self, timeout_s: float = 5.0) -> None:

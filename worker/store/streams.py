@@ -74,7 +74,8 @@ class StreamWriter:
     def take_unsent(self) -> str:
         """At the answer's end, instead of ``flush``: the text of its token writes still waiting in the batcher, taken
         back for its finish to write before its last tokens (no round trip of their own); any already on their way
-        are waited for. '' when none waits; when they cannot be taken back, waits for them as ``flush`` does."""
+        are waited for. '' when none waits; when they cannot be taken back (one is not a token event), waits for them
+        as ``flush`` does."""
         if self.batcher is None or not self._last:
             return ""
         taken = self.batcher.take_back(self.key, self._last, self.FLUSH_TIMEOUT_S)
