@@ -19,7 +19,12 @@ are Redis's wall clock in a script, which is its CPU while nothing else runs on 
 Ends with ``RESULT {json}``: ``redis_us_per_turn`` and ``scripts_us_per_turn`` (the library as it ships),
 ``profiled_own_us_per_turn`` (the sum of the wrapped run's own times) and ``profiled_over_scripts`` (that sum over
 the shipped run's script time: near 1 when the calibration holds), ``timer_cost_us`` (the wrapping's cost per wrapped
-call) and ``own_us_per_turn``: each helper's own time per turn.
+call) and ``own_us_per_turn``: each helper's own time per turn. Also the shipped run's split of a turn's Redis CPU:
+``commands_us_per_turn`` (the commands' own work, as ``INFO commandstats`` times each one inside the scripts),
+``script_overhead_us_per_turn`` (the scripts' time less that: their Lua, their arguments' decoding and Redis's handling
+of each call they make, which ``call_cost_us`` measures per call in a warm loop), ``outside_scripts_us_per_turn``
+(Redis's CPU less the scripts' time: the round trips), ``floor_us_per_turn`` (commands plus round trips: what a
+turn of these commands and round trips costs even with no script overhead) and ``commands_over_scripts``.
 """
 from __future__ import annotations
 
@@ -126,17 +131,46 @@ def calibrate(r, lib: str) -> tuple[float, float]:
     return inside, around
 
 
-def steps_run(url: str, args, before_measure) -> dict:
+def steps_run(url: str, args, before_measure, after_measure=None) -> dict:
     from bench import queue_probe
 
     probe_args = argparse.Namespace(root=str(ROOT), redis=url, mode="steps", waiting=args.rows + 8, rows=args.rows,
                                     ops=args.turns, conversation_turns=args.conversation_turns)
-    return queue_probe.steps(probe_args, before_measure=before_measure)
+    return queue_probe.steps(probe_args, before_measure=before_measure, after_measure=after_measure)
 
 
-def script_usec(r) -> int:
-    """Redis's microseconds in FCALL (what the scripts call included) since its statistics were last reset."""
-    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
+def script_usec(r) -> tuple[int, int]:
+    """Redis's microseconds since its statistics were last reset: (in FCALL, what the scripts call included; in the
+    commands themselves, each one's own work as Redis times it, wherever it was called). The probe's own statistics
+    calls (INFO, CONFIG RESETSTAT) are left out."""
+    stats = r.info("commandstats")
+    scripts = int(stats.get("cmdstat_fcall", {}).get("usec", 0))
+    commands = sum(int(v["usec"]) for k, v in stats.items()
+                   if k != "cmdstat_fcall" and not k.startswith(("cmdstat_info", "cmdstat_config")))
+    return scripts, commands
+
+
+# Calls a script makes to measure what Redis's handling of one call costs, beyond the command's own work.
+CALL_COST_CALLS = 20_000
+CALL_COST_LIBRARY = """#!lua name=owlet_bench_call_cost
+redis.register_function('owlet_bench_call_cost', function(keys, args)
+  for _ = 1, tonumber(args[1]) do redis.call('HGET', args[2], 'f') end
+  return 1
+end)"""
+
+
+def call_cost_us(r, key: str) -> float:
+    """What a script's call of a command costs Redis beyond the command's own work, in a warm loop: turning its
+    arguments into a command, running it through Redis's call path (statistics, latency histograms), and its reply
+    back into Lua. ``key``: a hash of the probe's prefix, removed after."""
+    r.hset(key, "f", "v")
+    r.function_load(CALL_COST_LIBRARY, replace=True)
+    r.config_resetstat()
+    r.fcall("owlet_bench_call_cost", 0, CALL_COST_CALLS, key)
+    stats = r.info("commandstats")
+    r.delete(key)
+    r.function_delete("owlet_bench_call_cost")
+    return (int(stats["cmdstat_fcall"]["usec"]) - int(stats["cmdstat_hget"]["usec"])) / CALL_COST_CALLS
 
 
 def main(argv=None) -> None:
@@ -157,11 +191,14 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="owlet-lua-profile-") as work, private_redis(Path(work)) as url:
         r = redis.Redis.from_url(url)
         shipped: dict = {}
-        plain = steps_run(url, args, None)
-        # the probe resets Redis's statistics as its measured turns begin, and calls no script after them
-        shipped["scripts_us"] = script_usec(r) / args.turns
+        measured: dict = {}
+        # the probe resets Redis's statistics as its measured turns begin; read as they end (before its purge)
+        plain = steps_run(url, args, None, lambda c: measured.update(usec=script_usec(c)))
+        scripts_us, commands_us = measured["usec"]
+        shipped["scripts_us"], shipped["commands_us"] = scripts_us / args.turns, commands_us / args.turns
         shipped["redis_us"] = plain["cpu_us_per_turn"]
         shipped["cmds"] = plain["cmds_per_turn"]
+        shipped["call_cost_us"] = call_cost_us(r, "owlet-lua-profile-call-cost")
 
         lib, text = profiled_library()
         original = scripts.library
@@ -185,9 +222,18 @@ def main(argv=None) -> None:
           f"{args.conversation_turns} question(s) per conversation")
     print(f"as shipped: Redis CPU {shipped['redis_us']:.1f} us a turn, of which in the scripts "
           f"{shipped['scripts_us']:.1f} us (INFO commandstats), {shipped['cmds']:.1f} commands")
-    print(f"profiled: own times add up to {own_sum:.1f} us a turn, {own_sum / max(shipped['scripts_us'], 1e-9):.2f}x the scripts' "
-          f"time as shipped; the wrapping cost {inside:.2f} us a call inside it and {around:.2f} us around it (taken off;"
-          f" what is left over counts in each wrapped helper's own time)\n")
+    overhead = shipped["scripts_us"] - shipped["commands_us"]
+    outside = shipped["redis_us"] - shipped["scripts_us"]
+    calls_cost = shipped["cmds"] * shipped["call_cost_us"]
+    print(f"   the commands' own work {shipped['commands_us']:.1f} us; the scripts' overhead {overhead:.1f} us (their "
+          f"Lua, their arguments' decoding, and Redis's handling of each call they make: {shipped['call_cost_us']:.2f}"
+          f" us a call in a warm loop, {calls_cost:.1f} us for a turn's calls); outside the scripts (the round "
+          f"trips: reading requests, writing replies, waking) {outside:.1f} us.\n   With no script overhead at all, a "
+          f"turn of these commands and round trips would still cost {shipped['commands_us'] + outside:.1f} us")
+    print(f"profiled: own times add up to {own_sum:.1f} us a turn, "
+          f"{own_sum / max(shipped['scripts_us'], 1e-9):.2f}x the scripts' time as shipped; the wrapping cost "
+          f"{inside:.2f} us a call inside it and {around:.2f} us around it (taken off; what is left over counts in "
+          f"each wrapped helper's own time)\n")
     print(f"{'helper':<22} {'calls/turn':>10} {'own us/turn':>12} {'us/call':>8} {'share':>6}")
     for name, (us, calls) in ranked[:args.top]:
         print(f"{name:<22} {calls:>10.2f} {us:>12.1f} {us / calls if calls else 0:>8.1f} "
@@ -195,6 +241,12 @@ def main(argv=None) -> None:
     result = {"cpu": cpu_description(), "turns": args.turns, "rows": args.rows,
               "conversation_turns": args.conversation_turns, "redis_us_per_turn": round(shipped["redis_us"], 1),
               "scripts_us_per_turn": round(shipped["scripts_us"], 1), "cmds_per_turn": shipped["cmds"],
+              "commands_us_per_turn": round(shipped["commands_us"], 1),
+              "script_overhead_us_per_turn": round(overhead, 1), "outside_scripts_us_per_turn": round(outside, 1),
+              "call_cost_us": round(shipped["call_cost_us"], 3),
+              "floor_us_per_turn": round(shipped["commands_us"] + outside, 1),
+              "commands_over_scripts": round(shipped["commands_us"] / shipped["scripts_us"], 3)
+              if shipped["scripts_us"] else None,
               "profiled_own_us_per_turn": round(own_sum, 1), "timer_cost_us": round(inside + around, 2),
               "profiled_over_scripts": round(own_sum / shipped["scripts_us"], 3) if shipped["scripts_us"] else None,
               "own_us_per_turn": {name: round(us, 2) for name, (us, _) in ranked}}

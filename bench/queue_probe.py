@@ -127,10 +127,11 @@ def line(args) -> dict:
         client.close(purge=True)
 
 
-def steps(args, before_measure=None) -> dict:
+def steps(args, before_measure=None, after_measure=None) -> dict:
     """``--mode steps`` (the module docstring): K turns in a steady state of ``args.rows`` in flight.
     ``before_measure``: called with the Redis client once the steady state is reached, just before the measured
-    turns (``bench/queue_lua_profile.py`` starts its counts there)."""
+    turns (``bench/queue_lua_profile.py`` starts its counts there); ``after_measure``: the same, just after them,
+    before anything else runs (the purge of the probe's keys)."""
     client = make_client(args)
     worker = "probe-worker@host"
     rows = args.rows
@@ -177,6 +178,8 @@ def steps(args, before_measure=None) -> dict:
             for _ in range(args.ops):
                 turn()
         after = cpu_split(client.r)
+        if after_measure is not None:
+            after_measure(client.r)
         n = max(1, args.ops)
         user, system = after[0] - before[0], after[1] - before[1]
         return {"waiting": args.waiting - rows, "rows": rows, "turns": args.ops,
