@@ -20,8 +20,11 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
 4. **turns**: one real worker with the model-free stub engine at an H200's rate (``--rows`` x ``--rate``, 64 x 220
    tokens/s by default) and looping clients (``bench.stack_ceiling``): Redis commands, round trips (requests it read
    off its clients' sockets, a pipeline's commands in one) and CPU per turn and per 1,000 tokens over the measured
-   window, and how many such engines one Redis core carries (1 / (Redis CPU per turn x turns a second at the
-   engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every core, as a small machine
+   window, the part of that CPU in the queue's scripts and the part outside them (the turn's round trips, its token
+   writes and the page's stream reads: what a turn would cost Redis if the scripts cost nothing; Redis times a
+   script by the clock, so the split is its CPU only where nothing else runs on its core, the ``own`` layout: sharing
+   the cores, a script preempted midway counts the wait), and how many such
+   engines one Redis core carries (1 / (Redis CPU per turn x turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every core, as a small machine
    runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the others, as a deployment
    gives Redis a core of its own); ``own`` needs two cores at least.
 
@@ -36,7 +39,7 @@ Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``
 ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
 ``steps_cpu_us_per_turn``, ``steps_round_trips_per_turn``, ``steps_engines_per_redis_core_L`` (first questions only;
 with follow-ups the same keys end in ``_convC``, e.g. ``new_steps_cpu_us_per_turn_conv16``), ``redis_us_per_turn_L``,
-``engines_per_redis_core_L`` (the turns part with Redis on a core of its own: the same keys after ``own_``, e.g.
+``scripts_us_per_turn_L``, ``outside_scripts_us_per_turn_L``, ``engines_per_redis_core_L`` (the turns part with Redis on a core of its own: the same keys after ``own_``, e.g.
 ``new_own_redis_us_per_turn_48``).
 """
 from __future__ import annotations
@@ -173,11 +176,16 @@ def turns(tree: Path, url: str, args, work: Path) -> list[dict]:
         ub, ue = usec[tokens]["start"], usec[tokens]["end"]
         spent = sorted(((round((n - ub.get(c, 0)) / max(1, jobs), 1), c[len("cmdstat_"):]) for c, n in ue.items()),
                        reverse=True)[:8]
+        # the queue's scripts (what they call included); the rest of Redis's CPU is the turn's other work: its
+        # round trips, the token writes and the page's stream reads
+        scripts_us = (ue.get("cmdstat_fcall", 0) - ub.get("cmdstat_fcall", 0)) / max(1, jobs)
         out.append({"tokens": tokens, "jobs_per_s": row["jobs_per_s"], "delivered_over_ideal": row["delivered_over_ideal"],
                     "ttft_p50_ms": row["ttft_p50_ms"], "errors": row["errors"],
                     "cmds_per_turn": round((calls1 - calls0) / max(1, jobs), 1),
                     "round_trips_per_turn": round((reads[tokens]["end"] - reads[tokens]["start"]) / max(1, jobs), 2),
                     "redis_us_per_turn": round(1e6 * per_turn_s, 1),
+                    "scripts_us_per_turn": round(scripts_us, 1),
+                    "outside_scripts_us_per_turn": round(1e6 * per_turn_s - scripts_us, 1),
                     "redis_us_per_1000_tokens": round(1e6 * per_turn_s * 1000 / tokens, 1),
                     "engines_per_redis_core": round(1 / (per_turn_s * turns_per_s_at_rate), 1) if per_turn_s else None,
                     "first_errors": row.get("first_errors", []),
@@ -331,7 +339,8 @@ def report(args, trees, sizes, tab_sizes, conversation_turns, line, tabs, steps,
           f"clients, {args.seconds:g} s measured per length; Redis beside the load on every core (shared), or on a "
           f"core of its own with the load on the others (own)")
     cols = ("jobs_per_s", "delivered_over_ideal", "ttft_p50_ms", "cmds_per_turn", "round_trips_per_turn",
-            "redis_us_per_turn", "pings_per_turn", "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
+            "redis_us_per_turn", "scripts_us_per_turn", "outside_scripts_us_per_turn", "pings_per_turn",
+            "redis_us_per_1000_tokens", "engines_per_redis_core", "errors")
     print(f"{'queue':<6} {'redis':<7} {'tokens':>6} " + " ".join(f"{c:>{len(c)}}" for c in cols))
     runs = [(name, layout, name if layout == "shared" else f"{name}_own") for layout in LAYOUTS for name, _ in trees]
     for name, layout, run in runs:
