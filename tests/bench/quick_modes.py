@@ -117,6 +117,11 @@ BENCHMARKS = {
         "commands_us_per_turn", "script_overhead_us_per_turn", "outside_scripts_us_per_turn", "call_cost_us",
         "floor_us_per_turn"),
         within={"profiled_over_scripts": (0.5, 2.0), "commands_over_scripts": (0.05, 1.0)}),
+    # a model queue with only the writes every design keeps: fewer commands a turn than Owlet's, and both run
+    "queue_floor": QuickRun(module("queue_floor"), (
+        "floor_us_per_turn", "owlet_us_per_turn", "floor_cmds_per_turn", "owlet_cmds_per_turn", "ping_us"),
+        expect={"floor_round_trips_per_turn": 2.0, "owlet_round_trips_per_turn": 2.0},
+        within={"owlet_over_floor": (0.5, 20.0), "owlet_cmds_over_floor": (1.0, 10.0)}),
     "multiturn": QuickRun(module("multiturn"), (
         "followup_ttft_ratio", "int8_bytes_ratio", "int4_bytes_ratio", "session_hit_rate")),
     **{f"multiturn_mplug_owl3_{layout}": QuickRun(
@@ -177,7 +182,7 @@ def last_result(output: str) -> dict:
 
 # Which test file runs which benchmark: the longest (abuse, soak, gpu_stack) each in a different file.
 KINDS = {
-    "queue": ("abuse", "crowd", "fairness", "queue_overhead", "queue_scale", "queue_lua_profile"),
+    "queue": ("abuse", "crowd", "fairness", "queue_overhead", "queue_scale", "queue_lua_profile", "queue_floor"),
     "stack": ("gpu_stack", "soak", "page_stream", "stack_ceiling", "stack_ceiling_page"),
     "engine": ("engine", "prefill_burst", "step_profile", "gpu_decode", "gpu_sdpa_shapes", "multiturn",
                *(f"multiturn_mplug_owl3_{layout}" for layout in LAYOUTS), "cache_tiers", "prefix_sharing", "peers",
