@@ -111,6 +111,27 @@ class OwletClient:
             return None
         return conv, job
 
+    def newest_since(self, user_id: str, since: float | None) -> str | None:
+        """The identity's newest conversation (the page's newest chat) if it was created after ``since`` (the caller's
+        clock, in seconds; None: whenever), while it is still the identity's; else None. A browser remembers a chat
+        one step after its answer's last update, so a page reloaded in between finds here the chat it does not know
+        yet, answered or not; one created before the browser last remembered (and left with "New conversation") is
+        not returned."""
+        _check_user(user_id)
+        conv = self.r.get(self.keys.newest_conversation(user_id))
+        if conv is None:
+            return None
+        owner, created = self.r.hmget(self.keys.conversation(conv.decode()), ConvField.user, ConvField.created)
+        if owner is None or owner.decode() != user_id:
+            return None
+        if since is not None:
+            try:
+                if float(created) <= since:
+                    return None
+            except (TypeError, ValueError):  # no creation time: not known to be newer
+                return None
+        return conv.decode()
+
     def truncate(self, user_id: str, conv: str, n_turns: int) -> None:
         """Drop turns after the first ``n_turns`` (retry / edit). Refused while a turn is being answered."""
         self.convs.check_owner(user_id, conv)

@@ -174,6 +174,28 @@ def test_a_reload_during_the_first_answer_reopens_the_new_chat(browser_and_page)
     assert tab.locator(BOT).count() == 0 and tab.locator(USER).count() == 0, tab.locator("#owlet-chat").inner_text()
 
 
+def test_a_reload_before_the_browser_remembered_its_chat_reopens_it(browser_and_page):
+    """The browser remembers a chat in an event of its own, after the answer's last update: a reload before that
+    event's reply came back (a busy page) opened an empty chat, with the conversation out of the page's reach. Here
+    the browser's remembered chat is dropped after the answer ends, which is what such a reload finds."""
+    from ui.app import CONVERSATION_KEY
+
+    tab, owlet = browser_and_page
+    send(tab, "how many shapes?")
+    wait_for(lambda: queued(tab, 1), what="the question to be queued")
+    tab.locator("#owlet-input button.stop-button").click()
+    wait_for(lambda: "stopped" in tab.locator(BOT).last.inner_text(), what="the stopped answer's end", tab=tab)
+    time.sleep(1)  # the browser's own remembering has come and gone: take it back
+    tab.evaluate(f"localStorage.removeItem({CONVERSATION_KEY!r})")
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    wait_for(lambda: tab.locator(USER).count() == 1, what="the chat, reopened", tab=tab)
+    assert "how many shapes?" in tab.locator(USER).first.inner_text()
+    wait_for(lambda: tab.evaluate(f"localStorage.getItem({CONVERSATION_KEY!r})") is not None,
+             what="the browser to remember it again")
+    assert owlet.queue_stats()["queued"] == 0, "nothing asked again"
+
+
 def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chromium_context, tmp_path):
     """A reload showed every picture of the reopened chat as a "🖼️ (image)" placeholder. Now the stored bytes are
     written back as an upload of the caller's address, which no other address is served."""

@@ -357,7 +357,7 @@ def test_a_conversation_that_gave_way_says_so_when_reopened_and_the_next_questio
         _id, chat, status, tab, remember = h.on_load(alice, {"conversation": conv}, None,
                                                      gr.Request(session_hash="reloaded"))
         assert chat == [] and status == cleared and tab["conversation"] is None
-        assert remember == {"conversation": None}, "the browser forgets it"
+        assert remember["conversation"] is None, "the browser forgets it"
         # Someone else naming it learns nothing.
         _id, _chat, status, _tab, _remember = h.on_load(h.issuer.mint(), {"conversation": conv}, None,
                                                         gr.Request(session_hash="stranger"))
@@ -372,5 +372,48 @@ def test_a_conversation_that_gave_way_says_so_when_reopened_and_the_next_questio
         assert status.startswith(wording.WAITING_STARTS) and tab["conversation"] not in (None, conv)
         h.stop(tab, alice, gr.Request(session_hash="tab"))
         await drain(again)
+
+    asyncio.run(scenario())
+
+
+def test_a_reload_just_after_a_first_answer_reopens_the_chat_the_browser_has_not_remembered_yet(idle_handlers):
+    """The browser remembers a chat one step after its answer's last update (an event of its own): a page reloaded
+    in between opened an empty chat, and the conversation was out of the page's reach. Now the page finds on the
+    server the chat made after the browser last remembered one; a chat left with "New conversation" stays closed."""
+    h = idle_handlers
+    alice = h.issuer.mint()
+
+    async def scenario():
+        before = time.time()
+        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
+        _box, _chat, _status, session = await asking.__anext__()
+        h.stop(session, alice, gr.Request(session_hash="tab"))
+        *_, (_b, _c, _s, session) = await drain(asking)  # its answer has ended: not a first answer being made
+        conv = session["conversation"]
+        assert h.client.first_answer(h.guard.caller(gr.Request(session_hash="tab"), alice).user) is None
+
+        # a first visit: the browser never remembered a chat
+        _id, chat, status, tab, remember = h.on_load(alice, None, None, gr.Request(session_hash="r1"))
+        assert tab["conversation"] == conv and status == wording.RESTORED
+        assert "what is in this picture?" in message_text(chat[0])
+        assert remember["conversation"] == conv and remember["at"] >= before, "and the browser remembers it now"
+        # the browser remembered another chat (here a new one) before this one was made
+        _id, _chat, _status, tab, _r = h.on_load(alice, {"conversation": None, "at": before - 1}, None,
+                                                 gr.Request(session_hash="r2"))
+        assert tab["conversation"] == conv
+
+        # "New conversation" after it: what the browser then keeps is newer than the chat, which stays closed
+        _box, _chat, _status, fresh = h.new_conversation(tab, alice, gr.Request(session_hash="r2"))
+        kept = h.remember_conversation(fresh, alice, gr.Request(session_hash="r2"))
+        assert kept["conversation"] is None and kept["at"] >= before
+        _id, chat, status, tab, remember = h.on_load(alice, kept, None, gr.Request(session_hash="r3"))
+        assert chat == [] and tab["conversation"] is None and status == ""
+        # what an earlier version kept (no time): only a first answer being made is reopened, as before
+        _id, chat, _status, tab, _r = h.on_load(alice, {"conversation": None}, None, gr.Request(session_hash="r4"))
+        assert chat == [] and tab["conversation"] is None
+        # nobody else is shown it, whatever time their browser claims
+        _id, chat, _status, tab, _r = h.on_load(h.issuer.mint(), {"conversation": None, "at": 0}, None,
+                                                gr.Request(session_hash="r5"))
+        assert chat == [] and tab["conversation"] is None
 
     asyncio.run(scenario())

@@ -229,6 +229,23 @@ def test_first_answer_finds_only_the_newest_conversation_while_its_first_questio
     assert client.first_answer("ann") is None, "not its first question: the browser knows this chat already"
 
 
+def test_newest_since_finds_the_newest_conversation_made_after_a_time_answered_or_not(client):
+    """What a page reloaded before the browser remembered its chat reopens (ui on_load): the identity's newest
+    conversation, if it was made after the time the browser last remembered one."""
+    import time
+
+    before = time.time()
+    assert client.newest_since("ann", None) is None
+    first = client.submit("ann", None, "a first question")
+    client.cancel("ann", first.job)  # its answer ended: no first answer being made
+    assert client.newest_since("ann", None) == first.conv, "a browser that never remembered a chat"
+    assert client.newest_since("ann", before) == first.conv
+    assert client.newest_since("ann", time.time()) is None, "remembered after it was made: the browser knows"
+    assert client.newest_since("bob", None) is None, "nobody else's"
+    client.r.hset(client.keys.conversation(first.conv), "user", "bob")  # (not ann's any more)
+    assert client.newest_since("ann", None) is None
+
+
 def test_one_pending_turn_per_conversation(client):
     job, conv = submit(client, "ann")
     with pytest.raises(ConversationBusy) as exc:

@@ -45,6 +45,15 @@ class PageReads:
             return None
         return found[0] if found else None
 
+    def newest_since(self, user, since: float | None) -> str | None:
+        """The user's newest chat if it was created after ``since`` (None: whenever); None if Redis cannot say."""
+        if user is None:
+            return None
+        try:
+            return self.client.newest_since(user, since)
+        except Exception:
+            return None
+
     def pending_job(self, user, conv) -> str | None:
         """The job still answering the conversation's last question, if any (None if Redis cannot say)."""
         try:

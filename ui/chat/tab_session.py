@@ -25,6 +25,25 @@ from worker.errors import ConversationCleared
 RESUME_SLOT_WAIT_S = 20.0  # how long a reloaded page waits for its address's event slot to follow its answer
 
 
+def remembered(conversation: str | None) -> dict:
+    """What the browser keeps (``gr.BrowserState``) so a reload reopens its chat: the chat (None: a new one) and when
+    it was remembered, by this page's clock, the clock SUBMIT stores a conversation's creation in."""
+    return {"conversation": conversation, "at": time.time()}
+
+
+def unseen_since(stored) -> tuple[float | None] | tuple[()]:
+    """The argument of ``PageReads.newest_since`` for what a browser keeps: a chat created after ``at`` is one it
+    does not know; with nothing kept (a browser that never remembered a chat) any newest chat is. () when the kept
+    value says no such time (kept by an earlier version, or not a dict): then only a first answer still being made
+    is reopened."""
+    if stored is None:
+        return (None,)
+    at = stored.get("at") if isinstance(stored, dict) else None
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return (float(at),)
+    return ()
+
+
 class TabSession:
     def __init__(self, client, issuer, guard: EventGuard, streams: AnswerStreams, reads: PageReads,
                  live: LiveStreams):
@@ -36,8 +55,9 @@ class TabSession:
 
         The conversation is reopened only if this user still owns it and it has not expired; otherwise the page
         starts with an empty chat (saying so when it gave way to the service's history budget). A new conversation
-        whose first answer is still being made is newer than the one the browser remembers (it learns the id when
-        that answer ends): that one is reopened, and the browser told to remember it. The page loads once per tab:
+        whose first answer is still being made, or one made after the browser last remembered a chat, is newer than
+        the one the browser remembers (it learns the id one step after that answer ends): that one is reopened, and
+        the browser told to remember it. The page loads once per tab:
         a load under a session hash that is already in use (a client can name any hash, and this event answers on
         the API routes too) changes nothing, so nobody can swap their identity or conversation into another tab.
         """
@@ -53,17 +73,20 @@ class TabSession:
             caller = user = None
         if user is not None:
             tab["user"] = user  # the tab is the user's from here on: a later load under its hash changes nothing
-        if isinstance(stored_conversation, dict):  # what remember_conversation stored: {"conversation": id}
+        # The browser learns a new conversation's id only when its first answer ends, and remembers any chat one step
+        # after its answer's last update: a reload before then finds on the server the chat it does not know yet,
+        # one still answering its first question or one created after the browser last remembered (a chat left
+        # with "New conversation" is older than that, and stays closed).
+        since = unseen_since(stored_conversation)
+        reopened = self.reads.first_answer(user) or (self.reads.newest_since(user, *since) if since else None)
+        if isinstance(stored_conversation, dict):  # what remember_conversation stored: {"conversation": id, "at": t}
             stored_conversation = stored_conversation.get("conversation")
-        # The browser learns a new conversation's id only when its first answer ends: a reload before then
-        # finds it on the server instead (it is newer than anything the browser remembers).
-        reopened = self.reads.first_answer(user)
         conversation = reopened or stored_conversation
         if user is not None and isinstance(conversation, str) and conversation:
             try:
                 turns = self.client.history(user, conversation)
             except ConversationCleared as exc:  # it gave way to newer ones: say so, and forget it
-                return browser_id, [], exc.user_message, tab, {"conversation": None}
+                return browser_id, [], exc.user_message, tab, remembered(None)
             except Exception:  # expired, not this user's, or Redis unavailable: start afresh
                 turns = []
             if turns:
@@ -73,7 +96,7 @@ class TabSession:
                 tab["images"] = self.reads.pictures_back(caller, conversation) if tab["has_image"] else {}
                 return (browser_id, render_history(turns, tab["images"]),
                         wording.RESTORED_ANSWERING if tab["job"] else wording.RESTORED, tab,
-                        {"conversation": conversation} if reopened else gr.skip())
+                        remembered(conversation) if reopened else gr.skip())
         return browser_id, [], "", tab, gr.skip()
 
     async def resume(self, tab, browser_id, request: gr.Request):
@@ -114,7 +137,7 @@ class TabSession:
             return gr.skip()
         if belongs_to_another(tab, user):
             return gr.skip()
-        return {"conversation": tab.get("conversation")}
+        return remembered(tab.get("conversation"))
 
     def stop(self, tab, browser_id, request: gr.Request):
         """Cancel the answer in progress (its engine slot is freed within one step)."""
