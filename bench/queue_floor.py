@@ -6,17 +6,19 @@ the job (its payload, its state, its expiry), the conversation's turns, the thre
 (queued, started, done), the line and what is in flight, a group's use of the workers and its rate and text quota.
 This benchmark runs a model queue that does only that, in two functions of a library of its own (first come, first
 served, one sorted set for the line, one for what is in flight; no identities inside groups, no slots kept for
-newcomers, no picture or history budgets, no caps read, no holder of a conversation's cache): about 25 commands a turn
-where Owlet's run about 85. Its CPU per turn is a floor for any queue that keeps those writes in Redis scripts on this
-server; Owlet's steps part (``bench/queue_probe.py --mode steps``) runs beside it in the same steady state: 64 of 72
-looping visitors in flight on one worker, each turn the worker ends its oldest answer and takes the next question,
-and that visitor asks again (a new conversation's first question), one call at a time, alternating the two.
+newcomers, no picture or history budgets, no caps read, no holder of a conversation's cache): 30 commands a turn,
+its two calls included, where Owlet's run 85. Its CPU per turn is a floor for any queue that keeps those writes in
+Redis scripts on this server; Owlet's steps part (``bench/queue_probe.py --mode steps``) runs beside it in the same
+steady state: 64 of 72 looping visitors in flight on one worker, each turn the worker ends its oldest answer and
+takes the next question, and that visitor asks again (a new conversation's first question), one call at a time,
+alternating the two.
 
     .venv/bin/python -m bench.queue_floor [--turns 3000] [--rows 64] [--repeats 2] [--quick]
 
 Ends with ``RESULT {json}``: ``floor_us_per_turn`` and ``owlet_us_per_turn`` (medians of the repeats: Redis's
 main-thread CPU per turn), ``owlet_over_floor``, ``floor_cmds_per_turn``, ``owlet_cmds_per_turn``, both
-``..._round_trips_per_turn``, ``owlet_cmds_over_floor`` and ``ping_us`` (what one PING round trip costs this Redis: the yardstick).
+``..._round_trips_per_turn``, ``owlet_cmds_over_floor`` and ``ping_us`` (what one PING round trip costs this
+Redis: the yardstick).
 """
 from __future__ import annotations
 

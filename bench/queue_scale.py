@@ -23,10 +23,10 @@ included) and CPU from ``INFO cpu`` (its main thread). Four parts:
    window, the part of that CPU in the queue's scripts and the part outside them (the turn's round trips, its token
    writes and the page's stream reads: what a turn would cost Redis if the scripts cost nothing; Redis times a
    script by the clock, so the split is its CPU only where nothing else runs on its core, the ``own`` layout: sharing
-   the cores, a script preempted midway counts the wait), and how many such
-   engines one Redis core carries (1 / (Redis CPU per turn x turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the load share every core, as a small machine
-   runs them) and ``own`` (Redis alone on the last core, the worker and the clients on the others, as a deployment
-   gives Redis a core of its own); ``own`` needs two cores at least.
+   the cores, a script preempted midway counts the wait), and how many such engines one Redis core carries (1 /
+   (Redis CPU per turn x turns a second at the engine's rate)). Run in each ``--layouts``: ``shared`` (Redis and the
+   load share every core, as a small machine runs them) and ``own`` (Redis alone on the last core, the worker and
+   the clients on the others, as a deployment gives Redis a core of its own); ``own`` needs two cores at least.
 
 The older queue is ``--base`` (a git revision, unpacked with ``git archive`` beside this checkout and run from
 there); it runs only up to ``--base-max-waiting`` waiting (its position reads walk the whole line, so filling it
@@ -39,8 +39,8 @@ Ends with ``RESULT {json}``: per part and size, this tree's figures (``new_…``
 ratios the queue promises: ``position_us_ratio_max_over_min`` (and submit, pop) across sizes, ``tabs_redis_cores_N``,
 ``steps_cpu_us_per_turn``, ``steps_round_trips_per_turn``, ``steps_engines_per_redis_core_L`` (first questions only;
 with follow-ups the same keys end in ``_convC``, e.g. ``new_steps_cpu_us_per_turn_conv16``), ``redis_us_per_turn_L``,
-``scripts_us_per_turn_L``, ``outside_scripts_us_per_turn_L``, ``engines_per_redis_core_L`` (the turns part with Redis on a core of its own: the same keys after ``own_``, e.g.
-``new_own_redis_us_per_turn_48``).
+``scripts_us_per_turn_L``, ``outside_scripts_us_per_turn_L``, ``engines_per_redis_core_L`` (the turns part with
+Redis on a core of its own: the same keys after ``own_``, e.g. ``new_own_redis_us_per_turn_48``).
 """
 from __future__ import annotations
 

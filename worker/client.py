@@ -111,9 +111,9 @@ class OwletClient:
             return None
         return conv, job
 
-    def newest_since(self, user_id: str, since: float | None) -> str | None:
+    def newest_since(self, user_id: str, since: float) -> str | None:
         """The identity's newest conversation (the page's newest chat) if it was created after ``since`` (the caller's
-        clock, in seconds; None: whenever), while it is still the identity's; else None. A browser remembers a chat
+        clock, in seconds; -inf: whenever), while it is still the identity's; else None. A browser remembers a chat
         one step after its answer's last update, so a page reloaded in between finds here the chat it does not know
         yet, answered or not; one created before the browser last remembered (and left with "New conversation") is
         not returned."""
@@ -124,12 +124,11 @@ class OwletClient:
         owner, created = self.r.hmget(self.keys.conversation(conv.decode()), ConvField.user, ConvField.created)
         if owner is None or owner.decode() != user_id:
             return None
-        if since is not None:
-            try:
-                if float(created) <= since:
-                    return None
-            except (TypeError, ValueError):  # no creation time: not known to be newer
+        try:
+            if not float(created) > since:
                 return None
+        except (TypeError, ValueError):  # no creation time: not known to be newer
+            return None
         return conv.decode()
 
     def truncate(self, user_id: str, conv: str, n_turns: int) -> None:

@@ -235,15 +235,15 @@ def test_newest_since_finds_the_newest_conversation_made_after_a_time_answered_o
     import time
 
     before = time.time()
-    assert client.newest_since("ann", None) is None
+    assert client.newest_since("ann", float("-inf")) is None
     first = client.submit("ann", None, "a first question")
     client.cancel("ann", first.job)  # its answer ended: no first answer being made
-    assert client.newest_since("ann", None) == first.conv, "a browser that never remembered a chat"
+    assert client.newest_since("ann", float("-inf")) == first.conv, "a browser that never remembered a chat"
     assert client.newest_since("ann", before) == first.conv
     assert client.newest_since("ann", time.time()) is None, "remembered after it was made: the browser knows"
-    assert client.newest_since("bob", None) is None, "nobody else's"
+    assert client.newest_since("bob", float("-inf")) is None, "nobody else's"
     client.r.hset(client.keys.conversation(first.conv), "user", "bob")  # (not ann's any more)
-    assert client.newest_since("ann", None) is None
+    assert client.newest_since("ann", float("-inf")) is None
 
 
 def test_one_pending_turn_per_conversation(client):

@@ -45,8 +45,8 @@ class PageReads:
             return None
         return found[0] if found else None
 
-    def newest_since(self, user, since: float | None) -> str | None:
-        """The user's newest chat if it was created after ``since`` (None: whenever); None if Redis cannot say."""
+    def newest_since(self, user, since: float) -> str | None:
+        """The user's newest chat if it was created after ``since``; None if Redis cannot say."""
         if user is None:
             return None
         try:

@@ -31,17 +31,16 @@ def remembered(conversation: str | None) -> dict:
     return {"conversation": conversation, "at": time.time()}
 
 
-def unseen_since(stored) -> tuple[float | None] | tuple[()]:
-    """The argument of ``PageReads.newest_since`` for what a browser keeps: a chat created after ``at`` is one it
-    does not know; with nothing kept (a browser that never remembered a chat) any newest chat is. () when the kept
-    value says no such time (kept by an earlier version, or not a dict): then only a first answer still being made
-    is reopened."""
+def unseen_since(stored) -> float | None:
+    """From what a browser keeps, the time after which a chat is one it does not know: when it last remembered one
+    (``at``), or -inf when it keeps nothing (it never remembered a chat). None when the kept value names no such time
+    (kept by an earlier version, or not a dict): then only a first answer still being made is reopened."""
     if stored is None:
-        return (None,)
+        return float("-inf")
     at = stored.get("at") if isinstance(stored, dict) else None
     if isinstance(at, (int, float)) and not isinstance(at, bool):
-        return (float(at),)
-    return ()
+        return float(at)
+    return None
 
 
 class TabSession:
@@ -78,7 +77,9 @@ class TabSession:
         # one still answering its first question or one created after the browser last remembered (a chat left
         # with "New conversation" is older than that, and stays closed).
         since = unseen_since(stored_conversation)
-        reopened = self.reads.first_answer(user) or (self.reads.newest_since(user, *since) if since else None)
+        reopened = self.reads.first_answer(user)
+        if reopened is None and since is not None:
+            reopened = self.reads.newest_since(user, since)
         if isinstance(stored_conversation, dict):  # what remember_conversation stored: {"conversation": id, "at": t}
             stored_conversation = stored_conversation.get("conversation")
         conversation = reopened or stored_conversation
