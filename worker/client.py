@@ -131,6 +131,25 @@ class OwletClient:
             return None
         return conv.decode()
 
+    def leave(self, user_id: str, conv: str, at: float) -> bool:
+        """Record that the identity left its conversation ``conv`` with "New conversation" at ``at`` (the caller's
+        clock, the one ``newest_since`` compares with); False when it is gone or not the identity's. A page reloaded
+        before its browser kept that it left does not reopen it (``left_at``)."""
+        _check_user(user_id)
+        return self.jobs.leave_conversation(user_id, conv, at)
+
+    def left_at(self, user_id: str, conv: str) -> float | None:
+        """When the identity last left its conversation ``conv`` with "New conversation" (``leave``), or None: never,
+        or it is gone or not the identity's."""
+        _check_user(user_id)
+        owner, left = self.r.hmget(self.keys.conversation(conv), ConvField.user, ConvField.left)
+        if owner is None or owner.decode() != user_id or left is None:
+            return None
+        try:
+            return float(left)
+        except ValueError:
+            return None
+
     def truncate(self, user_id: str, conv: str, n_turns: int) -> None:
         """Drop turns after the first ``n_turns`` (retry / edit). Refused while a turn is being answered."""
         self.convs.check_owner(user_id, conv)

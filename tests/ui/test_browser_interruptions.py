@@ -196,6 +196,31 @@ def test_a_reload_before_the_browser_remembered_its_chat_reopens_it(browser_and_
     assert owlet.queue_stats()["queued"] == 0, "nothing asked again"
 
 
+def test_a_reload_before_the_browser_remembered_leaving_a_chat_keeps_it_closed(browser_and_page):
+    """The browser remembers leaving a chat with "New conversation" in an event of its own, after the chat was
+    cleared: a reload before that event's reply came back reopened the chat left. Here the browser's kept chat is
+    put back as it was before the leaving, which is what such a reload finds."""
+    from ui.app import CONVERSATION_KEY
+
+    tab, _owlet = browser_and_page
+    send(tab, "how many shapes?")
+    wait_for(lambda: queued(tab, 1), what="the question to be queued")
+    tab.locator("#owlet-input button.stop-button").click()
+    wait_for(lambda: "stopped" in tab.locator(BOT).last.inner_text(), what="the stopped answer's end", tab=tab)
+    time.sleep(1)  # the browser has remembered the chat
+    kept = tab.evaluate(f"localStorage.getItem({CONVERSATION_KEY!r})")
+    assert kept is not None
+    tab.locator("#owlet-new").click()
+    wait_for(lambda: tab.locator(USER).count() == 0, what="the chat to clear", tab=tab)
+    time.sleep(1)  # the browser's own remembering of the leaving has come and gone: take it back
+    tab.evaluate(f"localStorage.setItem({CONVERSATION_KEY!r}, {kept!r})")
+    tab.reload()
+    tab.wait_for_selector("#owlet-input textarea", timeout=60_000)
+    wait_for(lambda: tab.evaluate(f"localStorage.getItem({CONVERSATION_KEY!r})") != kept,
+             what="the page to tell the browser to forget the chat left", tab=tab)
+    assert tab.locator(USER).count() == 0 and tab.locator(BOT).count() == 0, tab.locator("#owlet-chat").inner_text()
+
+
 def test_a_reopened_conversation_shows_its_pictures_to_its_owner_only(stack, chromium_context, tmp_path):
     """A reload showed every picture of the reopened chat as a "🖼️ (image)" placeholder. Now the stored bytes are
     written back as an upload of the caller's address, which no other address is served."""

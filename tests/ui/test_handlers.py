@@ -417,3 +417,49 @@ def test_a_reload_just_after_a_first_answer_reopens_the_chat_the_browser_has_not
         assert chat == [] and tab["conversation"] is None
 
     asyncio.run(scenario())
+
+
+def test_a_reload_just_after_new_conversation_does_not_reopen_the_chat_left(idle_handlers):
+    """The browser remembers leaving a chat with "New conversation" one step after the chat was cleared (an event of
+    its own): a page reloaded in between found the left chat still kept, and reopened it. Now the server records the
+    leaving, and a chat left after the browser last remembered stays closed; one remembered again later (another tab
+    of the browser went on with it) reopens."""
+    h = idle_handlers
+    alice = h.issuer.mint()
+
+    async def scenario():
+        before = time.time()
+        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
+        _box, _chat, _status, session = await asking.__anext__()
+        h.stop(session, alice, gr.Request(session_hash="tab"))
+        *_, (_b, _c, _s, session) = await drain(asking)
+        conv = session["conversation"]
+        kept = h.remember_conversation(session, alice, gr.Request(session_hash="tab"))
+        assert kept["conversation"] == conv
+        _id, _chat, status, tab, _r = h.on_load(alice, kept, None, gr.Request(session_hash="r1"))
+        assert tab["conversation"] == conv and status == wording.RESTORED, "kept and not left: reopened"
+
+        h.new_conversation(tab, alice, gr.Request(session_hash="r1"))  # its remembering has not come back yet
+        _id, chat, status, tab, remember = h.on_load(alice, kept, None, gr.Request(session_hash="r2"))
+        assert chat == [] and tab["conversation"] is None and status == ""
+        assert remember["conversation"] is None, "and the browser is told to forget it"
+        # found on the server as the newest chat made after the browser last remembered, it stays closed too
+        _id, chat, _status, tab, _r = h.on_load(alice, {"conversation": None, "at": before - 1}, None,
+                                                gr.Request(session_hash="r3"))
+        assert chat == [] and tab["conversation"] is None
+        # kept by an earlier version (no time): a chat left stays closed
+        _id, chat, _status, tab, _r = h.on_load(alice, {"conversation": conv}, None, gr.Request(session_hash="r4"))
+        assert chat == [] and tab["conversation"] is None
+
+        # another tab of the browser went on with the chat, and the browser remembered it after the leaving
+        again = {"conversation": conv, "at": time.time() + 0.01}
+        _id, _chat, status, tab, _r = h.on_load(alice, again, None, gr.Request(session_hash="r5"))
+        assert tab["conversation"] == conv and status == wording.RESTORED
+
+        # nobody else can record leaving alice's chat
+        mallory = h.guard.caller(gr.Request(session_hash="m"), h.issuer.mint()).user
+        assert h.client.leave(mallory, conv, time.time() + 100) is False
+        _id, _chat, _status, tab, _r = h.on_load(alice, again, None, gr.Request(session_hash="r6"))
+        assert tab["conversation"] == conv
+
+    asyncio.run(scenario())

@@ -24,12 +24,13 @@ from worker.queue.scripts import COMMON, HELPERS, LUA_DIR, SCRIPTS, Scripts, lib
 ROOT = Path(__file__).resolve().parents[2]
 DECLARATIONS = (JobField, ConvField, SlotsField, StatField, EntryField, JobState)
 HASH_COMMANDS = {"hget", "hmget", "hset", "hsetnx", "hdel", "hexists", "hincrby", "hincrbyfloat"}
-# Each script's shebang line: SUBMIT is refused whole by a Redis over maxmemory; the others end, move or read jobs
+# Each script's shebang line: SUBMIT (and LEAVE, which only adds a field) is refused whole by a Redis over maxmemory; the others end, move or read jobs
 # already admitted, make room for SUBMIT or only remove (TRUNCATE), and must run then.
 SHEBANGS = {"submit": "#!lua", "pop": "#!lua flags=allow-oom", "claim": "#!lua flags=allow-oom",
             "finish": "#!lua flags=allow-oom", "requeue": "#!lua flags=allow-oom",
             "position": "#!lua flags=no-writes,allow-oom", "make_room": "#!lua flags=allow-oom",
-            "truncate": "#!lua flags=allow-oom", "adopt_line": "#!lua flags=allow-oom"}
+            "truncate": "#!lua flags=allow-oom", "adopt_line": "#!lua flags=allow-oom",
+            "leave": "#!lua"}
 
 
 def code_of(name: str) -> str:
@@ -176,6 +177,7 @@ def test_every_script_gets_exactly_the_named_arguments_it_reads(client, fake_cap
     client.jobs.make_room()  # MAKE_ROOM
     client.truncate("bea", first.conv, 2)  # TRUNCATE
     client.jobs.adopt_line()  # ADOPT_LINE
+    client.leave("bea", first.conv, 1.5)  # LEAVE
     client.jobs.take(4, 2, "w@x")  # POP with its worker: a worker taking its next job itself
     taken = client.submit_turn("cid", client.new_conversation("cid"), "hi")
     client.jobs.finish_and_take(taken, "cancelled", take=(4, 2, "w@x"), tail="par")  # FINISH taking the freed slot

@@ -246,6 +246,21 @@ def test_newest_since_finds_the_newest_conversation_made_after_a_time_answered_o
     assert client.newest_since("ann", float("-inf")) is None
 
 
+def test_leaving_a_conversation_is_recorded_for_its_owner_only_and_never_brings_it_back(client):
+    """What "New conversation" records (LEAVE) so a page reloaded before its browser remembers the leaving keeps the
+    chat closed: the time, on the owner's conversation only; a conversation gone (expired, cleared) is not made
+    again by it, as a plain HSET would (a hash without owner nor TTL)."""
+    first = client.submit("ann", None, "a first question")
+    assert client.left_at("ann", first.conv) is None
+    assert client.leave("ann", first.conv, 1234.5678901) is True
+    assert client.left_at("ann", first.conv) == 1234.5678901, "the page's clock, kept to the microsecond"
+    assert client.leave("bob", first.conv, 9e9) is False and client.left_at("ann", first.conv) == 1234.5678901
+    assert client.left_at("bob", first.conv) is None, "nobody else reads it"
+    client.r.delete(client.keys.conversation(first.conv))  # (it expired)
+    assert client.leave("ann", first.conv, 2e9) is False
+    assert not client.r.exists(client.keys.conversation(first.conv))
+
+
 def test_one_pending_turn_per_conversation(client):
     job, conv = submit(client, "ann")
     with pytest.raises(ConversationBusy) as exc:

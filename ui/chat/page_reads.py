@@ -54,6 +54,25 @@ class PageReads:
         except Exception:
             return None
 
+    def leave(self, user, conv, at: float) -> None:
+        """Record that ``user`` left ``conv`` with "New conversation" at ``at`` (nothing when Redis cannot: a reload
+        before the browser keeps that it left then reopens it, as before)."""
+        if user is None or not conv:
+            return
+        try:
+            self.client.leave(user, conv, at)
+        except Exception:
+            log.warning("could not record that a chat was left", exc_info=True)
+
+    def left_at(self, user, conv) -> float | None:
+        """When ``user`` left ``conv`` with "New conversation" (None: never, or Redis cannot say)."""
+        if user is None or not conv:
+            return None
+        try:
+            return self.client.left_at(user, conv)
+        except Exception:
+            return None
+
     def pending_job(self, user, conv) -> str | None:
         """The job still answering the conversation's last question, if any (None if Redis cannot say)."""
         try:

@@ -75,13 +75,21 @@ class TabSession:
         # The browser learns a new conversation's id only when its first answer ends, and remembers any chat one step
         # after its answer's last update: a reload before then finds on the server the chat it does not know yet,
         # one still answering its first question or one created after the browser last remembered (a chat left
-        # with "New conversation" is older than that, and stays closed).
+        # with "New conversation" before the browser last remembered is older than that, and stays closed).
         since = unseen_since(stored_conversation)
         reopened = self.reads.first_answer(user)
         if reopened is None and since is not None:
             reopened = self.reads.newest_since(user, since)
         if isinstance(stored_conversation, dict):  # what remember_conversation stored: {"conversation": id, "at": t}
             stored_conversation = stored_conversation.get("conversation")
+        # The browser also remembers leaving a chat with "New conversation" one step after the chat was cleared: a
+        # reload in between still finds the left chat kept (or newest on the server). The server records the leaving
+        # (LEAVE), and a chat left after the browser last remembered stays closed.
+        if reopened and self._left_since(user, reopened, since):
+            reopened = None
+        forget = isinstance(stored_conversation, str) and self._left_since(user, stored_conversation, since)
+        if forget:
+            stored_conversation = None
         conversation = reopened or stored_conversation
         if user is not None and isinstance(conversation, str) and conversation:
             try:
@@ -98,7 +106,13 @@ class TabSession:
                 return (browser_id, render_history(turns, tab["images"]),
                         wording.RESTORED_ANSWERING if tab["job"] else wording.RESTORED, tab,
                         remembered(conversation) if reopened else gr.skip())
-        return browser_id, [], "", tab, gr.skip()
+        return browser_id, [], "", tab, remembered(None) if forget else gr.skip()
+
+    def _left_since(self, user, conversation: str, since: float | None) -> bool:
+        """Whether ``user`` left ``conversation`` with "New conversation" after ``since`` (the browser's last
+        remembering; None: unknown, so any leaving counts)."""
+        left = self.reads.left_at(user, conversation)
+        return left is not None and (since is None or left >= since)
 
     async def resume(self, tab, browser_id, request: gr.Request):
         """After a reload: keep streaming the restored conversation's answer still in progress (``on_load`` put
@@ -164,6 +178,9 @@ class TabSession:
         if user is not None:
             self.live.abandon(session_hash, user)
             self.reads.cancel(user, tab.get("job"))
+            # The browser remembers leaving the chat one step later: a reload before then must not reopen it (on_load).
+            if tab.get("user") == user:
+                self.reads.leave(user, tab.get("conversation"), time.time())
         # The tab stays its owner's, so a later load under its hash cannot claim it (see on_load).
         fresh = {**new_tab_state(), "user": user} if user is not None else new_tab_state()
         return box(False), [], wording.NEW_CONVERSATION, fresh

@@ -223,6 +223,11 @@ class JobStates:
         turns it holds now."""
         return int(self._scripts.call(self._scripts.truncate, conv=conv, n_turns=n_turns))
 
+    def leave_conversation(self, user: str, conv: str, at: float) -> bool:
+        """Record that ``user`` left ``conv`` with "New conversation" at ``at`` (LEAVE); False when the conversation
+        is gone or not the user's."""
+        return bool(self._scripts.call(self._scripts.leave, user=user, conv=conv, at=repr(float(at))))
+
     def make_room(self, keep: str = "") -> int:
         """Clear the least recently used conversations not being answered (never ``keep``), and if need be the
         oldest pictures no live job needs, worth ``room_bytes`` of the budget (MAKE_ROOM; it runs over maxmemory).

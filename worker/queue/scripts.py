@@ -64,7 +64,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 COMMON = "common"
 # The helper files, in the order each may use those before it.
 HELPERS = ("usage", "budgets", "line", "lifecycle", "dispatch")
-SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room", "truncate", "adopt_line")
+SCRIPTS = ("submit", "pop", "claim", "finish", "requeue", "position", "make_room", "truncate", "adopt_line", "leave")
 # The data model's declarations, by the name of the Lua table that carries each (besides KEY_NAMES).
 LUA_TABLES = {"JOB": JobField, "CONV": ConvField, "SLOTS": SlotsField, "STATE": JobState, "ENTRY": EntryField}
 _LUA_RESERVED = frozenset("and break do else elseif end false for function if in local nil not or repeat return "
@@ -168,7 +168,9 @@ class Scripts:
     requeue: Function
     position: Function
     make_room: Function
+    truncate: Function
     adopt_line: Function
+    leave: Function
 
     def load(self) -> None:
         """Load the library into Redis unless it holds it already (under its digest's name, it is this text)."""

@@ -418,6 +418,8 @@ class ConvField:
     pending = "pending"  # the job answering its last question, until that job ends: SUBMIT sets, FINISH clears
     chars = "chars"  # characters of its turns' texts (the history_max_chars limit): SUBMIT, FINISH, TRUNCATE
     images = "images"  # its turns that name a picture (max_images_per_request): SUBMIT, TRUNCATE
+    left = "left"  # when its owner left it with "New conversation", by the page's clock: LEAVE (a reload reopens a
+    # chat the browser kept only if the browser kept it after this)
 
 
 class SlotsField:
