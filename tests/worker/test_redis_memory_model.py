@@ -18,7 +18,7 @@ from worker.client import OwletClient
 from worker.config import Settings
 from worker.store.history import turn_json
 from worker.store.jobs import Message
-from worker.store.keys import JobField
+from worker.store.keys import ConvField, JobField
 from worker.store.streams import StreamWriter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,23 @@ def test_a_conversation_takes_what_the_budget_charges_it(client, turns, question
     charged = int(client.r.get(client.keys.history_total))
     print(f"{turns} turns, {question}/{answer} chars, api={api}: {measured / N:.0f} B measured, "
           f"{charged / N:.0f} B charged a conversation")
+    assert abs(charged / measured - 1) <= mm.TOLERANCE
+
+
+def test_a_conversation_left_with_new_conversation_still_takes_what_the_budget_charges_it(client):
+    """LEAVE adds the time it was left to the conversation's hash, once: a one-question chat, the smallest a field
+    weighs most in, stays within the charge."""
+    import time
+
+    converse(client, N, 1, 40, 400, False)
+    convs = [conv.decode() for conv in client.r.hkeys(client.keys.conversation_sizes)]
+    assert len(convs) == N
+    for conv in convs:
+        owner = client.r.hget(client.keys.conversation(conv), ConvField.user).decode()
+        assert client.leave(owner, conv, time.time())
+    measured = usage(client, *CONVERSATION_KEYS)
+    charged = int(client.r.get(client.keys.history_total))
+    print(f"left: {measured / N:.0f} B measured, {charged / N:.0f} B charged a conversation")
     assert abs(charged / measured - 1) <= mm.TOLERANCE
 
 

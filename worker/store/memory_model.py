@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# A conversation's fixed cost: its hash (owner, created), its turns list's own overhead, the key naming the worker
-# that holds its cache, its owner's newest-conversation pointer, and its members in the budget's zset and hash.
+# A conversation's fixed cost: its hash (owner, created; when its owner left it, 19 B more), its turns list's own
+# overhead, the key naming the worker that holds its cache, its owner's newest-conversation pointer, and its members in
+# the budget's zset and hash.
 CONVERSATION_BYTES = 880
 # Each turn (a question or an answer) beyond the length of its JSON (``worker.store.history.turn_json``).
 TURN_BYTES = 30
