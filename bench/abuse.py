@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.abuse_api import run_api_flood  # noqa: E402
 from bench.machine import cpu_description  # noqa: E402
 from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
-from bench.queue_worker import job_times, queue_worker, warm_up  # noqa: E402
+from bench.queue_worker import WorkerSpec, Workers, job_times, warm_up  # noqa: E402
 from tests.redis_server import running_redis, unique_prefix  # noqa: E402
 from worker.client import OwletClient  # noqa: E402
 from worker.config import Settings  # noqa: E402
@@ -112,17 +112,26 @@ def flood_and_honest(client: OwletClient, mode: str, flood: int, flood_tokens: i
             "attacker_wait": statistics.median(r["wait_s"] for r in attacker) / service}
 
 
-def run_flood(url: str, mode: str, args, log_dir: Path) -> dict:
-    with queue_worker(url, "bench-abuse", args.flood, args.slots, log_dir, args.threads,
-                      fifo=mode == "fifo") as client:
+def scene_workers(args) -> dict[str, WorkerSpec]:
+    """Each scene's worker, by scene."""
+    specs = {f"flood {mode}": WorkerSpec("bench-abuse", args.flood, args.slots, args.threads,
+                                         settings={"fifo": mode == "fifo"}) for mode in FLOOD_MODES}
+    specs["long flood"] = WorkerSpec("bench-abuse-long", args.long_flood, args.slots, args.threads)
+    specs["long flood, no slicing"] = WorkerSpec("bench-abuse-long", args.long_flood, args.slots, args.threads,
+                                                 engine_env={"OWLET_TIME_SLICE_TOKENS": "0"})
+    specs["crowd"] = WorkerSpec("bench-abuse-crowd", args.crowd, args.slots, args.threads)
+    specs["api flood"] = WorkerSpec("bench-abuse-api", args.flood, args.slots, args.threads)
+    return specs
+
+
+def run_flood(workers: Workers, mode: str, args) -> dict:
+    with workers.use(f"flood {mode}") as client:
         warm_up(client, args.slots, sampling(args.tokens))
         return flood_and_honest(client, mode, args.flood, args.tokens, args.tokens)
 
 
-def run_long_flood(url: str, slicing: bool, args, log_dir: Path) -> dict:
-    engine_env = {} if slicing else {"OWLET_TIME_SLICE_TOKENS": "0"}
-    with queue_worker(url, "bench-abuse-long", args.long_flood, args.slots, log_dir, args.threads,
-                      engine_env=engine_env) as client:
+def run_long_flood(workers: Workers, slicing: bool, args) -> dict:
+    with workers.use("long flood" if slicing else "long flood, no slicing") as client:
         warm_up(client, args.slots, sampling(args.tokens))
         return flood_and_honest(client, "owlet", args.long_flood, args.long_tokens, SHORT)
 
@@ -184,8 +193,8 @@ def ask(client: OwletClient, user: str, address: str, tokens: int) -> dict:
     return job_times(client, job, submitted)
 
 
-def run_crowd(url: str, args, log_dir: Path) -> dict:
-    with queue_worker(url, "bench-abuse-crowd", args.crowd, args.slots, log_dir, args.threads) as client:
+def run_crowd(workers: Workers, args) -> dict:
+    with workers.use("crowd") as client:
         warm_up(client, args.slots, sampling(args.tokens))
         with Crowd(client.settings, args.crowd, args.crowd_tokens) as crowd:
             crowd.wait_until_everyone_answered(timeout_s=60 + 2 * args.crowd * args.crowd_tokens / 100)
@@ -255,13 +264,15 @@ def main(argv=None) -> dict:
     args = parse_with_quick(ap, argv, {"flood": 8, "tokens": 8, "long_flood": 8, "long_tokens": 96, "crowd": 8,
                                        "crowd_tokens": 96, "visitor_gap_s": 0.25})
     log_dir = Path(tempfile.mkdtemp(prefix="owlet-bench-abuse-"))
-    with running_redis() as url:
-        flood = {mode: run_flood(url, mode, args, log_dir) for mode in FLOOD_MODES}
+    # A quick run starts its seven workers at once and stops them at once (bench/queue_worker.py); a measured run
+    # starts each as its scene begins, so nothing else runs beside a measured scene.
+    with running_redis() as url, Workers(url, log_dir, scene_workers(args), together=args.quick) as workers:
+        flood = {mode: run_flood(workers, mode, args) for mode in FLOOD_MODES}
         admitted = shipped_cap_admits(url, args.flood)
-        long_flood = {"owlet": run_long_flood(url, True, args, log_dir),
-                      "no time slicing": run_long_flood(url, False, args, log_dir)}
-        crowd = run_crowd(url, args, log_dir)
-        api = run_api_flood(url, args, log_dir, sampling)
+        long_flood = {"owlet": run_long_flood(workers, True, args),
+                      "no time slicing": run_long_flood(workers, False, args)}
+        crowd = run_crowd(workers, args)
+        api = run_api_flood(workers, "api flood", args, log_dir, sampling)
     print(f"\nmachine: {cpu_description()} | tiny LFM2-VL, fp32 CPU | worker: {args.slots} decode rows, "
           f"{args.threads or 'shipped'} threads")
     print_flood_table(f"1. flood: 1 address, {args.flood} jobs under {args.flood} identities, {args.tokens} tokens "

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from bench.page_stream import start_page, wait_healthy
-from bench.queue_worker import job_times, queue_worker, warm_up
+from bench.queue_worker import Workers, job_times, warm_up
 from tests.ui.stack import free_port
 from worker.client import OwletClient
 
@@ -110,9 +110,9 @@ def api_flood_and_honest(client: OwletClient, base: str, flood: int, tokens: int
             "attacker_wait": statistics.median(row["wait_s"] for row in attacker) / service}
 
 
-def run_api_flood(url: str, args, log_dir: Path, sampling) -> dict:
-    """Scene 4 on a fresh worker and page."""
-    with queue_worker(url, "bench-abuse-api", args.flood, args.slots, log_dir, args.threads) as client:
+def run_api_flood(workers: Workers, name: str, args, log_dir: Path, sampling) -> dict:
+    """Scene 4 on the worker ``workers`` names ``name``, and a fresh page."""
+    with workers.use(name) as client:
         warm_up(client, args.slots, sampling(args.tokens))
         with api_page(client, args.flood, log_dir) as base:
             return api_flood_and_honest(client, base, args.flood, args.tokens)

@@ -51,6 +51,7 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "celery", "-A", "worker.main", "worker", "-P", "threads", *threads,
                "-n", self.name, "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
         self._log = open(self.log_path, "wb")
+        self._terminated = False
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -71,9 +72,15 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM, once), without waiting: ``stop`` then waits."""
+        if self.proc.poll() is None and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
