@@ -81,8 +81,10 @@ def status(tab) -> str:
 
 def attach(tab, path) -> None:
     tab.locator("#owlet-input input[type=file]").set_input_files(str(path))
-    wait_for(lambda: tab.locator("#owlet-input img, #owlet-input .thumbnail-item").count() > 0,
-             what="the picture's thumbnail in the box")
+    # 60 s, as for a reopened picture: once, in a full suite on two busy cores, the upload of a small file had not
+    # come back in 20 s (alone it takes well under one)
+    wait_for(lambda: tab.locator("#owlet-input img, #owlet-input .thumbnail-item").count() > 0, timeout=60,
+             what="the picture's thumbnail in the box", tab=tab)
 
 
 def send(tab, text: str) -> None:
