@@ -337,6 +337,16 @@ def test_a_job_behind_a_busy_worker_shows_its_position_and_an_eta(idle_handlers,
     assert h.client.health()["queued"] == 0, "closing the page's streams cancelled both jobs"
 
 
+async def stopped_first_question(h, browser: str) -> dict:
+    """A first question asked in tab "tab" and stopped at once: the tab's state once its answer has ended (its
+    conversation holds the question, and no first answer is being made)."""
+    asking = ask(h, "what is in this picture?", browser=browser, hash_="tab")
+    _box, _chat, _status, session = await asking.__anext__()
+    h.stop(session, browser, gr.Request(session_hash="tab"))
+    *_, (_b, _c, _s, session) = await drain(asking)
+    return session
+
+
 def test_a_conversation_that_gave_way_says_so_when_reopened_and_the_next_question_starts_afresh(idle_handlers):
     """The service-wide history budget cleared a visitor's conversation (the least recently used, whole). Reopened
     (a reload), the page says why it is empty and forgets it; a tab still showing it is told the same when it asks
@@ -346,10 +356,7 @@ def test_a_conversation_that_gave_way_says_so_when_reopened_and_the_next_questio
     cleared = ConversationCleared.user_message
 
     async def scenario():
-        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
-        _box, _chat, _status, session = await asking.__anext__()
-        h.stop(session, alice, gr.Request(session_hash="tab"))
-        *_, (_b, _c, _s, session) = await drain(asking)
+        session = await stopped_first_question(h, alice)
         conv = session["conversation"]
         assert h.client.jobs.make_room() > 0  # MAKE_ROOM, as a full Redis has it run: the idle conversation goes
         assert not h.client.r.exists(h.client.keys.conversation(conv), h.client.keys.turns(conv))
@@ -385,10 +392,7 @@ def test_a_reload_just_after_a_first_answer_reopens_the_chat_the_browser_has_not
 
     async def scenario():
         before = time.time()
-        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
-        _box, _chat, _status, session = await asking.__anext__()
-        h.stop(session, alice, gr.Request(session_hash="tab"))
-        *_, (_b, _c, _s, session) = await drain(asking)  # its answer has ended: not a first answer being made
+        session = await stopped_first_question(h, alice)  # its answer has ended: not a first answer being made
         conv = session["conversation"]
         assert h.client.first_answer(h.guard.caller(gr.Request(session_hash="tab"), alice).user) is None
 
@@ -429,10 +433,7 @@ def test_a_reload_just_after_new_conversation_does_not_reopen_the_chat_left(idle
 
     async def scenario():
         before = time.time()
-        asking = ask(h, "what is in this picture?", browser=alice, hash_="tab")
-        _box, _chat, _status, session = await asking.__anext__()
-        h.stop(session, alice, gr.Request(session_hash="tab"))
-        *_, (_b, _c, _s, session) = await drain(asking)
+        session = await stopped_first_question(h, alice)
         conv = session["conversation"]
         kept = h.remember_conversation(session, alice, gr.Request(session_hash="tab"))
         assert kept["conversation"] == conv
