@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+from worker.queue.job_states import FIFO_QUEUE_USER
 from worker.queue.scripts import compose
 from worker.store.keys import JobField
 
@@ -37,10 +38,12 @@ def set_waiting_key(client, group: str, key: float) -> None:
 _FILL = compose("""#!lua
 for i = 1, args.n do
   local job, who = args.name .. i, args.name .. i
-  redis.call('HSET', KEY.job .. job, JOB.user, who, JOB.qkey, who, JOB.group, who, JOB.qgroup, who,
+  local q = args.queue or who
+  redis.call('HSET', KEY.job .. job, JOB.user, who, JOB.qkey, q, JOB.group, who, JOB.qgroup, q,
              JOB.state, STATE.queued, JOB.payload, '{}')
   redis.call('HINCRBY', KEY.queued_by_group, who, 1)
-  queue_job(job, who, who)
+  queued_by_user_add(who, q, 1)
+  queue_job(job, q, q)
   redis.call('ZADD', KEY.queued_since, args.now, job)
 end
 return args.n
@@ -50,9 +53,13 @@ return args.n
 def fill_line(client, n: int, name: str = "v") -> list[str]:
     """Queue ``n`` jobs at once, each its own identity and client group (``<name>1`` ... ``<name>n``, the job ids
     too), through the line's own ``queue_job``: the state SUBMIT leaves for a visitor's first question, without its
-    conversation. Returns the job ids."""
+    conversation (in FIFO mode, ``client``'s settings, each waits in the one shared queue, as SUBMIT puts it there).
+    Returns the job ids."""
     script = client.r.register_script(_FILL)
-    script(keys=[], args=[json.dumps({"prefix": client.keys.prefix, "n": n, "name": name, "now": repr(time.time())})])
+    named = {"prefix": client.keys.prefix, "n": n, "name": name, "now": repr(time.time())}
+    if client.settings.fifo:
+        named["queue"] = FIFO_QUEUE_USER
+    script(keys=[], args=[json.dumps(named)])
     return [f"{name}{i}" for i in range(1, n + 1)]
 
 

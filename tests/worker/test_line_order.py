@@ -289,3 +289,35 @@ def test_an_identity_that_asks_from_a_new_address_while_it_waits_stays_in_one_pl
         assert not client.r.hgetall(client.keys.inflight_by_group) and not client.r.hgetall(client.keys.queued_by_group)
     finally:
         client.close(purge=True)
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_fifo_mode_serves_in_arrival_order_through_cancels_and_jobs_put_back(settings, seed):
+    """FIFO mode (the benchmarks' baseline) tags its one shared group's jobs by arrival: POP serves the oldest, a job
+    put back after a lost worker goes ahead of all (the latest put back first), a cancelled one leaves the others'
+    order as it was, and every job's place is its index in that order, at every step."""
+    client = OwletClient(settings=dataclasses.replace(settings, fifo=True, user_queue_cap=50, group_job_cap=50,
+                                                          max_attempts=1000))
+    rng, order, flying = random.Random(seed), [], []
+    try:
+        for step in range(200):
+            op = rng.random()
+            if op < 0.45:
+                who = f"v{rng.randrange(8)}"
+                order.append(client.submit(who, None, f"q{step}", group=f"addr-{who}").job)
+            elif op < 0.7 and order:
+                popped = client.jobs.pop(10 ** 6)
+                assert popped and popped[0] == order[0], f"step {step}: served {popped}, the oldest is {order[0]}"
+                flying.append(order.pop(0))
+            elif op < 0.8 and flying:
+                job = flying.pop(rng.randrange(len(flying)))
+                assert client.jobs.requeue(job, "lost") == 1
+                order.insert(0, job)
+            elif op < 0.9 and order:
+                assert client.jobs.cancel(order.pop(rng.randrange(len(order))))
+            elif flying:
+                assert client.jobs.finish(flying.pop(rng.randrange(len(flying))), "done")
+            assert client.queue_positions(order) == {job: i + 1 for i, job in enumerate(order)}, f"step {step}"
+            assert not line_index_errors(client), f"step {step}: {line_index_errors(client)}"
+    finally:
+        client.close(purge=True)

@@ -33,8 +33,9 @@ def own_redis(tmp_path_factory):
         yield url
 
 
-def operation_costs(url: str, waiting: int) -> dict[str, int]:
-    settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("scale"), global_queue_cap=2 * waiting + 100)
+def operation_costs(url: str, waiting: int, fifo: bool = False) -> dict[str, int]:
+    settings = Settings.from_env(redis_url=url, key_prefix=unique_prefix("scale"), global_queue_cap=2 * waiting + 100,
+                                 fifo=fifo)
     client = OwletClient(settings=settings)
     try:
         jobs = fill_line(client, waiting)
@@ -46,6 +47,11 @@ def operation_costs(url: str, waiting: int) -> dict[str, int]:
         costs["submit"] = counted(client.r, lambda: client.submit("newcomer", None, "Hello?", group="new-address"))
         popped = []
         costs["pop"] = counted(client.r, lambda: popped.append(client.jobs.pop(10 ** 6)[0]))
+        # its worker lost: put back at the front, then served again
+        costs["requeue"] = counted(client.r, lambda: client.jobs.requeue(popped[0], "worker lost"))
+        assert client.queue_position(popped[0]) == 1, "a job put back goes first"
+        costs["pop again"] = counted(client.r, lambda: popped.append(client.jobs.pop(10 ** 6)[0]))
+        assert popped[1] == popped[0]
         costs["finish"] = counted(client.r, lambda: client.jobs.finish(popped[0], "done"))
         costs["cancel"] = counted(client.r, lambda: client.jobs.cancel(jobs[-1]))
         assert popped[0] == jobs[0] and client.queue_position(middle) == waiting // 2, "served in order"
@@ -54,8 +60,11 @@ def operation_costs(url: str, waiting: int) -> dict[str, int]:
         client.close(purge=True)
 
 
-def test_every_queue_operation_costs_the_same_commands_at_10000_waiting_as_at_100(own_redis):
-    operation_costs(own_redis, 10)  # Redis loads each script at its first call: counted once, before these
-    small, large = (operation_costs(own_redis, n) for n in SIZES)
+@pytest.mark.parametrize("fifo", [False, True], ids=["fair line", "fifo"])
+def test_every_queue_operation_costs_the_same_commands_at_10000_waiting_as_at_100(own_redis, fifo):
+    """In FIFO mode (``OWLET_FIFO``, the benchmarks' baseline) every visitor waits in one shared group: its jobs must
+    not be rewritten when one of them is served, cancelled or put back."""
+    operation_costs(own_redis, 10, fifo)  # Redis loads each script at its first call: counted once, before these
+    small, large = (operation_costs(own_redis, n, fifo) for n in SIZES)
     assert large == small, f"commands per operation, {SIZES[0]} waiting: {small}; {SIZES[1]}: {large}"
     assert small["position"] <= 12 and small["100 places at once"] <= 12 * 100, small

@@ -16,3 +16,6 @@ GROUP_USAGE_HALF_LIFE_S = 120
 # waited longest now, and a newcomer goes ahead of every group that used the workers lately.
 GROUP_USAGE_WEIGHT = 4
 GROUP_USAGE_CAP_S = 30
+# The one shared queue (and client group) of FIFO mode (``Settings.fifo``, the benchmarks' baseline): every question
+# waits in it, in arrival order.
+FIFO_QUEUE = "*fifo*"

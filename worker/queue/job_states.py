@@ -26,12 +26,13 @@ from worker.store.history_budget import history_budget, redis_maxmemory, room_by
 from worker.store.jobs import TOO_LONG, Job, too_many_images
 from worker.store.keys import ENDED_STATES, JobField, JobState, Keys
 from worker.store.streams import token_event_data
+from worker.queue.fairness import FIFO_QUEUE
 from worker.queue.scripts import Scripts, missing_library, settings_json
 
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
 ANSWER_BYTES_PER_TOKEN = 4
-FIFO_QUEUE_USER = "*fifo*"  # the single shared queue (and group) of the FIFO baseline
+FIFO_QUEUE_USER = FIFO_QUEUE  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
             -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded,

@@ -18,9 +18,9 @@ when ``Scripts`` is built:
     the library's shebang line, named after a digest of its text (``owlet_<digest>``)
     a prelude written here: the data model's names from ``worker.store.keys`` as the Lua tables KEY_NAMES (key
         names and prefixes, without the key prefix), JOB, CONV, SLOTS, STATE and ENTRY, TURNS_SUFFIX and
-        TOKEN_EVENT; the values of ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT and USAGE_CAP; and the
-        history budget's charges from ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES, INDEX_BYTES and
-        CLEARED_BYTES
+        TOKEN_EVENT; the values of ``worker.queue.fairness`` as HALF_LIFE, USAGE_WEIGHT, USAGE_CAP and
+        FIFO_GROUP; and the history budget's charges from ``worker.store.memory_model`` as CONV_BYTES, TURN_BYTES,
+        INDEX_BYTES and CLEARED_BYTES
     common.lua (begin_call, which decodes a call's named arguments and gives KEY the call's key prefix)
     the helpers: usage.lua (a group's recent use), budgets.lua (pictures and history), line.lua (the fair line),
         lifecycle.lua (a job starts and ends), dispatch.lua (POP's step)
@@ -58,7 +58,7 @@ import redis
 from worker.store import memory_model
 from worker.store.keys import (TOKEN_EVENT, TURNS_SUFFIX, ConvField, EntryField, JobField, JobState, Keys, SlotsField,
                                fields_of)
-from worker.queue.fairness import GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
+from worker.queue.fairness import FIFO_QUEUE, GROUP_USAGE_CAP_S, GROUP_USAGE_HALF_LIFE_S, GROUP_USAGE_WEIGHT
 
 LUA_DIR = Path(__file__).with_name("lua")
 COMMON = "common"
@@ -92,6 +92,7 @@ def prelude() -> str:
                  f"{memory_model.TURN_BYTES}, {memory_model.INDEX_ENTRY_BYTES}, {memory_model.CLEARED_BYTES}")
     lines.append(f"local HALF_LIFE, USAGE_WEIGHT, USAGE_CAP = "
                  f"{GROUP_USAGE_HALF_LIFE_S!r}, {GROUP_USAGE_WEIGHT!r}, {GROUP_USAGE_CAP_S!r}")
+    lines.append(f"local FIFO_GROUP = {_lua_string(FIFO_QUEUE)}")
     return "\n".join(lines)
 
 

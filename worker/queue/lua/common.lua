@@ -1,7 +1,7 @@
 -- What every script starts with. The loader (worker.queue.scripts) puts this file after a prelude it writes from
 -- worker.store.keys and worker.queue.fairness: the tables KEY_NAMES (key names and prefixes, without the key prefix),
 -- JOB, CONV and SLOTS (hash fields), STATE (a job's states) and ENTRY (a stream entry's fields), TURNS_SUFFIX,
--- TOKEN_EVENT and the values HALF_LIFE, USAGE_WEIGHT and USAGE_CAP. Then come the helper files by concern
+-- TOKEN_EVENT, the values HALF_LIFE, USAGE_WEIGHT and USAGE_CAP, and FIFO_GROUP. Then come the helper files by concern
 -- (usage.lua, budgets.lua, line.lua, lifecycle.lua, dispatch.lua), then each script's body, run after begin_call.
 --
 -- Redis runs the scripts as functions of one library: this text and the helpers run once, when the library is

@@ -19,6 +19,11 @@
 -- whose state changes (a job of it joins, leaves or is served) has its jobs rewritten: O(m log N) for its m queued
 -- jobs, which the per-group caps bound; the other groups' tags stay as they are.
 --
+-- FIFO mode's one shared group (FIFO_GROUP, Settings.fifo: the benchmarks' first-come baseline) holds every queued
+-- job, so no cap bounds its m: its jobs are tagged by arrival instead (turn = the line's arrival sequence; a job put
+-- back after a lost worker, the negative of it: ahead of every other, the latest first), and its place stays while it
+-- is in line, so serving, cancelling or putting back one of its jobs writes that job's tag alone (arrival_ordered).
+--
 -- Beyond the workers' decode rows POP serves only groups with nothing in flight, and in the last slots only such
 -- groups that used the workers little lately (dispatch.lua): KEY.idle_line orders the groups in line with nothing in
 -- flight by their place, and KEY.light_line the same groups by their usage (usage_key), ties by place. A group's
@@ -32,6 +37,8 @@ local function place_string(tier, sub, value, seq)
   return string.format('%d%d%020.6f%012d', tier, sub, value, seq)
 end
 local function next_seq() return redis.call('INCR', KEY.line_seq) end
+-- Whether group qg's jobs are tagged by arrival rather than by their turn in its round robin (FIFO mode's group).
+local function arrival_ordered(qg) return qg == FIFO_GROUP end
 local function job_of(member) return string.sub(member, PLACE_WIDTH + 1) end
 local function group_of_idle(member) return string.sub(member, PLACE_WIDTH + 1) end
 local function in_line(qg) return redis.call('LLEN', gq(qg)) > 0 end
@@ -118,9 +125,10 @@ end
 local function rekey(qg, old_place, keep_idle)
   local place = redis.call('HGET', KEY.places, qg)
   local moved = old_place and old_place ~= place
+  local by_arrival = arrival_ordered(qg)  -- (only when it starts waiting, or its jobs are adopted: in order)
   for k, job in ipairs(group_walk(qg)) do
     if moved then redis.call('ZREM', KEY.line, old_place .. job) end
-    redis.call('ZADD', KEY.line, k - 1, place .. job)
+    redis.call('ZADD', KEY.line, by_arrival and next_seq() or k - 1, place .. job)
   end
   if not keep_idle then
     if moved then idle_forget(qg, old_place) end
@@ -173,12 +181,12 @@ local function queue_job(job, q, qg, flight)
     if flight == nil then flight = has_flight(qg) end
     local place, record = join_place(qg, false, flight)
     redis.call('HSET', KEY.places, qg, place)
-    redis.call('ZADD', KEY.line, '0', place .. job)
+    redis.call('ZADD', KEY.line, arrival_ordered(qg) and next_seq() or '0', place .. job)
     if not flight then idle_index(qg, place, record) end
     return place
   elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
     local place = redis.call('HGET', KEY.places, qg)
-    redis.call('ZADD', KEY.line, mine - 1, place .. job)
+    redis.call('ZADD', KEY.line, arrival_ordered(qg) and next_seq() or mine - 1, place .. job)
     return place
   end
   return rekey(qg)
@@ -209,7 +217,7 @@ local function unqueue(job, q, qg, user, group)
     local place = redis.call('HGET', KEY.places, qg)
     if place then redis.call('ZREM', KEY.line, place .. job) end
     if redis.call('LLEN', uq(q)) == 0 then redis.call('LREM', gq(qg), 0, q) end
-    if in_line(qg) then rekey(qg) else leave_line(qg, place) end
+    if not in_line(qg) then leave_line(qg, place) elseif not arrival_ordered(qg) then rekey(qg) end
   end
   redis.call('ZREM', KEY.queued_since, job)
 end
@@ -226,10 +234,15 @@ local function serve_group(qg, place)
   if not job then return nil end
   place = place or redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
+  local stays = in_line(qg)
+  if stays and arrival_ordered(qg) then  -- FIFO mode's group keeps its place, and its other jobs their tags
+    idle_forget(qg, place)
+    return job
+  end
   -- served now: its wait no longer bounds anyone's setback
   if may_wait_since(place) then redis.call('ZREM', KEY.waiting_since, qg) end
   idle_forget(qg, place)
-  if in_line(qg) then
+  if stays then
     redis.call('HSET', KEY.places, qg, served_place_end())
     rekey(qg, place, true)
   else

@@ -47,7 +47,13 @@ if q == user then
 end
 local waiting = redis.call('LLEN', gq(qg)) > 0
 if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
-if waiting then rekey(qg) else join_line(qg, true) end
+if not waiting then
+  join_line(qg, true)
+elseif arrival_ordered(qg) then  -- ahead of every job of FIFO mode's group, the latest put back first
+  redis.call('ZADD', KEY.line, -next_seq(), redis.call('HGET', KEY.places, qg) .. job)
+else
+  rekey(qg)
+end
 queued_by_user_add(user, q, 1)
 redis.call('HINCRBY', KEY.queued_by_group, group, 1)
 redis.call('ZADD', KEY.queued_since, now, job)
