@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from worker.queue.job_states import FIFO_QUEUE_USER
+from worker.queue.fairness import FIFO_QUEUE
 from worker.queue.scripts import compose
 from worker.store.keys import JobField
 
@@ -58,7 +58,7 @@ def fill_line(client, n: int, name: str = "v") -> list[str]:
     script = client.r.register_script(_FILL)
     named = {"prefix": client.keys.prefix, "n": n, "name": name, "now": repr(time.time())}
     if client.settings.fifo:
-        named["queue"] = FIFO_QUEUE_USER
+        named["queue"] = FIFO_QUEUE
     script(keys=[], args=[json.dumps(named)])
     return [f"{name}{i}" for i in range(1, n + 1)]
 

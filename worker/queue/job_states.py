@@ -32,7 +32,6 @@ from worker.queue.scripts import Scripts, missing_library, settings_json
 # Text quota reserved per answer token at admission: a token of the demo's tokenizers is 3-5 bytes of UTF-8 text
 # in English, so an answer at its max_new_tokens rarely stores more than this.
 ANSWER_BYTES_PER_TOKEN = 4
-FIFO_QUEUE_USER = FIFO_QUEUE  # the single shared queue (and group) of the FIFO baseline
 # SUBMIT's refusal codes (-1, the per-identity cap, carries the cap in its message).
 REFUSALS = {-2: ServiceBusy, -3: NotYourConversation, -4: ConversationBusy, -5: ClientBusy, -6: RateLimited,
             -7: QuotaExceeded, -8: QuotaExceeded, -9: TextQuotaExceeded, -10: TextQuotaExceeded,
@@ -155,7 +154,7 @@ class JobStates:
         turn refused as busy."""
         s = self.settings
         group = group or user
-        quser, qgroup = (FIFO_QUEUE_USER, FIFO_QUEUE_USER) if s.fifo else (user, group)
+        quser, qgroup = (FIFO_QUEUE, FIFO_QUEUE) if s.fifo else (user, group)
         pop_args = self._pop_args(*slots) if slots and slots[0] > 0 else {}
         measured = turn_measure(turn_json) if turn_json else (None, None)  # counted here, not in Redis's one thread
         for _ in range(MAKE_ROOM_ROUNDS + 1):

@@ -235,14 +235,14 @@ local function serve_group(qg, place)
   place = place or redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
   local stays = in_line(qg)
-  if stays and arrival_ordered(qg) then  -- FIFO mode's group keeps its place, and its other jobs their tags
-    idle_forget(qg, place)
-    return job
-  end
+  -- FIFO mode's group, still in line, keeps its place (still waiting), and its other jobs their tags
+  local keeps_place = stays and arrival_ordered(qg)
   -- served now: its wait no longer bounds anyone's setback
-  if may_wait_since(place) then redis.call('ZREM', KEY.waiting_since, qg) end
+  if may_wait_since(place) and not keeps_place then redis.call('ZREM', KEY.waiting_since, qg) end
   idle_forget(qg, place)
-  if stays then
+  if keeps_place then
+    return job
+  elseif stays then
     redis.call('HSET', KEY.places, qg, served_place_end())
     rekey(qg, place, true)
   else
