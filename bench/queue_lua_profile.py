@@ -6,8 +6,9 @@ Redis 7.0 gives a script no clock of its own, so the profile reads Redis's: the 
 (``worker.queue.scripts.library``), and then every helper of common.lua and the helper files, and every script's
 body, is wrapped in a function that reads ``TIME`` before and after the call and adds the difference to that
 helper's total. A helper's own time is its total less its wrapped callees' totals, less what the wrapping itself
-costs: measured in the same run (``calibrate``: a wrapped helper that does nothing, called by another many times)
-and taken off per call and per wrapped callee. What remains is the helper's Lua and the commands it calls itself.
+costs: measured in the same run (``calibrate``: a wrapped helper that does nothing, called by another many times,
+the least of five such measurements) and taken off per call and per wrapped callee. What remains is the helper's
+Lua and the commands it calls itself.
 
 Two runs on one private Redis, in one process: the library as it ships (Redis's CPU per turn, and its time in the
 scripts by ``INFO commandstats``), then the wrapped one. The own times of the wrapped run add up to about the
@@ -49,6 +50,10 @@ from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
 # command (a key's name, a member's parts), whose time is less than what a wrapping costs and would be mostly error.
 UNWRAPPED = {"settings_for", "keys_for", "begin_call", "uq", "gq", "job_of", "group_of_idle"}
 CALIBRATION_CALLS = 2000
+# Calibrations a profiled run takes, the least of each cost kept: a calibration preempted or slowed midway reads a
+# dearer wrapping, and taking that off every wrapped call would leave the helpers' own times short (the quick run
+# beside other work read own times adding up to 0.45 of the scripts' time that way).
+CALIBRATIONS = 5
 
 WRAPPING = """
 local PROFILE, PROFILE_STACK = {}, {}
@@ -125,14 +130,18 @@ def read_profile(r, lib: str) -> dict[str, tuple[float, int, float, int]]:
 
 
 def calibrate(r, lib: str) -> tuple[float, float]:
-    """(us a wrapped call adds to its own total, us it adds to its caller's own time)."""
+    """(us a wrapped call adds to its own total, us it adds to its caller's own time): the least of ``CALIBRATIONS``
+    measurements of each."""
     read_profile(r, lib)
-    r.fcall(f"{lib}_calibrate", 0, CALIBRATION_CALLS)
-    p = read_profile(r, lib)
-    nothing, caller = p["(nothing)"], p["(caller)"]
-    inside = nothing[0] / nothing[1]
-    around = max(0.0, (caller[0] - caller[2] - inside) / caller[3])
-    return inside, around
+    insides, arounds = [], []
+    for _ in range(CALIBRATIONS):
+        r.fcall(f"{lib}_calibrate", 0, CALIBRATION_CALLS)
+        p = read_profile(r, lib)
+        nothing, caller = p["(nothing)"], p["(caller)"]
+        inside = nothing[0] / nothing[1]
+        insides.append(inside)
+        arounds.append(max(0.0, (caller[0] - caller[2] - inside) / caller[3]))
+    return min(insides), min(arounds)
 
 
 def steps_run(url: str, args, before_measure, after_measure=None) -> dict:
