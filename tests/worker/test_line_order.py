@@ -23,6 +23,7 @@ from tests.redis_server import unique_prefix
 from tests.worker.queue_state import line_index_errors
 from worker.client import OwletClient
 from worker.config import Settings
+from worker.queue.fairness import FIFO_QUEUE
 from worker.store.keys import JobField, JobState
 
 
@@ -249,6 +250,43 @@ def test_questions_waiting_in_the_lines_earlier_form_are_put_in_line_in_its_orde
     assert order[:3] == ["j4", "j1", "j5"] and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
     assert [client.jobs.pop(100)[0] for _ in order] == order
 
+
+
+def test_fifo_questions_waiting_in_the_earlier_lists_keep_their_order_when_adopted(settings):
+    """FIFO mode's shared group kept its waiting jobs in the lists every group has (a cancel scanned them all): a
+    deployment upgraded while people wait in it moves them to the sorted set it keeps now (ADOPT_LINE), in the lists'
+    order (a job put back first), whatever tags the line held them by, and later questions queue behind them."""
+    client = OwletClient(settings=dataclasses.replace(settings, fifo=True))
+    r, keys = client.r, client.keys
+    try:
+        place = "1" + "0" * 33  # a waiting group's place, as the line writes it (PLACE_WIDTH characters)
+        earlier = ["back", "a1", "a2", "a3"]  # "back" was put back after a lost worker: it heads the lists
+        tags = {"back": -9, "a1": 0, "a2": 1, "a3": 2}  # the tags of the earliest line (ranks; a job put back: negative)
+        for job in earlier:
+            r.hset(keys.job(job), mapping={JobField.state: JobState.queued, JobField.user: f"u-{job}",
+                                           JobField.qkey: FIFO_QUEUE, JobField.group: f"g-{job}",
+                                           JobField.qgroup: FIFO_QUEUE})
+            r.hincrby(keys.queued_by_group, f"g-{job}", 1)
+            r.hincrby(keys.queued_by_user, f"u-{job}", 1)
+            r.rpush(keys.user_queue(FIFO_QUEUE), job)
+            r.zadd(keys.line, {place + job: tags[job]})
+        r.rpush(keys.group_queue(FIFO_QUEUE), FIFO_QUEUE)
+        r.hset(keys.places, FIFO_QUEUE, place)
+        r.zadd(keys.waiting_since, {FIFO_QUEUE: 1.0})  # (a group waiting with a key, as its place's tier says)
+        r.set(keys.line_seq, 3)  # fewer arrivals counted than the ranks above: a fresh tag would have gone first
+        assert client.jobs.adopt_line() == 0, "no group of the ring's earlier form"
+        assert not r.exists(keys.user_queue(FIFO_QUEUE)) and not r.exists(keys.group_queue(FIFO_QUEUE))
+        later = client.submit("late", None, "me too", group="addr:late").job
+        order = earlier + [later]
+        assert client.queue_positions(order) == {job: i + 1 for i, job in enumerate(order)}
+        assert not line_index_errors(client), line_index_errors(client)
+        assert client.jobs.cancel("a2")
+        order.remove("a2")
+        assert client.jobs.adopt_line() == 0 and client.queue_positions(order) == {j: i + 1 for i, j in enumerate(order)}
+        assert [client.jobs.pop(100)[0] for _ in order] == order
+        assert not r.exists(keys.fifo_line) and not r.exists(keys.line) and not line_index_errors(client)
+    finally:
+        client.close(purge=True)
 
 def test_an_identity_that_asks_from_a_new_address_while_it_waits_stays_in_one_place_in_line(settings, fake_capacity):
     """An anonymous visitor's group is its address, and addresses change under a visitor: a phone moves from Wi-Fi to

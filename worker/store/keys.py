@@ -94,6 +94,13 @@ class Keys:
         return f"{self.prefix}line"
 
     @property
+    def fifo_line(self) -> str:
+        """Zset of the queued jobs of FIFO mode's one shared group (``Settings.fifo``), each scored by its tag in
+        ``line`` (its arrival; a job put back, the negative): what that group keeps instead of ``user_queue`` and
+        ``group_queue``, so that a cancel removes one of thousands in O(log N), not by scanning a list."""
+        return f"{self.prefix}fifo_line"
+
+    @property
     def places(self) -> str:
         """Hash group -> its place in the ring (a fixed-width string: tier, key, arrival sequence), while it has queued
         jobs."""
@@ -340,8 +347,8 @@ class Keys:
         puts this prefix in front of each when it starts (``worker.queue.scripts``)."""
         return {
             # fixed keys
-            "line": self.line, "places": self.places, "line_seq": self.line_seq, "idle_line": self.idle_line,
-            "light_line": self.light_line, "legacy_idle_members": self.legacy_idle_members,
+            "line": self.line, "fifo_line": self.fifo_line, "places": self.places, "line_seq": self.line_seq,
+            "idle_line": self.idle_line, "light_line": self.light_line, "legacy_idle_members": self.legacy_idle_members,
             "unclaimed": self.unclaimed,
             "legacy_ring": self.legacy_ring, "legacy_ring_keys": self.legacy_ring_keys,
             "legacy_served": self.legacy_served, "legacy_queued_count": self.legacy_queued_count,

@@ -7,9 +7,15 @@
 -- service-time average of its own (KEY.slots keeps it now: one job's run time sets it again), their count of the
 -- questions waiting (the line's size is the count), and their hash of every group's usage (a key a group now; what
 -- it held decays within minutes, so it is not carried over), and their hash of each idle group's member (a group's
--- place names it). Run when a worker starts; a second run finds nothing to do.
+-- place names it). FIFO mode's shared group kept its jobs in the lists every group has: they move to KEY.fifo_line in
+-- the lists' order (the order it serves them, jobs put back first), tagged afresh by arrival, and the line's tags and
+-- the group's idle index with them. Run when a worker starts; a second run finds nothing to do.
 -- args: none
 -- Returns the number of groups put in the line.
+local fifo_jobs = redis.call('LRANGE', uq(FIFO_GROUP), 0, -1)
+for _, job in ipairs(fifo_jobs) do redis.call('ZADD', KEY.fifo_line, next_seq(), job) end
+redis.call('DEL', uq(FIFO_GROUP), gq(FIFO_GROUP))
+if #fifo_jobs > 0 and redis.call('HGET', KEY.places, FIFO_GROUP) then rekey(FIFO_GROUP) end
 local groups = redis.call('LRANGE', KEY.legacy_ring, 0, -1)
 local joined = 0
 for _, qg in ipairs(groups) do

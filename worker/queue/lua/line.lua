@@ -23,6 +23,8 @@
 -- job, so no cap bounds its m: its jobs are tagged by arrival instead (turn = the line's arrival sequence; a job put
 -- back after a lost worker, the negative of it: ahead of every other, the latest first), and its place stays while it
 -- is in line, so serving, cancelling or putting back one of its jobs writes that job's tag alone (arrival_ordered).
+-- Nor does it keep its jobs in lists, where a cancel's removal would scan every waiting job: KEY.fifo_line holds
+-- them, each scored by its tag in the line, so its head is the job the group serves next.
 --
 -- Beyond the workers' decode rows POP serves only groups with nothing in flight, and in the last slots only such
 -- groups that used the workers little lately (dispatch.lua): KEY.idle_line orders the groups in line with nothing in
@@ -41,7 +43,10 @@ local function next_seq() return redis.call('INCR', KEY.line_seq) end
 local function arrival_ordered(qg) return qg == FIFO_GROUP end
 local function job_of(member) return string.sub(member, PLACE_WIDTH + 1) end
 local function group_of_idle(member) return string.sub(member, PLACE_WIDTH + 1) end
-local function in_line(qg) return redis.call('LLEN', gq(qg)) > 0 end
+local function in_line(qg)
+  if arrival_ordered(qg) then return redis.call('ZCARD', KEY.fifo_line) > 0 end
+  return redis.call('LLEN', gq(qg)) > 0
+end
 local function has_flight(qg) return redis.call('HEXISTS', KEY.inflight_by_group, qg) == 1 end
 -- An identity's questions waiting (its cap): in the fair line, where its queue q is its own, that queue's length; in
 -- FIFO mode, where everyone shares one queue, KEY.queued_by_user counts them (queued_by_user_add keeps it, and only
@@ -125,10 +130,15 @@ end
 local function rekey(qg, old_place, keep_idle)
   local place = redis.call('HGET', KEY.places, qg)
   local moved = old_place and old_place ~= place
-  local by_arrival = arrival_ordered(qg)  -- (only when it starts waiting, or its jobs are adopted: in order)
-  for k, job in ipairs(group_walk(qg)) do
+  local function tag(job, turn)
     if moved then redis.call('ZREM', KEY.line, old_place .. job) end
-    redis.call('ZADD', KEY.line, by_arrival and next_seq() or k - 1, place .. job)
+    redis.call('ZADD', KEY.line, turn, place .. job)
+  end
+  if arrival_ordered(qg) then  -- (only when it starts waiting, or its jobs are adopted: each keeps its tag)
+    local tagged = redis.call('ZRANGE', KEY.fifo_line, 0, -1, 'WITHSCORES')
+    for i = 1, #tagged, 2 do tag(tagged[i], tagged[i + 1]) end
+  else
+    for k, job in ipairs(group_walk(qg)) do tag(job, k - 1) end
   end
   if not keep_idle then
     if moved then idle_forget(qg, old_place) end
@@ -175,21 +185,31 @@ end
 -- flight: whether qg has a job in flight, when the caller read it already (nil: read here). Returns its group's place
 -- (for position()).
 local function queue_job(job, q, qg, flight)
-  local mine = redis.call('RPUSH', uq(q), job)
-  local identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
-  if identities == 1 and mine == 1 then  -- the group starts waiting with this job alone
+  local starts, place, turn  -- whether the group starts waiting with this job alone; its place, the job's tag
+  local mine, identities
+  if arrival_ordered(qg) then
+    turn = next_seq()
+    redis.call('ZADD', KEY.fifo_line, turn, job)
+    place = redis.call('HGET', KEY.places, qg)
+    starts = not place
+  else
+    mine = redis.call('RPUSH', uq(q), job)
+    identities = mine == 1 and redis.call('RPUSH', gq(qg), q) or redis.call('LLEN', gq(qg))
+    if identities > 1 then return rekey(qg) end
+    starts, turn = mine == 1, mine - 1  -- one identity: its jobs are served in order, the new one last
+    place = not starts and redis.call('HGET', KEY.places, qg)
+  end
+  if starts then
     if flight == nil then flight = has_flight(qg) end
-    local place, record = join_place(qg, false, flight)
+    local record
+    place, record = join_place(qg, false, flight)
     redis.call('HSET', KEY.places, qg, place)
-    redis.call('ZADD', KEY.line, arrival_ordered(qg) and next_seq() or '0', place .. job)
+    redis.call('ZADD', KEY.line, turn, place .. job)
     if not flight then idle_index(qg, place, record) end
     return place
-  elseif identities == 1 then  -- one identity: its jobs are served in order, the new one last
-    local place = redis.call('HGET', KEY.places, qg)
-    redis.call('ZADD', KEY.line, arrival_ordered(qg) and next_seq() or mine - 1, place .. job)
-    return place
   end
-  return rekey(qg)
+  redis.call('ZADD', KEY.line, turn, place .. job)
+  return place
 end
 
 -- Group qg has no more queued jobs: it leaves the ring. (With nothing in flight either it is idle: it waits as a
@@ -211,13 +231,20 @@ local function left_flight(group, qg)
 end
 -- A queued job leaves the line without being served (cancelled, timed out, or ended while waiting).
 local function unqueue(job, q, qg, user, group)
-  if redis.call('LREM', uq(q), 1, job) > 0 then
+  local by_arrival = arrival_ordered(qg)
+  local removed
+  if by_arrival then
+    removed = redis.call('ZREM', KEY.fifo_line, job)
+  else
+    removed = redis.call('LREM', uq(q), 1, job)
+  end
+  if removed > 0 then
     queued_by_user_add(user, q, -1)
     hdecr(KEY.queued_by_group, group)
     local place = redis.call('HGET', KEY.places, qg)
     if place then redis.call('ZREM', KEY.line, place .. job) end
-    if redis.call('LLEN', uq(q)) == 0 then redis.call('LREM', gq(qg), 0, q) end
-    if not in_line(qg) then leave_line(qg, place) elseif not arrival_ordered(qg) then rekey(qg) end
+    if not by_arrival and redis.call('LLEN', uq(q)) == 0 then redis.call('LREM', gq(qg), 0, q) end
+    if not in_line(qg) then leave_line(qg, place) elseif not by_arrival then rekey(qg) end
   end
   redis.call('ZREM', KEY.queued_since, job)
 end
@@ -228,9 +255,14 @@ end
 -- as the line or the idle index the caller found it in names it (nil: read here). Returns the job (nil if the group
 -- had none).
 local function serve_group(qg, place)
-  local q = redis.call('LPOP', gq(qg))
-  local job = q and redis.call('LPOP', uq(q))
-  if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
+  local job
+  if arrival_ordered(qg) then
+    job = redis.call('ZPOPMIN', KEY.fifo_line)[1]
+  else
+    local q = redis.call('LPOP', gq(qg))
+    job = q and redis.call('LPOP', uq(q))
+    if q and redis.call('LLEN', uq(q)) > 0 then redis.call('RPUSH', gq(qg), q) end
+  end
   if not job then return nil end
   place = place or redis.call('HGET', KEY.places, qg)
   if place then redis.call('ZREM', KEY.line, place .. job) end
@@ -294,7 +326,11 @@ end
 local function slot_position(job, q, qg, now, place)
   local capacity, shared, light_from = slot_layout()
   if not capacity or capacity <= shared then return nil end
-  if redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then return nil end
+  if arrival_ordered(qg) then
+    if redis.call('ZRANGE', KEY.fifo_line, 0, 0)[1] ~= job then return nil end
+  elseif redis.call('LINDEX', gq(qg), 0) ~= q or redis.call('LINDEX', uq(q), 0) ~= job then
+    return nil
+  end
   local member = place .. qg
   local eligible = redis.call('ZRANK', KEY.idle_line, member)  -- (nil: not indexed, something of it is in flight)
   if not eligible then return nil end

@@ -45,13 +45,18 @@ if q == user then
     redis.call('HSET', jk, JOB.qgroup, qg)
   end
 end
-local waiting = redis.call('LLEN', gq(qg)) > 0
-if redis.call('LPUSH', uq(q), job) == 1 then redis.call('LPUSH', gq(qg), q) end
+local waiting = in_line(qg)
+local by_arrival = arrival_ordered(qg)
+if by_arrival then  -- ahead of every job of FIFO mode's group, the latest put back first
+  local turn = -next_seq()
+  redis.call('ZADD', KEY.fifo_line, turn, job)
+  if waiting then redis.call('ZADD', KEY.line, turn, redis.call('HGET', KEY.places, qg) .. job) end
+elseif redis.call('LPUSH', uq(q), job) == 1 then
+  redis.call('LPUSH', gq(qg), q)
+end
 if not waiting then
   join_line(qg, true)
-elseif arrival_ordered(qg) then  -- ahead of every job of FIFO mode's group, the latest put back first
-  redis.call('ZADD', KEY.line, -next_seq(), redis.call('HGET', KEY.places, qg) .. job)
-else
+elseif not by_arrival then
   rekey(qg)
 end
 queued_by_user_add(user, q, 1)
