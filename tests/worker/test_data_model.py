@@ -3,12 +3,14 @@ what Redis holds matches it, and every script gets exactly the named arguments i
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
 import redis
+from PIL import Image
 
 from engine.sampling_params import SamplingParams
 from tests.redis_server import small_redis, unique_prefix
@@ -105,6 +107,12 @@ def test_python_reads_and_writes_hash_fields_through_the_declaration():
     assert not stray, f"hash fields spelled out instead of named through worker.store.keys: {stray}"
 
 
+def tiny_png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
 def hash_fields(r, key) -> set[str]:
     return {f.decode() for f in r.hkeys(key)}
 
@@ -114,7 +122,8 @@ def test_what_redis_holds_is_what_the_model_declares(client, fake_capacity):
     field Redis then holds is a declared one."""
     conv = client.new_conversation("ann")
     r, keys = client.r, client.keys
-    job = client.submit("ann", conv, "hi", notify=keys.started_notices("page1")).job  # as the page submits
+    job = client.submit("ann", conv, "hi", image=tiny_png(), notify=keys.started_notices("page1")).job  # as the page
+    # submits, about a picture (so it holds the picture's field too)
     assert hash_fields(r, keys.job(job)) <= set(fields_of(JobField).values())
     assert hash_fields(r, keys.conversation(conv)) == {ConvField.user, ConvField.created, ConvField.pending,
                                                         ConvField.chars, ConvField.images}

@@ -275,8 +275,9 @@ class Keys:
         return f"{self.prefix}images_of:{group}"
 
     def picture_jobs(self, image_key: str) -> str:
-        """Set of the jobs admitted with the stored image ``image_key`` (a full ``image()`` key): while one of them
-        is live, the image does not give way to new ones."""
+        """Set of the live jobs admitted with the stored image ``image_key`` (a full ``image()`` key): while one of
+        them is live, the image does not give way to new ones. SUBMIT adds a job, FINISH takes it out (so the set is
+        as large as the image's live jobs, however often it was asked about)."""
         return f"{self.prefix}picture_jobs:{image_key}"
 
     # -- the service-wide history budget (docs/redis_memory.md): SUBMIT charges it, FINISH corrects it ----------
@@ -416,6 +417,8 @@ class JobField:
     started_at = "started_at"  # the worker's clock when it claimed it (the reaper's run deadline): CLAIM
     reserved = "reserved"  # history-budget bytes charged for its answer before it exists: SUBMIT (FINISH corrects)
     notify = "notify"  # the stream (``Keys.started_notices``) its start is announced on ("" = none): SUBMIT
+    picture = "picture"  # the sha256 of the stored image it was admitted with, absent for none: SUBMIT (its job is in
+    # that image's ``Keys.picture_jobs`` until it ends: FINISH takes it out)
 
 
 class ConvField:

@@ -26,8 +26,9 @@ CLEARED_BYTES = 270
 
 # Not charged to the history budget; they live a set time, so the traffic sets how many are held.
 # A stored picture beyond its bytes rounded up to the allocator's size class (``allocated``): its key, and its
-# members in the pictures' bookkeeping (images_held, image_sizes, image_owners, images_of, picture_jobs).
-PICTURE_BYTES = 1400
+# members in the pictures' bookkeeping (images_held, image_sizes, image_owners, images_of; picture_jobs only while a
+# job about it is live, FINISH takes each out).
+PICTURE_BYTES = 1100
 # A job's hash beyond its payload (the job as JSON: a follow-up's carries its question, a first question's the
 # earlier messages too; worker.store.jobs).
 JOB_BYTES = 870

@@ -20,15 +20,21 @@ local function no_longer_held(key)
 end
 -- Whether a live job (queued, or on a worker that may be lost and queue it again) was admitted with this image:
 -- such an image never gives way, or that job would fail "upload it again" for a flood of other people's pictures.
--- Members that ended are dropped as they are met.
+-- FINISH takes each job out as it ends, so a member is live but for jobs whose hash expired unfinished (or ended
+-- under an earlier version, which left them): a few members are read, those that ended dropped as they are met,
+-- and an image with more such members than NEEDED_LOOKS counts as needed this time (later calls drop the rest). A
+-- picture a crowd asks about (an example's) has as many members as live jobs: reading them all was a scan of
+-- the crowd in the call.
+local NEEDED_LOOKS = 16
 local function needed(key)
   local jobs = KEY.picture_jobs .. key
-  for _, other in ipairs(redis.call('SMEMBERS', jobs)) do
+  local looked = redis.call('SRANDMEMBER', jobs, NEEDED_LOOKS)
+  for _, other in ipairs(looked) do
     local st = redis.call('HGET', KEY.job .. other, JOB.state)
     if st == STATE.queued or st == STATE.dispatched or st == STATE.started then return true end
     redis.call('SREM', jobs, other)
   end
-  return false
+  return #looked == NEEDED_LOOKS and redis.call('EXISTS', jobs) == 1
 end
 
 -- The service-wide history budget (docs/redis_memory.md). Every conversation SUBMIT stores is charged the bytes

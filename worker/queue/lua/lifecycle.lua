@@ -36,7 +36,7 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
                       answer_chars)
   local jk = KEY.job .. job
   local f = redis.call('HMGET', jk, JOB.state, JOB.user, JOB.conv, JOB.worker, JOB.qkey, JOB.turn, JOB.group,
-                       JOB.qgroup, JOB.reserved, JOB.flight_t)
+                       JOB.qgroup, JOB.reserved, JOB.flight_t, JOB.picture)
   local state = f[1]
   if state == STATE.done or state == STATE.error or state == STATE.cancelled then return 0 end
   if (only_state and state ~= only_state) or (only_worker and f[4] ~= only_worker) then return 0 end
@@ -69,6 +69,8 @@ local function finish(job, etype, data, answer, stream_ttl, maxlen, holder, hold
     local reserved = tonumber(f[9] or '0')
     if reserved > 0 then history_charge(f[3], (appended and #answer + TURN_BYTES or 0) - reserved) end
   end
+  -- its picture no longer needs keeping for it (picture_jobs holds the live jobs only: `needed` reads a few)
+  if f[11] then redis.call('SREM', KEY.picture_jobs .. KEY.image .. f[11], job) end
   -- a started job is in its worker's set of stopped jobs only when its cancel flag was set
   local flagged = redis.call('DEL', KEY.cancel .. job) == 1
   if state == STATE.started then

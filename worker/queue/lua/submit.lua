@@ -229,7 +229,9 @@ elseif args.image_sha ~= '' and redis.call('EXISTS', IK) == 1 then  -- a turn ab
     redis.call('EXPIRE', KEY.images_of .. owner, image_ttl)
   end
 end
-if args.image_sha ~= '' and redis.call('EXISTS', IK) == 1 then  -- this job needs its image until it ends
+-- this job needs its image until it ends (FINISH takes it out of the image's jobs: JOB.picture names the image)
+local needs_picture = args.image_sha ~= '' and redis.call('EXISTS', IK) == 1
+if needs_picture then
   redis.call('SADD', KEY.picture_jobs .. IK, job)
   redis.call('EXPIRE', KEY.picture_jobs .. IK, args.job_ttl_s)
 end
@@ -274,6 +276,10 @@ end
 if args.notify then
   table.insert(job_fields, JOB.notify)
   table.insert(job_fields, args.notify)
+end
+if needs_picture then
+  table.insert(job_fields, JOB.picture)
+  table.insert(job_fields, args.image_sha)
 end
 redis.call('HSET', JK, unpack(job_fields))
 redis.call('EXPIRE', JK, args.job_ttl_s)
