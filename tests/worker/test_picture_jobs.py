@@ -6,12 +6,15 @@ run for each picture SUBMIT considers giving way) must read a few members, not e
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 
+import pytest
 from PIL import Image
 
+from tests.redis_server import small_redis
 from tests.worker.test_line_scale import commands
 from worker.client import OwletClient
 from worker.queue.scripts import compose
@@ -20,6 +23,13 @@ from worker.store.keys import JobField
 _NEEDED = compose("""#!lua
 return needed(KEY.image .. args.sha) and 1 or 0
 """, "needed")
+
+
+@pytest.fixture
+def own_settings(settings, tmp_path):
+    """The suite's settings on a Redis of this test's own: the commands counted are this test's alone."""
+    with small_redis(tmp_path) as url:
+        yield dataclasses.replace(settings, redis_url=url)
 
 
 def png(seed: int) -> bytes:
@@ -35,8 +45,8 @@ def needed(client, sha: str) -> tuple[int, int]:
     return answer, commands(client.r) - 1  # the CONFIG RESETSTAT
 
 
-def test_a_picture_holds_its_live_jobs_only_and_each_one_ending_takes_it_out(settings):
-    client = OwletClient(settings=settings)
+def test_a_picture_holds_its_live_jobs_only_and_each_one_ending_takes_it_out(own_settings):
+    client = OwletClient(settings=own_settings)
     picture = png(1)
     sha = hashlib.sha256(picture).hexdigest()
     jobs_of = client.keys.picture_jobs(client.keys.image(sha))
@@ -61,11 +71,11 @@ def test_a_picture_holds_its_live_jobs_only_and_each_one_ending_takes_it_out(set
         client.close(purge=True)
 
 
-def test_the_check_reads_a_few_jobs_however_many_ended_without_leaving(settings):
+def test_the_check_reads_a_few_jobs_however_many_ended_without_leaving(own_settings):
     """Jobs an earlier version left in the set as they ended (or whose hashes expired unfinished): the check reads a
     bounded few a call, drops those, counts the picture as needed while more may remain, and lets it go once none
     are left."""
-    client = OwletClient(settings=settings)
+    client = OwletClient(settings=own_settings)
     sha = "ab" * 32
     jobs_of = client.keys.picture_jobs(client.keys.image(sha))
     try:
