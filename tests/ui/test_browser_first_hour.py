@@ -80,11 +80,32 @@ def status(tab) -> str:
 
 
 def attach(tab, path) -> None:
-    tab.locator("#owlet-input input[type=file]").set_input_files(str(path))
-    # 60 s, as for a reopened picture: once, in a full suite on two busy cores, the upload of a small file had not
-    # come back in 20 s (alone it takes well under one)
-    wait_for(lambda: tab.locator("#owlet-input img, #owlet-input .thumbnail-item").count() > 0, timeout=60,
-             what="the picture's thumbnail in the box", tab=tab)
+    """Attach a file the way a visitor does, once the box is open, and wait for its thumbnail; if none shows, say
+    what the upload requests got and what the page showed (Gradio reports a refused upload in a toast)."""
+    wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="the box open to a new file", tab=tab)
+    uploads = []
+
+    def answered(response):
+        if "/gradio_api/upload" in response.url:
+            uploads.append(f"{response.status} {response.url.split('?')[0].rsplit('/', 1)[-1]}")
+
+    def failed(request):
+        if "/gradio_api/upload" in request.url:
+            uploads.append(f"failed ({request.failure}) {request.url.split('?')[0].rsplit('/', 1)[-1]}")
+    tab.on("response", answered)
+    tab.on("requestfailed", failed)
+    try:
+        tab.locator("#owlet-input input[type=file]").set_input_files(str(path))
+        # 60 s, as for a reopened picture: once, in a full suite on two busy cores, the upload of a small file had
+        # not come back in 20 s (alone it takes well under one)
+        wait_for(lambda: tab.locator("#owlet-input img, #owlet-input .thumbnail-item").count() > 0, timeout=60,
+                 what="the picture's thumbnail in the box", tab=tab)
+    except AssertionError as exc:
+        toasts = [text.strip() for text in tab.locator(".toast-body").all_inner_texts()]
+        raise AssertionError(f"{exc}; {path.name}: upload requests {uploads or 'none'}, toasts {toasts}") from None
+    finally:
+        tab.remove_listener("response", answered)
+        tab.remove_listener("requestfailed", failed)
 
 
 def send(tab, text: str) -> None:
