@@ -7,7 +7,7 @@ Redis 7.0 gives a script no clock of its own, so the profile reads Redis's: the 
 body, is wrapped in a function that reads ``TIME`` before and after the call and adds the difference to that
 helper's total. A helper's own time is its total less its wrapped callees' totals, less what the wrapping itself
 costs: measured in the same run (``calibrate``: a wrapped helper that does nothing, called by another many times,
-the least of five such measurements) and taken off per call and per wrapped callee. What remains is the helper's
+the least of forty short such measurements) and taken off per call and per wrapped callee. What remains is the helper's
 Lua and the commands it calls itself.
 
 Two runs on one private Redis, in one process: the library as it ships (Redis's CPU per turn, and its time in the
@@ -49,11 +49,13 @@ from bench.quick import add_quick_flag, parse_with_quick  # noqa: E402
 # Left unwrapped: what runs once a call or on load, not on a turn's path; and the one-line helpers that call no
 # command (a key's name, a member's parts), whose time is less than what a wrapping costs and would be mostly error.
 UNWRAPPED = {"settings_for", "keys_for", "begin_call", "uq", "gq", "job_of", "group_of_idle"}
-CALIBRATION_CALLS = 2000
 # Calibrations a profiled run takes, the least of each cost kept: a calibration preempted or slowed midway reads a
 # dearer wrapping, and taking that off every wrapped call would leave the helpers' own times short (the quick run
-# beside other work read own times adding up to 0.45 of the scripts' time that way).
-CALIBRATIONS = 5
+# beside other work read own times adding up to 0.45 of the scripts' time that way, and 0.38 with five
+# calibrations of 2,000 calls each, every one of which ran long enough, 7 ms, to be preempted: 10 us a call against
+# 1.6 us on a quiet core). So many short ones: 100 calls take about 0.3 ms, well inside a scheduler's time slice.
+CALIBRATION_CALLS = 100
+CALIBRATIONS = 40
 
 WRAPPING = """
 local PROFILE, PROFILE_STACK = {}, {}
