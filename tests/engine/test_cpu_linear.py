@@ -296,10 +296,36 @@ def test_calibration_on_this_machine_gives_a_plan_over_the_probed_counts():
         assert {k for _, k in plan.choices} <= {"sgemm", "packed", "onednn", "panel"}
 
 
+def test_matrices_under_the_smallest_measured_size_get_sgemm_unmeasured(monkeypatch, caplog):
+    """The test models' matrices are all under ``SMALLEST_MEASURED``: an engine on one measures nothing (measuring
+    cost each engine start about 2 s) and routes nothing; a matrix at the size is measured."""
+    def no_clock(*args):
+        raise AssertionError(f"measured {args[0]} on a matrix under the smallest measured size")
+    monkeypatch.setattr(cpu_linear, "_time_product", no_clock)
+    with caplog.at_level("INFO", logger="owlet.engine"):
+        runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
+    assert runner.weight_copy_bytes == 0
+    assert not any(hasattr(m, "_owlet_kernels") for m in runner.model.modules())
+    assert f"64x64: sgemm (unmeasured: under {cpu_linear.SMALLEST_MEASURED:,} weights)" in caplog.text
+
+    timed = []
+
+    def clock(kernel, weights, copies, bias, rows, n):
+        timed.append(tuple(weights[0].shape))
+        return 1.0 if kernel == "sgemm" else 0.5
+    small = torch.nn.Linear(127, 256)  # 32,512 weights
+    large = torch.nn.Linear(128, 256)  # 32,768
+    calibration = cpu_linear.Calibration(16, time_product=clock, smallest_measured=cpu_linear.SMALLEST_MEASURED)
+    assert calibration(small).describe() == "sgemm" and (256, 127, True) in calibration.unmeasured
+    assert calibration(large).describe() != "sgemm" and (256, 128, True) not in calibration.unmeasured
+    assert set(timed) == {(256, 128)}
+
+
 def test_auto_routes_nothing_where_no_kernel_beats_sgemm(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_linear, "SMALLEST_MEASURED", 0)  # measure the test model's small matrices
     monkeypatch.setattr(cpu_linear, "_time_product", lambda kernel, *a: 1.0 if kernel == "sgemm" else 2.0)
     with caplog.at_level("INFO", logger="owlet.engine"):
         runner = ModelRunner(EngineConfig(model=str(ensure_tiny_checkpoint("lfm2vl")), dtype="float32"))
     assert runner.weight_copy_bytes == 0
     assert not any(hasattr(m, "_owlet_kernels") for m in runner.model.modules())
-    assert "CPU linear calibration" in caplog.text and ": sgemm" in caplog.text
+    assert "CPU linear calibration" in caplog.text and ": sgemm" in caplog.text and "unmeasured" not in caplog.text

@@ -196,6 +196,14 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
     return (time.perf_counter() - t) / len(calls)
 
 
+# Matrices with fewer weights than this go through sgemm unmeasured (``route``). A product of one is a few thousand
+# multiply-adds a row: on the AVX2 EPYC a 16-row product of a 489x64 matrix takes 29 us and a 64x64 one 9 us, of which
+# the call itself is about 5 us, so the most a kernel could win there is microseconds a product, while measuring
+# the candidates costs 0.2 s of CPU a shape at every engine start (2 s for a test model, all of whose matrices are
+# this small). A real checkpoint's smallest text matrix has over 100,000 weights (Qwen2-0.5B's key projection), so no
+# real checkpoint's plan changes; of the bundled demo model's six text shapes, 160x160 and 80x160 go unmeasured.
+SMALLEST_MEASURED = 32_768
+
 # Passes per kernel and row count; the kernels take turns, pass by pass, so a drift in the machine's speed (other
 # work on a shared host) touches them all alike, and each keeps its best pass.
 _ROUNDS = 4
@@ -206,11 +214,14 @@ class Calibration:
     machine with its thread setting at ``LONG_ROWS`` rows and at each decode row count from ``rows`` down, among
     sgemm and the kernels allowed (``packed``: only up to ``rows``; ``onednn``; ``panel``), measured
     once with the matrix streamed from memory. ``time_product(kernel, weight_copies, kernel_copies, bias, rows, n)``
-    is the clock (tests give their own; ``kernel_copies`` is None but for a copying kernel)."""
+    is the clock (tests give their own; ``kernel_copies`` is None but for a copying kernel). A matrix of fewer than
+    ``smallest_measured`` weights gets sgemm unmeasured (``SMALLEST_MEASURED``; its key goes in ``unmeasured``)."""
 
     def __init__(self, rows: int, packed: bool = True, onednn: bool = True,
-                 time_product: Callable[..., float] | None = None, decode_only: tuple = (), panel: bool = False):
-        self.rows = rows
+                 time_product: Callable[..., float] | None = None, decode_only: tuple = (), panel: bool = False,
+                 smallest_measured: int = 0):
+        self.rows, self.smallest_measured = rows, smallest_measured
+        self.unmeasured: set[tuple] = set()
         self.kernels = [k for k, allowed in ((PACKED, packed), (ONEDNN, onednn), (PANEL, panel)) if allowed]
         self._time = time_product or _time_product
         # Modules that never see more rows than a decode step (the LM head: prefill asks it for one row), so
@@ -221,7 +232,10 @@ class Calibration:
     def __call__(self, linear: torch.nn.Linear) -> KernelPlan:
         short = id(linear) in self._decode_only
         key = (linear.out_features, linear.in_features, linear.bias is not None) + (("decode only",) if short else ())
-        if key not in self.by_shape:
+        if key not in self.by_shape and linear.weight.numel() < self.smallest_measured:
+            self.by_shape[key] = sgemm_plan(self.rows)
+            self.unmeasured.add(key)
+        elif key not in self.by_shape:
             self.by_shape[key] = self._measure(linear.weight.detach(), None if linear.bias is None
                                                else linear.bias.detach(), long=not short)
         return self.by_shape[key]
@@ -317,11 +331,13 @@ def route(modules: list[torch.nn.Module], rows: int, kernels: str, dtype: torch.
             return sgemm_plan(rows).forced(rows, use[PACKED], use[ONEDNN], use[PANEL])
     else:
         plan_for = Calibration(rows, packed=use[PACKED], onednn=use[ONEDNN], panel=use[PANEL],
-                               decode_only=decode_only)
+                               decode_only=decode_only, smallest_measured=SMALLEST_MEASURED)
     routed = [pair for m in modules for pair in use_kernels(m, rows, plan_for)]
     if not named:
         log.info("CPU linear calibration (fastest kernel by rows, per out x in matrix): %s",
                  "; ".join(f"{o}x{i}{' (decode only)' if rest[1:] else ''}: {plan.describe()}"
+                           + (f" (unmeasured: under {SMALLEST_MEASURED:,} weights)"
+                              if (o, i, *rest) in plan_for.unmeasured else "")
                            for (o, i, *rest), plan in plan_for.by_shape.items()))
     copies = sum(linear._owlet_copy_bytes for linear, _ in routed)
     log.info("text-stack matrices: %d through oneDNN, %d through the panel GEMM, %d packed for "
