@@ -85,13 +85,16 @@ def attach(tab, path) -> None:
     wait_for(lambda: not tab.locator("#owlet-input textarea").is_disabled(), what="the box open to a new file", tab=tab)
     uploads = []
 
+    def upload_name(url):  # the endpoint's last path part ("upload"), or None for any other request
+        return url.split("?")[0].rsplit("/", 1)[-1] if "/gradio_api/upload" in url else None
+
     def answered(response):
-        if "/gradio_api/upload" in response.url:
-            uploads.append(f"{response.status} {response.url.split('?')[0].rsplit('/', 1)[-1]}")
+        if upload_name(response.url):
+            uploads.append(f"{response.status} {upload_name(response.url)}")
 
     def failed(request):
-        if "/gradio_api/upload" in request.url:
-            uploads.append(f"failed ({request.failure}) {request.url.split('?')[0].rsplit('/', 1)[-1]}")
+        if upload_name(request.url):
+            uploads.append(f"failed ({request.failure}) {upload_name(request.url)}")
     tab.on("response", answered)
     tab.on("requestfailed", failed)
     try:

@@ -199,8 +199,8 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
 # Matrices with fewer weights than this go through sgemm unmeasured (``route``). A product of one is a few thousand
 # multiply-adds a row: on the AVX2 EPYC a 16-row product of a 489x64 matrix takes 29 us and a 64x64 one 9 us, of which
 # the call itself is about 5 us, so the most a kernel could win there is microseconds a product, while measuring
-# the candidates costs 0.2 s of CPU a shape at every engine start (2 s for a test model, all of whose matrices are
-# this small). A real checkpoint's smallest text matrix has over 100,000 weights (Qwen2-0.5B's key projection), so no
+# the candidates costs 0.2 to 0.3 s of CPU a shape at every engine start (about 2 s for a test model, all of whose
+# matrices are this small). A real checkpoint's smallest text matrix has over 100,000 weights (Qwen2-0.5B's key projection), so no
 # real checkpoint's plan changes; of the bundled demo model's six text shapes, 160x160 and 80x160 go unmeasured.
 SMALLEST_MEASURED = 32_768
 
@@ -232,12 +232,13 @@ class Calibration:
     def __call__(self, linear: torch.nn.Linear) -> KernelPlan:
         short = id(linear) in self._decode_only
         key = (linear.out_features, linear.in_features, linear.bias is not None) + (("decode only",) if short else ())
-        if key not in self.by_shape and linear.weight.numel() < self.smallest_measured:
-            self.by_shape[key] = sgemm_plan(self.rows)
-            self.unmeasured.add(key)
-        elif key not in self.by_shape:
-            self.by_shape[key] = self._measure(linear.weight.detach(), None if linear.bias is None
-                                               else linear.bias.detach(), long=not short)
+        if key not in self.by_shape:
+            if linear.weight.numel() < self.smallest_measured:
+                self.by_shape[key] = sgemm_plan(self.rows)
+                self.unmeasured.add(key)
+            else:
+                self.by_shape[key] = self._measure(linear.weight.detach(), None if linear.bias is None
+                                                   else linear.bias.detach(), long=not short)
         return self.by_shape[key]
 
     def _measure(self, weight: torch.Tensor, bias, long: bool = True) -> KernelPlan:
