@@ -111,7 +111,10 @@ _SHOW_SENT = Template("""async (box, chat) => {
   for (let waited = 0; !localStorage.getItem($key) && waited < $wait_ms; waited += 50)
     await new Promise((done) => setTimeout(done, 50));
   const text = ((box && box.text) || "").trim(), files = (box && box.files) || [];
-  if ((!text && !files.length) || text.length > $max_chars) return [chat, ""];
+  // text holding half of a UTF-16 pair (a broken paste) has no UTF-8 form: the page refuses it without reading on
+  const broken = typeof text.isWellFormed === "function" ? !text.isWellFormed()
+    : /[\\uD800-\\uDBFF](?![\\uDC00-\\uDFFF])|(^|[^\\uD800-\\uDBFF])[\\uDC00-\\uDFFF]/.test(text);
+  if ((!text && !files.length) || text.length > $max_chars || broken) return [chat, ""];
   // A picture as Markdown: the chat draws it at once, where an image message would first load its component.
   const content = files.filter((file) => file.url).map((file) => ({type: "text", text: `![]($${file.url})`}));
   if (text) content.push({type: "text", text});
@@ -128,7 +131,7 @@ def show_sent_question(max_text_chars: int, identity_key: str) -> str:
     """The send event's first step (a ``js`` function of the box and the chat, giving the chat and the status
     line): once the browser holds its identity (the ``gr.BrowserState`` stored under ``identity_key``), the question
     and a waiting line, shown before the page answers. Nothing is shown for what the page refuses before it reads it
-    (an empty box, a question over ``max_text_chars``)."""
+    (an empty box, a question over ``max_text_chars``, text with an unpaired surrogate)."""
     return _SHOW_SENT.substitute(max_chars=int(max_text_chars), waiting=json.dumps(wording.waiting(SENDING)),
                                  sending=json.dumps(SENDING), key=json.dumps(identity_key),
                                  wait_ms=IDENTITY_WAIT_MS)

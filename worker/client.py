@@ -20,7 +20,7 @@ from worker.store.conversation_index import ConversationIndex, digest
 from worker.errors import ConversationBusy, ImageMissing, InvalidInput, NotYourConversation, UnknownJob
 from worker.store.history import ConversationStore, turn_json
 from worker.store.images import ImageStore
-from worker.store.jobs import ROLES, TOO_LONG, Job, Message, check_image_count
+from worker.store.jobs import ROLES, TOO_LONG, Job, Message, check_image_count, check_texts_encode
 from worker.store.keys import LIVE_STATES, ConvField, JobField, Keys
 from worker.queue.dispatch import FairDispatch
 from worker.queue.job_states import JobStates, new_job_id
@@ -180,6 +180,7 @@ class OwletClient:
         _check_caller(user_id, group)
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("Please type a question.")
+        check_texts_encode([Message("user", text)], sampling)
         if image is not None:
             image_sha = self.images.check(image)
         elif image_sha is not None and not self.images.exists(image_sha):
@@ -206,6 +207,7 @@ class OwletClient:
             raise InvalidInput("The last message must be the user's question.")
         if any(m.role not in ROLES or not isinstance(m.text, str) for m in messages):
             raise InvalidInput(f"Each message needs a role ({', '.join(ROLES)}) and a text.")
+        check_texts_encode(messages, sampling)
         earlier, question = messages[:-1], messages[-1]
         if not question.text.strip() and not question.image_sha:
             raise InvalidInput("The last message is empty: ask a question, or send a picture to ask about.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 
 import httpx
@@ -49,8 +50,18 @@ def refused(response: httpx.Response, status: int) -> dict:
     return error
 
 
+def escaped(body: dict) -> bytes:
+    """``body`` as JSON with every non-ASCII character escaped: an unpaired surrogate travels as "\\ud800", as a
+    hand-made request (or a client's broken string) sends it; httpx's ``json=`` cannot encode one at all."""
+    return json.dumps(body).encode("ascii")
+
+
+JSON = {"Content-Type": "application/json"}
+
+
 @pytest.mark.parametrize("case", ["forged key", "http picture", "n=2", "oversized base64", "bad base64",
-                                  "text over the limit", "tools", "unknown parameter"])
+                                  "text over the limit", "tools", "unknown parameter", "unpaired surrogate",
+                                  "unpaired surrogate in a stop sequence"])
 def test_refusals_say_why_and_store_nothing(stack, case):
     key = new_key(stack.url)
     forged = key[:-4] + ("0000" if not key.endswith("0000") else "1111")
@@ -66,6 +77,11 @@ def test_refusals_say_why_and_store_nothing(stack, case):
         "tools": (lambda: post(stack, asking(tools=[{"type": "function", "function": {"name": "f"}}]), key), 400,
                   "does not call tools"),
         "unknown parameter": (lambda: post(stack, asking(guided_json={}), key), 400, "guided_json"),
+        "unpaired surrogate": (lambda: post(stack, escaped(asking(text="What is it?\ud800")), key, JSON), 400,
+                               "Your question holds a character that is not text (an unpaired surrogate, U+D800"),
+        "unpaired surrogate in a stop sequence": (
+            lambda: post(stack, escaped(asking(stop=["\udc00"])), key, JSON), 400,
+            "A stop sequence holds a character that is not text (an unpaired surrogate, U+DC00"),
     }
     send, status, words = cases[case]
     before = user_data(stack)

@@ -46,6 +46,17 @@ def test_a_refused_question_keeps_its_text_and_picture_and_says_why_on_screen(ch
         assert len(tab.locator("#owlet-input textarea").input_value()) == 4100, "text kept"
         assert tab.locator("#owlet-input img").count() > 0, "picture kept"
         assert on_screen(tab, "#owlet-status"), "the refusal is on a phone's screen, by the box"
+        # half of an emoji's UTF-16 pair, as a broken paste leaves it: no UTF-8 form, so nothing can send it back
+        # (the page stuck on "Sending your question" when its reply echoed it); refused like the over-long text
+        tab.evaluate("""() => { const box = document.querySelector('#owlet-input textarea');
+            Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, 'value').set.call(box, 'what is it? \\ud83d');
+            box.dispatchEvent(new Event('input', {bubbles: true})); }""")
+        tab.locator("#owlet-input textarea").press("Enter")
+        wait_for(lambda: "not text (an unpaired surrogate, U+D83D" in tab.locator("#owlet-status").inner_text(),
+                 what="the unpaired surrogate's refusal", tab=tab)
+        assert tab.locator("#owlet-input textarea").input_value() == "what is it? \ud83d", "text kept"
+        assert tab.locator("#owlet-input img").count() > 0, "picture kept"
+        assert tab.locator(BOT).count() == 0, "no waiting bubble was left for it"
         holder = open_tab(chromium, url)
         send(holder, "this question holds the address's only answer slot")
         wait_for(lambda: holder.locator(BOT).count() == 1 and "in line" in holder.locator(BOT).last.inner_text(),

@@ -20,6 +20,7 @@ from ui.shared import wording
 from worker.client import OwletClient
 from worker.config import Settings
 from worker.errors import ConversationCleared
+from worker.store.jobs import unencodable
 from worker.store.keys import SlotsField
 
 pytestmark = pytest.mark.timeout(180)
@@ -212,6 +213,20 @@ def test_empty_input_and_too_many_images_are_refused_without_touching_redis(idle
     two = [str(make_image(tmp_path / "a.png")), str(make_image(tmp_path / "b.png"))]
     [(_b, _c, status, _s)] = asyncio.run(drain(ask(h, "compare", files=two)))
     assert status == wording.ONE_IMAGE_ONLY
+    assert list(h.client.r.scan_iter(match=h.client.settings.key_prefix + "*")) == before
+
+
+def test_a_question_with_an_unpaired_surrogate_is_refused_in_a_sentence_before_anything_echoes_it(idle_handlers):
+    """Half of a UTF-16 pair (a broken paste; a hand-made request's "\\ud800") has no UTF-8 form: Gradio could not
+    send it back to the browser (the stream ended mid-reply, the page stuck on "Sending"), nor Redis store it. The
+    page refuses it with its own sentence, as it refuses an over-long question, and touches nothing."""
+    h = idle_handlers
+    before = list(h.client.r.scan_iter(match=h.client.settings.key_prefix + "*"))
+    [(_b, chat, status, _s)] = asyncio.run(drain(ask(h, "what shape is it? \ud800")))
+    assert status == unencodable("Your question", "what shape is it? \ud800")
+    assert status.startswith("Your question holds a character that is not text (an unpaired surrogate, U+D800, at "
+                             "character 19)"), status
+    assert chat is gr.skip() or chat == gr.skip(), "nothing of it is echoed"
     assert list(h.client.r.scan_iter(match=h.client.settings.key_prefix + "*")) == before
 
 

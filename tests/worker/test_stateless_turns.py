@@ -127,3 +127,32 @@ def test_the_stored_turns_are_what_a_worker_reads(client):
                                  group="addr:1")
     raw = json.loads(client.r.hget(client.keys.job(sub.job), JobField.payload))
     assert [m["role"] for m in raw["messages"]] == ["system", "user"] and raw["messages"][1]["image_sha"] == sha
+
+
+@pytest.mark.parametrize("where", ["question", "earlier message", "stop sequence", "page question"])
+def test_text_with_an_unpaired_surrogate_is_refused_in_a_sentence_and_nothing_is_stored(client, where):
+    """A JSON body can carry a lone UTF-16 surrogate as "\\ud800" (and a browser's text box can hold one); it has no
+    UTF-8 form, so nothing can store it: the turn is refused, saying what and where, not failed as an internal
+    error."""
+    bad = "Is it red?\ud800"
+    question, earlier, sampling = "Is it red?", [], None
+    if where in ("question", "page question"):
+        question = bad
+    elif where == "earlier message":
+        earlier = [Message("system", "Answer briefly.\udc01")]
+    else:
+        sampling = {"stop": [".", "\ud83d"]}
+    with pytest.raises(InvalidInput) as refused:
+        if where == "page question":
+            client.submit("anon:s", None, question, sampling=sampling, group="addr:1")
+        else:
+            client.submit_messages("anon:s", [*earlier, Message("user", question)], sampling=sampling, group="addr:1")
+    said = {"question": "Your question", "page question": "Your question", "earlier message": "Message 1",
+            "stop sequence": "A stop sequence"}[where]
+    assert refused.value.user_message.startswith(f"{said} holds a character that is not text"), refused.value
+    assert "U+D8" in refused.value.user_message or "U+DC01" in refused.value.user_message
+    assert not list(client.r.scan_iter(match=client.keys.prefix + "*", count=1000)), "nothing stored"
+    # the same turn without the stray half of a character is served as usual (an emoji is a whole pair: fine)
+    ok = client.submit_messages("anon:s", [Message("user", "Is it red? \U0001F534")], sampling={"stop": ["."]},
+                                group="addr:1")
+    assert client.job_state(ok.job) == "queued"

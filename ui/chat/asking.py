@@ -26,6 +26,7 @@ from ui.shared.address_slots import SlotRefused
 from ui.uploads.image_check import DecodePool, UploadLimits, UploadRejected
 from ui.uploads.room import UploadRoom
 from worker.errors import ConversationCleared
+from worker.store.jobs import unencodable
 
 
 class Asking:
@@ -56,6 +57,11 @@ class Asking:
             return
         if len(text) > self.config.max_text_chars:
             yield box_as_sent(), gr.skip(), wording.too_long(self.config.max_text_chars), tab
+            return
+        # (said before anything echoes the text: Gradio cannot send text without a UTF-8 form back to the browser)
+        refusal = unencodable("Your question", text)
+        if refusal:
+            yield box_as_sent(), gr.skip(), refusal, tab
             return
         checked = None
         if files:
@@ -117,6 +123,10 @@ class Asking:
             return
         if new_text is not None and len(new_text) > self.config.max_text_chars:  # the same limit as /chat
             yield box_as_sent(), gr.skip(), wording.too_long(self.config.max_text_chars), tab
+            return
+        refusal = new_text is not None and unencodable("Your question", new_text)
+        if refusal:
+            yield box_as_sent(), gr.skip(), refusal, tab
             return
         try:
             await asyncio.to_thread(self.reads.cancel, user, tab.get("job"))

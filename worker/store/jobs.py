@@ -67,6 +67,32 @@ def check_image_count(messages, limit: int) -> None:
     _require(count <= limit, too_many_images(limit))
 
 
+def unencodable(what: str, text: str) -> str | None:
+    """The sentence refusing ``text`` (called ``what`` in it) when it has no UTF-8 form, else None. That is text
+    holding an unpaired UTF-16 surrogate (U+D800 to U+DFFF alone): a JSON body carries one as an escape ("\\ud800")
+    and a browser's text box can hold one, but Redis, the conversation index, the tokenizer and the page's own
+    replies all take UTF-8, so such a turn is refused in a sentence before anything reads, stores or echoes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"{what} holds a character that is not text (an unpaired surrogate, U+{ord(text[exc.start]):04X}, "
+                f"at character {exc.start + 1}): remove it and send again.")
+    return None
+
+
+def check_texts_encode(messages, sampling: dict | None) -> None:
+    """Refuse a turn whose messages (its question last) or stop strings have no UTF-8 form (``unencodable``)."""
+    last = len(messages) - 1
+    texts = [("Your question" if i == last else f"Message {i + 1}", m.text) for i, m in enumerate(messages)]
+    stops = (sampling or {}).get("stop")
+    texts += [("A stop sequence", t) for t in ([stops] if isinstance(stops, str) else stops or ())
+              if isinstance(t, str)]
+    for what, text in texts:
+        refusal = unencodable(what, text)
+        if refusal:
+            raise InvalidInput(refusal)
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise InvalidInput(message)
