@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# The seeds ``torch.Generator.manual_seed`` takes (a negative one wraps to 2**64 + seed); beyond them it raises
+# "Overflow when unpacking long long", which said nothing to the client who sent the seed.
+SEED_MIN, SEED_MAX = -2**63, 2**64 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -33,6 +38,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer from {SEED_MIN} to {SEED_MAX}, got {self.seed}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError("ignore_eos must be true or false")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -67,7 +67,8 @@ def test_messages_roles_parts_and_pictures():
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"frequency_penalty": 1}, "frequency_penalty"),
     ({"best_of": 2}, "best_of"), ({"max_tokens": 257}, "max_tokens"), ({"temperature": 2.5}, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"seed": 1.5}, "seed"), ({"max_tokens": 8, "max_completion_tokens": 9}, "max_tokens"),
+    ({"seed": 1.5}, "seed"), ({"seed": 10**30}, "seed"), ({"seed": -2**63 - 1}, "seed"),
+    ({"max_tokens": 8, "max_completion_tokens": 9}, "max_tokens"),
 ])
 def test_what_owlet_does_not_do_is_refused_not_ignored(fields, param):
     error = refusal(body(**fields))

@@ -7,10 +7,27 @@ from .helpers import chat, image, run_until_done
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_new_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
-                                    dict(top_k=-2), dict(seed="x"), dict(stop=[""]), dict(max_new_tokens=2.5)])
+                                    dict(top_k=-2), dict(seed="x"), dict(stop=[""]), dict(max_new_tokens=2.5),
+                                    dict(seed=2**64), dict(seed=-2**63 - 1), dict(temperature=float("nan"))])
 def test_invalid_values_raise_value_error(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_every_seed_in_range_seeds_a_generator_and_the_range_is_what_torch_takes():
+    """A seed past the range was admitted, then failed in the engine with torch's "Overflow when unpacking long
+    long"; the range is exactly what a generator takes, so no admitted seed fails there."""
+    import torch
+
+    from engine.sampler import make_generator
+    from engine.sampling_params import SEED_MAX, SEED_MIN
+    for seed in (SEED_MIN, -1, 0, 2**63, SEED_MAX):
+        assert make_generator(SamplingParams(temperature=0.5, seed=seed), 0) is not None
+    for seed in (SEED_MIN - 1, SEED_MAX + 1):
+        with pytest.raises((ValueError, RuntimeError, OverflowError)):
+            torch.Generator().manual_seed(seed)
+        with pytest.raises(ValueError, match=f"seed must be an integer from {SEED_MIN} to {SEED_MAX}"):
+            SamplingParams(temperature=0.5, seed=seed)
 
 
 def test_unknown_keys_from_payload_are_rejected():

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from engine.sampling_params import SEED_MAX, SEED_MIN
 from ui.api.errors import ApiError
 from ui.shared import wording
 from ui.uploads.image_check import too_large_message
@@ -227,8 +228,8 @@ def _sampling(body: Mapping, limits: RequestLimits) -> dict:
         sampling["top_p"] = float(top_p)
     seed = body.get("seed")
     if seed is not None:
-        if not _is_int(seed):
-            raise ApiError(400, "seed must be an integer.", "invalid_parameter", "seed")
+        if not _is_int(seed) or not SEED_MIN <= seed <= SEED_MAX:
+            raise ApiError(400, f"seed must be an integer from {SEED_MIN} to {SEED_MAX}.", "invalid_parameter", "seed")
         sampling["seed"] = seed
     if _flag(body, "ignore_eos"):
         sampling["ignore_eos"] = True
