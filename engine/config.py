@@ -116,6 +116,10 @@ class EngineConfig:
             raise ValueError("disk_cache_mb must be > 0")
         if self.session_host_budget_mb < 0:
             raise ValueError("session_host_budget_mb must be >= 0")
+        if self.session_budget_mb is not None and self.session_budget_mb < 0:
+            raise ValueError(f"session_budget_mb must be >= 0 (megabytes), got {self.session_budget_mb}")
+        if self.kv_pool_mb is not None and self.kv_pool_mb <= 0:
+            raise ValueError(f"kv_pool_mb must be > 0 (megabytes), got {self.kv_pool_mb}")
         if self.decode_graphs not in ("auto", "off", "static", "cuda"):
             raise ValueError(f"decode_graphs must be auto, off, static or cuda, got {self.decode_graphs!r}")
         if self.decode_attention not in ("varlen", "padded"):

@@ -3,7 +3,8 @@
 One set of rules, so ``on`` means the same everywhere and a bad value is an error everywhere:
 
 - booleans: ``1 true yes on`` / ``0 false no off`` (any case); anything else raises;
-- integers and floats: Python's ``int()`` / ``float()``; optional numbers also accept ``none``;
+- integers and floats: Python's ``int()`` / ``float()``, floats finite only; optional numbers also accept
+  ``none``;
 - an empty variable counts as unset (compose writes ``OWLET_X: ${OWLET_X:-}``).
 
 Each settings dataclass (``engine.EngineConfig``, ``worker.config.Settings``, ``ui.config.UIConfig``) calls
@@ -15,6 +16,7 @@ and Gradio.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -46,10 +48,16 @@ def parse_int(name: str, raw: str) -> int:
 
 
 def parse_float(name: str, raw: str) -> float:
+    """A finite number: every float Owlet reads is a size, a time or a share, and Python's ``float()`` also takes
+    "nan" and "inf", which no limit can mean (a NaN budget failed at start as "cannot convert float NaN to integer";
+    an endless deadline started and failed at the first cancel)."""
     try:
-        return float(raw.strip())
+        value = float(raw.strip())
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SettingError(f"{name}={raw!r} is not a finite number")
+    return value
 
 
 def parse_value(name: str, raw: str, annotation) -> object:

@@ -40,6 +40,24 @@ def test_a_bad_number_names_the_variable_everywhere(read, name):
         read({name: "lots"})
 
 
+@pytest.mark.parametrize("raw", ["nan", "inf", "-Infinity"])
+@pytest.mark.parametrize("read, name", [
+    (lambda env: EngineConfig.from_env({"OWLET_MODEL": "m", **env}), "OWLET_KV_POOL_MB"),
+    (lambda env: Settings.from_env(env), "OWLET_JOB_DEADLINE_S"),
+    (lambda env: UIConfig.from_env(env), "OWLET_UI_API_KEEPALIVE_S"),
+])
+def test_a_number_that_is_not_finite_names_the_variable_everywhere(read, name, raw):
+    with pytest.raises(SettingError, match=f"{name}='{raw}' is not a finite number"):
+        read({name: raw})
+
+
+@pytest.mark.parametrize("name, raw", [("OWLET_SESSION_BUDGET_MB", "-1"), ("OWLET_KV_POOL_MB", "0"),
+                                       ("OWLET_KV_POOL_MB", "-5")])
+def test_a_budget_below_zero_is_refused_at_start(name, raw):
+    with pytest.raises(ValueError, match=name.removeprefix("OWLET_").lower() + " must be"):
+        EngineConfig.from_env({"OWLET_MODEL": "m", name: raw})
+
+
 def test_empty_means_unset_and_none_clears_an_optional_number():
     assert Settings.from_env({"OWLET_USER_QUEUE_CAP": ""}).user_queue_cap == Settings.user_queue_cap
     config = EngineConfig.from_env({"OWLET_MODEL": "m", "OWLET_DEFAULT_DEADLINE_S": "none",
