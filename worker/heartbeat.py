@@ -58,6 +58,26 @@ def alive(r: redis.Redis, keys: Keys) -> dict[str, Heartbeat]:
     return {n: _parse(b) for n, b in zip(names, raw) if b is not None}
 
 
+def other_models(r: redis.Redis, keys: Keys, worker: str, model: str, ttl_s: float,
+                 poll_s: float = 0.25) -> list[str]:
+    """The checkpoints other than ``model`` that live workers of this queue serve, for ``worker`` about to join it.
+
+    One queue serves one checkpoint: the line does not know models, so a question would be answered by whichever
+    worker takes it, and the API would name the model asked for. A heartbeat left by a worker that was killed is not
+    refreshed and expires within ``ttl_s``: such a one is waited out, not counted (a restart with another model right
+    after ``kill -9`` must still start); one refreshed while this looks is a worker serving now. "" serves nothing
+    here (an engine without a checkpoint, e.g. the stub): it neither counts nor is counted."""
+    if not model:
+        return []
+    since, deadline = time.time(), time.monotonic() + ttl_s + poll_s
+    while True:
+        others = {beat.model: beat.t for name, beat in alive(r, keys).items()
+                  if name != worker and beat.model and beat.model != model}
+        if not others or any(t >= since for t in others.values()) or time.monotonic() >= deadline:
+            return sorted(others)
+        time.sleep(poll_s)
+
+
 def served_models(beats: dict[str, Heartbeat]) -> list[str]:
     """The names of the models the live workers serve (one, in a deployment of one checkpoint)."""
     return sorted({beat.model for beat in beats.values() if beat.model})

@@ -111,3 +111,36 @@ def test_bad_setting_is_refused_before_celery_starts(redis_url, tmp_path):
     code, output, elapsed, _limit = run_worker({"OWLET_USER_QUEUE_CAP": "plenty"}, redis_url, tmp_path)
     assert code == 2 and elapsed < LIMIT_S, output[-2000:]
     assert "OWLET_USER_QUEUE_CAP='plenty' is not an integer" in output
+
+
+def test_a_worker_of_another_checkpoint_does_not_join_a_served_queue(redis_url, tmp_path):
+    """The line hands a question to whichever worker takes it: a second checkpoint on one queue would answer some
+    questions, silently, under the model name the client asked for. The worker says so and exits instead."""
+    import threading
+
+    import redis as redis_lib
+
+    from tests.ui.stack import tiny_model
+    from worker import heartbeat
+    from worker.store.keys import Keys
+
+    prefix = unique_prefix("two-models")
+    r, keys, stop = redis_lib.Redis.from_url(redis_url), Keys(prefix), threading.Event()
+
+    def serving_another():  # a live worker of another checkpoint on the same queue
+        while not stop.is_set():
+            heartbeat.publish(r, keys, heartbeat.Heartbeat(worker="gpu0@elsewhere", capacity=8, model="llava-1.5-7b"),
+                              ttl_s=4.0)
+            stop.wait(0.5)
+    beating = threading.Thread(target=serving_another, daemon=True)
+    beating.start()
+    try:
+        code, output, elapsed, limit_s = run_worker({"OWLET_MODEL": str(tiny_model()), "OWLET_DEVICE": "cpu",
+                                                     "OWLET_KEY_PREFIX": prefix}, redis_url, tmp_path, HEAVY_LIMIT_S)
+    finally:
+        stop.set()
+        beating.join()
+    assert_fails_loudly(code, output, elapsed, limit_s, "serve 'llava-1.5-7b', and this one serves "
+                        f"'{tiny_model().name}'", "One queue serves one checkpoint", "OWLET_KEY_PREFIX")
+    assert set(heartbeat.alive(r, keys)) <= {"gpu0@elsewhere"}, "it never announced itself"
+    r.delete(keys.heartbeat("gpu0@elsewhere"), keys.workers)

@@ -35,6 +35,7 @@ from worker.queue.reaper import Reaper
 from worker.serving.metrics import WorkerMetrics
 from worker.redis_retry import until_reachable
 from worker.serving.runner import JobResult, JobRunner, failure
+from worker.serving.startup import CannotServe
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class WorkerRuntime:
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._check_one_checkpoint()
         self.engine.start()
         adopted = self.jobs.adopt_line()  # questions left waiting by an earlier version of the line
         if adopted:
@@ -126,6 +128,19 @@ class WorkerRuntime:
             log.warning("owlet worker %s: %d Celery threads for an engine that holds %d answers at once: it takes %d "
                         "jobs at once (give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the engine)",
                         self.worker, self.threads, engine_slots, self.threads)
+
+    def _check_one_checkpoint(self) -> None:
+        """Refuse to join a queue that live workers serve with another checkpoint (``heartbeat.other_models``): the
+        line hands a question to whichever worker takes it, so a second model would answer some of them, silently,
+        under the name the client asked for."""
+        mine = model_name(self.engine)
+        others = heartbeat.other_models(self.r, self.keys, self.worker, mine, self.settings.heartbeat_ttl_s)
+        if others:
+            raise CannotServe(
+                f"the workers already serving this queue (key prefix {self.keys.prefix!r} on its Redis) serve "
+                f"{', '.join(repr(m) for m in others)}, and this one serves {mine!r}. One queue serves one checkpoint: "
+                "with two, each question would be answered by whichever worker took it. Stop those workers first, "
+                "or give this one a queue of its own (OWLET_KEY_PREFIX).")
 
     def _claim_held(self) -> None:
         """Conversations the engine found on disk (a restart on the same OWLET_DISK_CACHE_DIR): route their
