@@ -144,3 +144,25 @@ def test_a_worker_of_another_checkpoint_does_not_join_a_served_queue(redis_url, 
                         f"'{tiny_model().name}'", "One queue serves one checkpoint", "OWLET_KEY_PREFIX")
     assert set(heartbeat.alive(r, keys)) <= {"gpu0@elsewhere"}, "it never announced itself"
     r.delete(keys.heartbeat("gpu0@elsewhere"), keys.workers)
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])
+def test_a_redis_that_evicts_keys_when_full_is_refused(tmp_path, policy):
+    """Jobs, streams and conversations carry expiries, so any policy but noeviction would drop questions in line,
+    answers and conversations once Redis is full, without a word (a managed Redis often ships one). With noeviction
+    a full Redis refuses a new turn whole and the visitor is told; the worker insists on it."""
+    import redis as redis_lib
+
+    from tests.redis_server import OwnedRedis
+    from tests.ui.stack import tiny_model
+
+    server = OwnedRedis(tmp_path / "redis")  # (a TCP one: Celery's broker takes no unix socket URL)
+    try:
+        r = redis_lib.Redis.from_url(server.url)
+        r.config_set("maxmemory", str(64 * 2**20))
+        r.config_set("maxmemory-policy", policy)
+        assert_fails_loudly(*run_worker({"OWLET_MODEL": str(tiny_model()), "OWLET_DEVICE": "cpu"}, server.url,
+                                        tmp_path, HEAVY_LIMIT_S),
+                            f"its maxmemory-policy is {policy}", "67,108,864 bytes", "Set maxmemory-policy noeviction")
+    finally:
+        server.stop()

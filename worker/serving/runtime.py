@@ -33,6 +33,7 @@ from worker.queue.prefix_routes import HeldRoutes
 from worker.queue.readouts import QueueReadouts
 from worker.queue.reaper import Reaper
 from worker.serving.metrics import WorkerMetrics
+from worker.redis_probe import evicting_policy
 from worker.redis_retry import until_reachable
 from worker.serving.runner import JobResult, JobRunner, failure
 from worker.serving.startup import CannotServe
@@ -107,6 +108,7 @@ class WorkerRuntime:
 
     # -- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._check_redis_keeps_everything()
         self._check_one_checkpoint()
         self.engine.start()
         adopted = self.jobs.adopt_line()  # questions left waiting by an earlier version of the line
@@ -128,6 +130,17 @@ class WorkerRuntime:
             log.warning("owlet worker %s: %d Celery threads for an engine that holds %d answers at once: it takes %d "
                         "jobs at once (give it more threads, -c or OWLET_WORKER_CONCURRENCY, to fill the engine)",
                         self.worker, self.threads, engine_slots, self.threads)
+
+    def _check_redis_keeps_everything(self) -> None:
+        """Refuse a Redis that evicts keys when full (``redis_probe.evicting_policy``): the queue's promise that no
+        turn vanishes rests on Redis refusing writes, never dropping what it holds."""
+        evicting = evicting_policy(self.r)
+        if evicting:
+            policy, maxmemory = evicting
+            raise CannotServe(
+                f"Redis evicts keys once it holds maxmemory ({maxmemory:,} bytes): its maxmemory-policy is {policy}, "
+                "so questions in line, answers and conversations would vanish without a word. Set maxmemory-policy "
+                "noeviction (a full Redis then refuses a new turn whole, and the visitor is told; docs/redis_memory.md).")
 
     def _check_one_checkpoint(self) -> None:
         """Refuse to join a queue that live workers serve with another checkpoint (``heartbeat.other_models``): the
