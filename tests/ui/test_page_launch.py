@@ -98,6 +98,23 @@ def test_python_m_ui_serves_with_an_http_proxy_that_cannot_reach_this_machine():
             proc.wait(timeout=30)
 
 
+def test_python_m_ui_on_a_redis_without_functions_exits_1_with_one_clear_line(tmp_path):
+    """A Redis older than 7.0 has no FUNCTION command (renamed away here): the page says what it needs instead of a
+    traceback of Redis's "unknown command" error."""
+    from tests.redis_server import OwnedRedis
+
+    server = OwnedRedis(tmp_path / "redis", extra=("--rename-command", "FUNCTION", ""))
+    try:
+        env = dict(os.environ, OWLET_KEY_PREFIX=unique_prefix("no-functions"), PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-m", "ui", "--port", str(free_port()), "--redis-url", server.url],
+                              cwd="/", env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "has no FUNCTION command: Owlet runs its queue as a library of Redis functions" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_python_m_ui_on_a_port_already_taken_exits_1_with_one_clear_line():
     import socket
 

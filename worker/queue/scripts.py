@@ -174,10 +174,21 @@ class Scripts:
     leave: Function
 
     def load(self) -> None:
-        """Load the library into Redis unless it holds it already (under its digest's name, it is this text)."""
+        """Load the library into Redis unless it holds it already (under its digest's name, it is this text). A Redis
+        that cannot run it (older than 7.0, or a user without the scripting commands) raises ``RedisCannotRunQueue``."""
         try:
             self.r.function_load(self.source)
+        except redis.exceptions.NoPermissionError as e:
+            raise RedisCannotRunQueue(
+                f"the Redis user Owlet logs in as may not load functions ({e}): Owlet runs its queue as a library of "
+                "Redis functions; grant that user FUNCTION and FCALL (ACL category +@scripting).") from None
         except redis.exceptions.ResponseError as e:
+            if "unknown command" in str(e).lower():
+                name, major = _server_version(self.r)
+                needs = ("its FUNCTION command was disabled or renamed (rename-command): enable FUNCTION and FCALL"
+                         if major >= 7 else "that needs Redis 7.0 or newer (or Valkey 7.2 or newer)")
+                raise RedisCannotRunQueue(f"this Redis ({name}) has no FUNCTION command: Owlet runs its queue as a "
+                                          f"library of Redis functions, and {needs}.") from None
             if "already exists" not in str(e):
                 raise
 
@@ -200,6 +211,24 @@ class Scripts:
                 raise
         self.load()
         return self.r.fcall(script.function, 0, *argv)
+
+
+class RedisCannotRunQueue(RuntimeError):
+    """The Redis cannot run the queue's scripts; the message says why and what to change."""
+
+
+def _server_version(r: redis.Redis) -> tuple[str, int]:
+    """The server as it names itself ("Redis 6.2.14", or Valkey's own name and version) and the major version of
+    Redis it is compatible with (0 when unknown)."""
+    try:
+        info = r.info("server")
+    except redis.RedisError:
+        return "version unknown", 0
+    version = str(info.get("redis_version", ""))
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    if info.get("valkey_version"):
+        return f"Valkey {info['valkey_version']}", major
+    return f"Redis {version or 'of an unknown version'}", major
 
 
 def settings_json(**settings) -> str:
