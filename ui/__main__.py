@@ -15,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from owlet.redis_url import without_password
 from owlet.setting_names import warn_unread
 from owlet.settings import SettingError
 from ui.config import UIConfig, parse_auth
@@ -47,14 +48,18 @@ def check_redis(url: str) -> tuple[int, str] | None:
     """``(exit code, why)`` when ``url`` is malformed (2) or does not answer (1); None when a PING succeeds."""
     import redis
 
+    shown = without_password(url)
     try:
         client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
     except ValueError as exc:
-        return 2, f"the Redis URL {url!r} is malformed: {exc}"
+        return 2, f"the Redis URL {shown!r} is malformed: {exc}"
     try:
         client.ping()
+    except redis.AuthenticationError as exc:
+        return 1, (f"the Redis at {shown} refused the login ({str(exc).rstrip('.')}): check the user and password "
+                   "in --redis-url / REDIS_URL.")
     except (redis.RedisError, OSError) as exc:
-        return 1, f"no Redis answers at {url}: {exc}. Start Redis or pass --redis-url / set REDIS_URL."
+        return 1, f"no Redis answers at {shown}: {str(exc).rstrip('.')}. Start Redis or pass --redis-url / set REDIS_URL."
     finally:
         client.close()
     return None

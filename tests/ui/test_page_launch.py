@@ -115,6 +115,27 @@ def test_python_m_ui_on_a_redis_without_functions_exits_1_with_one_clear_line(tm
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_python_m_ui_with_a_wrong_redis_password_says_so_and_never_prints_it(tmp_path):
+    """Redis answers but refuses the login: the page says that (not "no Redis answers ... start Redis"), and the
+    password in the URL is not printed where a terminal or a log keeps it."""
+    from tests.redis_server import OwnedRedis
+
+    import redis
+
+    server = OwnedRedis(tmp_path / "redis")
+    try:
+        redis.Redis.from_url(server.url).config_set("requirepass", "the-right-one")
+        url = f"redis://:not-the-password@127.0.0.1:{server.port}/0"
+        env = dict(os.environ, OWLET_KEY_PREFIX=unique_prefix("wrong-password"), PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-m", "ui", "--port", str(free_port()), "--redis-url", url],
+                              cwd="/", env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"the Redis at redis://:***@127.0.0.1:{server.port}/0 refused the login" in proc.stderr, proc.stderr
+    assert "not-the-password" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_python_m_ui_on_a_port_already_taken_exits_1_with_one_clear_line():
     import socket
 
