@@ -87,11 +87,27 @@ class Settings:
         return cls(**values)
 
     def __post_init__(self):
-        assert self.user_queue_cap >= 1, "the per-identity queue cap must be positive"
-        assert self.global_queue_cap >= 0, "global_queue_cap is a number of jobs (0 = derived from Redis's memory)"
-        assert self.group_job_cap >= 1 and self.group_submit_limit >= 1, "per-group limits must be positive"
-        assert self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval"
-        assert 0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout"
-        assert self.max_attempts >= 1, "max_attempts must be at least 1"
-        assert 0 <= self.stream_coalesce_s <= 1, "stream_coalesce_s is seconds between token writes (0 to 1)"
-        assert self.history_total_bytes >= 0, "history_total_bytes is bytes (0 = derived from Redis's maxmemory)"
+        # (ValueError, not assert: `python -O` drops asserts, and these must stop a process whatever its flags)
+        _require(self.user_queue_cap >= 1, "the per-identity queue cap must be positive")
+        _require(self.global_queue_cap >= 0, "global_queue_cap is a number of jobs (0 = derived from Redis's memory)")
+        _require(self.group_job_cap >= 1 and self.group_submit_limit >= 1, "per-group limits must be positive")
+        _require(self.heartbeat_ttl_s > self.heartbeat_interval_s, "heartbeat TTL must exceed its interval")
+        _require(0 < self.read_block_ms < 5000, "blocking reads must stay under redis-py's 5 s socket timeout")
+        _require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        _require(0 <= self.stream_coalesce_s <= 1, "stream_coalesce_s is seconds between token writes (0 to 1)")
+        _require(self.history_total_bytes >= 0, "history_total_bytes is bytes (0 = derived from Redis's maxmemory)")
+        # Times and sizes every turn rests on: at 0 every question would time out in line, every answer be cut off at
+        # once (the engine refuses a deadline of 0), a stream or conversation expire as it is written, or a wait spin.
+        for name in ("queue_timeout_s", "job_deadline_s", "stream_ttl_s", "history_ttl_s", "image_ttl_s",
+                     "holder_ttl_s", "heartbeat_interval_s", "cancel_poll_s", "group_submit_window_s",
+                     "text_quota_window_s", "turn_max_chars", "history_max_turns", "history_max_chars",
+                     "stream_maxlen", "image_max_bytes", "image_max_side"):
+            _require(getattr(self, name) > 0, f"{name} must be above 0, got {getattr(self, name)}")
+        _require(self.redis_reconnect_s >= 0 and self.malloc_trim_s >= 0 and self.worker_concurrency >= 0,
+                 "redis_reconnect_s, malloc_trim_s and worker_concurrency must not be negative")
+        _require(0 <= self.worker_metrics_port <= 65535, "worker_metrics_port is a TCP port (0 = off)")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)

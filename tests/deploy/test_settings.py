@@ -88,3 +88,15 @@ def test_the_worker_and_the_engine_agree_on_max_active_for_celery_threads(monkey
     monkeypatch.setenv("OWLET_MAX_RUNNING", "six")
     with pytest.raises(SettingError, match="OWLET_MAX_RUNNING"):
         create_app(Settings.from_env({}), with_runtime=True)
+
+
+@pytest.mark.parametrize("name, raw", [("OWLET_JOB_DEADLINE_S", "0"), ("OWLET_QUEUE_TIMEOUT_S", "-5"),
+                                       ("OWLET_STREAM_TTL_S", "0"), ("OWLET_HOLDER_TTL_S", "0"),
+                                       ("OWLET_HEARTBEAT_INTERVAL_S", "0"), ("OWLET_TURN_MAX_CHARS", "0"),
+                                       ("OWLET_WORKER_METRICS_PORT", "70000")])
+def test_a_time_or_size_every_turn_rests_on_must_be_above_zero(name, raw):
+    """At 0 every answer was cut off at once (the engine refuses a deadline of 0), every question timed out in line,
+    or a finished answer's stream expired as it was written; the worker and the page now refuse to start on it,
+    whether or not Python runs with -O."""
+    with pytest.raises(ValueError, match=name.removeprefix("OWLET_").lower()):
+        Settings.from_env({name: raw})
