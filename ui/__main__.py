@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     warn_unread(logging.getLogger(PROG))  # a misspelt or renamed OWLET_* variable would otherwise pass unnoticed
     try:
         config = config_from_args(parse_args(argv))
+        from worker.config import Settings
+
+        Settings.from_env()  # the queue's settings the page reads too (OWLET_USER_QUEUE_CAP, ...): checked here, once
     except (SettingError, ValueError, AssertionError) as exc:
         print(f"{PROG}: bad setting: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -149,3 +149,18 @@ def test_python_m_ui_on_a_port_already_taken_exits_1_with_one_clear_line():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"cannot serve the page on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("name, raw, said", [
+    ("OWLET_USER_QUEUE_CAP", "lots", "OWLET_USER_QUEUE_CAP='lots' is not an integer"),
+    ("OWLET_STREAM_TTL_S", "0", "stream_ttl_s must be above 0"),
+])
+def test_python_m_ui_with_a_bad_queue_setting_exits_2_with_one_clear_line(name, raw, said):
+    """The page reads the queue's settings too (``worker.config.Settings``): a bad one is a bad setting, said in one
+    line before anything starts, as a bad page setting is (it was a traceback from inside the page's start)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{name: raw})
+    proc = subprocess.run([sys.executable, "-m", "ui", "--port", str(free_port())], cwd="/", env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"owlet-page: bad setting: {said}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
