@@ -59,7 +59,8 @@ def check_redis(url: str) -> tuple[int, str] | None:
         return 1, (f"the Redis at {shown} refused the login ({str(exc).rstrip('.')}): check the user and password "
                    "in --redis-url / REDIS_URL.")
     except (redis.RedisError, OSError) as exc:
-        return 1, f"no Redis answers at {shown}: {str(exc).rstrip('.')}. Start Redis or pass --redis-url / set REDIS_URL."
+        return 1, (f"no Redis answers at {shown}: {str(exc).rstrip('.')}. Start Redis or pass --redis-url / set "
+                   "REDIS_URL.")
     finally:
         client.close()
     return None

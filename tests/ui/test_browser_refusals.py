@@ -49,7 +49,8 @@ def test_a_refused_question_keeps_its_text_and_picture_and_says_why_on_screen(ch
         # half of an emoji's UTF-16 pair, as a broken paste leaves it: no UTF-8 form, so nothing can send it back
         # (the page stuck on "Sending your question" when its reply echoed it); refused like the over-long text
         tab.evaluate("""() => { const box = document.querySelector('#owlet-input textarea');
-            Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, 'value').set.call(box, 'what is it? \\ud83d');
+            const setValue = Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, 'value').set;
+            setValue.call(box, 'what is it? \\ud83d');
             box.dispatchEvent(new Event('input', {bubbles: true})); }""")
         tab.locator("#owlet-input textarea").press("Enter")
         wait_for(lambda: "not text (an unpaired surrogate, U+D83D" in tab.locator("#owlet-status").inner_text(),

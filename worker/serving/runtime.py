@@ -140,7 +140,8 @@ class WorkerRuntime:
             raise CannotServe(
                 f"Redis evicts keys once it holds maxmemory ({maxmemory:,} bytes): its maxmemory-policy is {policy}, "
                 "so questions in line, answers and conversations would vanish without a word. Set maxmemory-policy "
-                "noeviction (a full Redis then refuses a new turn whole, and the visitor is told; docs/redis_memory.md).")
+                "noeviction (a full Redis then refuses a new turn whole, and the visitor is told; "
+                "docs/redis_memory.md).")
 
     def _check_one_checkpoint(self) -> None:
         """Refuse to join a queue that live workers serve with another checkpoint (``heartbeat.other_models``): the
