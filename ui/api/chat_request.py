@@ -229,7 +229,8 @@ def _sampling(body: Mapping, limits: RequestLimits) -> dict:
     seed = body.get("seed")
     if seed is not None:
         if not _is_int(seed) or not SEED_MIN <= seed <= SEED_MAX:
-            raise ApiError(400, f"seed must be an integer from {SEED_MIN} to {SEED_MAX}.", "invalid_parameter", "seed")
+            raise ApiError(400, f"seed must be an integer from {SEED_MIN} to {SEED_MAX}.", "invalid_parameter",
+                           "seed")
         sampling["seed"] = seed
     if _flag(body, "ignore_eos"):
         sampling["ignore_eos"] = True

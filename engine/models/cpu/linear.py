@@ -200,8 +200,9 @@ def _time_product(kernel: str, weights: list[torch.Tensor], copies: list[torch.T
 # multiply-adds a row: on the AVX2 EPYC a 16-row product of a 489x64 matrix takes 29 us and a 64x64 one 9 us, of which
 # the call itself is about 5 us, so the most a kernel could win there is microseconds a product, while measuring
 # the candidates costs 0.2 to 0.3 s of CPU a shape at every engine start (about 2 s for a test model, all of whose
-# matrices are this small). A real checkpoint's smallest text matrix has over 100,000 weights (Qwen2-0.5B's key projection), so no
-# real checkpoint's plan changes; of the bundled demo model's six text shapes, 160x160 and 80x160 go unmeasured.
+# matrices are this small). A real checkpoint's smallest text matrix has over 100,000 weights (Qwen2-0.5B's key
+# projection), so no real checkpoint's plan changes; of the bundled demo model's six text shapes, 160x160 and 80x160
+# go unmeasured.
 SMALLEST_MEASURED = 32_768
 
 # Passes per kernel and row count; the kernels take turns, pass by pass, so a drift in the machine's speed (other
