@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 from engine import limits
 from owlet.settings import SettingError, read_fields
@@ -42,6 +43,9 @@ class UIConfig:
     auth: tuple[tuple[str, str], ...] = ()
     redis_url: str = DEFAULT_REDIS_URL
     key_prefix: str = ""  # "" = the worker side's default; tests set their own namespace
+    # Where visitors reach the page when a reverse proxy serves it under a path of its own (https://example.com/owlet/
+    # with the proxy stripping /owlet): "/owlet". Gradio builds the page's URLs with it; "" = served at the root.
+    root_path: str = ""
     secret: str = DEV_BROWSER_SECRET  # OWLET_UI_SECRET: encrypts the browser id kept in localStorage
     # Gradio: how many events may run at once. Each open answer stream holds one thread, so this caps
     # concurrent streams for the whole page; Gradio's own queue runs events with no per-event limit.
@@ -126,6 +130,7 @@ class UIConfig:
 
     def __post_init__(self):
         assert 0 < self.port < 65536, f"port must be 1..65535, got {self.port}"
+        assert root_path_problem(self.root_path) is None, root_path_problem(self.root_path)
         assert self.max_threads >= 1, "max_threads must be at least 1"
         assert self.queue_max_size >= 1, "queue_max_size must be at least 1"
         assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
@@ -189,6 +194,22 @@ class UIConfig:
     def with_overrides(self, **overrides) -> "UIConfig":
         """A copy with the non-None overrides applied (command-line flags win over the environment)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def root_path_problem(root_path: str) -> str | None:
+    """Why ``root_path`` cannot be where the page is served (None when it can): a path from the host's root, like
+    "/owlet", or a whole URL, like "https://example.com/owlet"; without a slash at the end, which would double the
+    slash in every URL Gradio builds with it."""
+    if root_path == "":
+        return None
+    url = urlsplit(root_path)
+    whole = url.scheme in ("http", "https") and url.netloc
+    if not (whole or (root_path.startswith("/") and not root_path.startswith("//") and not url.scheme)):
+        return (f"root_path {root_path!r} must start with '/' (a path from the host's root, like '/owlet') or be a "
+                f"whole http(s) URL")
+    if root_path.endswith("/") or url.query or url.fragment or any(c.isspace() for c in root_path):
+        return (f"root_path {root_path!r} must be a path without a '/' at its end, a query or spaces, like '/owlet'")
+    return None
 
 
 def _parse_auth_var(name: str, raw: str):

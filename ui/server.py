@@ -120,6 +120,8 @@ def build(config, client=None):
         share=config.share,
         auth=list(config.auth) or None,
         auth_message=None,  # the sign-in page is Owlet's own (ui.sign_in)
+        # Behind a proxy serving the page under a path of its own; None leaves Gradio's own GRADIO_ROOT_PATH to it.
+        root_path=config.root_path or None,
         max_threads=config.max_threads,
         state_session_capacity=config.tab_states_max,  # closed tabs' state; open ones stay (tab_states)
         # No limit of Gradio's: its front end dropped a bigger picture with a toast and sent the question without
@@ -242,6 +244,9 @@ def serve(config, block: bool = True, client=None):
     # a request allocating many objects would otherwise set off over the whole heap (tens of ms each).
     gc.freeze()
     print(f"Owlet UI: {page.local_url}", flush=True)
+    if config.root_path:
+        print(f"Owlet UI: its links point under {config.root_path} (OWLET_UI_ROOT_PATH): open it through the proxy "
+              "that serves it there", flush=True)
     if config.share:
         if page.share_url:
             print(f"Owlet public link: {page.share_url}", flush=True)

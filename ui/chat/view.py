@@ -19,7 +19,9 @@ from urllib.parse import quote
 
 IMAGE_PLACEHOLDER = "🖼️ *(image)*"
 NO_ANSWER = "*(no answer)*"
-FILE_ROUTE = "/gradio_api/file="  # where Gradio serves files from its upload cache
+# Where Gradio serves files from its upload cache, relative to the page: a proxy serving the page under a path of its
+# own (OWLET_UI_ROOT_PATH) serves the files under it too, and the browser resolves this against the page's address.
+FILE_ROUTE = "gradio_api/file="
 
 
 def text_block(text: str) -> dict:
