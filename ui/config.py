@@ -46,7 +46,9 @@ class UIConfig:
     # Where visitors reach the page when a reverse proxy serves it under a path of its own (https://example.com/owlet/
     # with the proxy stripping /owlet): "/owlet". Gradio builds the page's URLs with it; "" = served at the root.
     root_path: str = ""
-    secret: str = DEV_BROWSER_SECRET  # OWLET_UI_SECRET: encrypts the browser id kept in localStorage
+    # OWLET_UI_SECRET: what Gradio's BrowserState encrypts the browser id kept in localStorage with. Gradio sends it to
+    # every page (its /config), so it hides nothing from a visitor; the id is safe because it is signed (identity_key).
+    secret: str = DEV_BROWSER_SECRET
     # Gradio: how many events may run at once. Each open answer stream holds one thread, so this caps
     # concurrent streams for the whole page; Gradio's own queue runs events with no per-event limit.
     max_threads: int = 64

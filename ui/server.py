@@ -27,7 +27,6 @@ from owlet.allocator import start_trimming
 from ui.api.routes import api_routes
 from ui.app import build_page
 from ui.chat.handlers import ChatHandlers
-from ui.config import DEV_BROWSER_SECRET
 from ui.edge.api_refusals import ApiErrors
 from ui.edge.body_limits import PageBodyLimits, upload_request_limit
 from ui.edge.held_connections import HeldConnections
@@ -229,9 +228,6 @@ def raise_open_files_limit(wanted: int = 65536) -> int:
 
 def serve(config, block: bool = True, client=None):
     """Launch the page; prints the local URL (and the share link, or why there is none)."""
-    if config.secret == DEV_BROWSER_SECRET and (config.share or config.host not in ("127.0.0.1", "localhost")):
-        print("Owlet UI: warning: OWLET_UI_SECRET is the built-in development value; set your own. (Identities "
-              "are signed with OWLET_UI_IDENTITY_KEY or a key kept in Redis, not with this.)", flush=True)
     # Which front the page believes decides who is who for every per-address limit: say it, once, at start.
     print(f"Owlet UI: client addresses: {ClientAddresses.from_config(config).front()}.", flush=True)
     page, launch_kwargs, client, _metrics = build(config, client)

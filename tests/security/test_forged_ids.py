@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.redis_server import running_redis, unique_prefix
+from tests.security.pages import page_without_worker
 from tests.security.attack import LIMITS, Event, cancel_jobs, chat, http, identity, status_of, stored
 from ui.shared import wording
 from worker.client import OwletClient
@@ -133,3 +134,13 @@ def test_a_forwarded_header_from_loopback_counts_for_nothing_without_trusted_pro
             with http(source="127.0.0.1", forwarded=f"192.0.2.{i + 1}, nobody-{i}") as client:
                 statuses.append(client.post(f"{url}gradio_api/call/identity", json={"data": [None]}).status_code)
         assert statuses == [200, 200, 429, 429], statuses
+
+
+def test_the_browser_secret_is_sent_to_every_page_and_forges_nothing():
+    """OWLET_UI_SECRET is Gradio's BrowserState key, which Gradio hands to every page it serves: so the docs call it
+    no secret, and a visitor who reads it still cannot make an identity the page accepts."""
+    with page_without_worker("browser-secret", secret="the-operators-own-browser-secret") as (url, _owlet):
+        with http() as client:
+            assert "the-operators-own-browser-secret" in client.get(f"{url}config").text
+            status = status_of(chat(client, url, "v1." + "c" * 32 + ".the-operators-own-browser-secr", "Who am I?"))
+    assert IDENTITY_REFUSED in status, status
