@@ -131,54 +131,55 @@ class UIConfig:
     stream_read_tick_s: float = 0.02  # the stream hub reads all followed streams at most this often
 
     def __post_init__(self):
-        assert 0 < self.port < 65536, f"port must be 1..65535, got {self.port}"
-        assert root_path_problem(self.root_path) is None, root_path_problem(self.root_path)
-        assert self.max_threads >= 1, "max_threads must be at least 1"
-        assert self.queue_max_size >= 1, "queue_max_size must be at least 1"
-        assert self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive"
-        assert self.max_request_bytes >= 16 * self.max_text_chars, \
-            "max_request_bytes must hold a question of max_text_chars (JSON-escaped)"
-        assert self.api_max_request_bytes >= 4 * (self.max_upload_bytes // 3 + 1) + self.max_request_bytes, \
-            "api_max_request_bytes must hold a picture of max_upload_bytes as base64 and a question"
-        assert self.api_bodies_max_bytes >= self.api_max_request_bytes, \
-            "api_bodies_max_bytes must hold one body of api_max_request_bytes"
-        assert self.api_keepalive_s > 0, "api_keepalive_s must be positive"
-        assert self.max_image_side >= 32, "max_image_side must be at least 32 px"
-        assert self.allowed_formats, "at least one image format must be allowed"
-        assert 1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap"
-        assert self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive"
-        assert self.upload_cache_ttl_s >= 60, "upload_cache_ttl_s must be at least 60 s"
-        assert self.address_upload_bytes >= self.max_upload_bytes, "address_upload_bytes must allow one upload"
-        assert self.upload_cache_max_bytes >= self.address_upload_bytes, \
-            "upload_cache_max_bytes must allow one address's budget"
-        assert self.address_upload_window_s > 0, "address_upload_window_s must be positive"
-        assert self.malloc_trim_s >= 0, "malloc_trim_s must be >= 0 (0: never)"
-        assert self.tab_states_max >= 1, "tab_states_max must be at least 1"
-        assert self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive"
-        assert self.address_max_events >= 1, "address_max_events must be at least 1"
-        assert self.address_max_waiting_events >= 1, "address_max_waiting_events must be at least 1"
-        assert self.address_max_uploads >= 1, "address_max_uploads must be at least 1"
-        assert self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)"
-        assert self.upload_timeout_s > 0, "upload_timeout_s must be positive"
-        assert self.address_max_downloads >= 8, "address_max_downloads must allow a page load (at least 8)"
-        assert self.address_logins >= 1 and self.address_logins_window_s > 0, \
-            "address_logins must be at least 1 per positive window"
-        assert self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0, \
-            "address_new_sessions must be at least 1 per positive window"
-        assert self.address_refusals >= 1 and self.address_refusals_window_s > 0, \
-            "address_refusals must be at least 1 per positive window"
-        assert self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters"
+        _require(0 < self.port < 65536, f"port must be 1..65535, got {self.port}")
+        problem = root_path_problem(self.root_path)
+        _require(problem is None, problem or "")
+        _require(self.max_threads >= 1, "max_threads must be at least 1")
+        _require(self.queue_max_size >= 1, "queue_max_size must be at least 1")
+        _require(self.max_upload_bytes > 0 and self.max_image_pixels > 0, "upload limits must be positive")
+        _require(self.max_request_bytes >= 16 * self.max_text_chars,
+                 "max_request_bytes must hold a question of max_text_chars (JSON-escaped)")
+        _require(self.api_max_request_bytes >= 4 * (self.max_upload_bytes // 3 + 1) + self.max_request_bytes,
+                 "api_max_request_bytes must hold a picture of max_upload_bytes as base64 and a question")
+        _require(self.api_bodies_max_bytes >= self.api_max_request_bytes,
+                 "api_bodies_max_bytes must hold one body of api_max_request_bytes")
+        _require(self.api_keepalive_s > 0, "api_keepalive_s must be positive")
+        _require(self.max_image_side >= 32, "max_image_side must be at least 32 px")
+        _require(self.allowed_formats, "at least one image format must be allowed")
+        _require(1 <= self.max_new_tokens <= self.max_new_tokens_cap, "need 1 <= max_new_tokens <= max_new_tokens_cap")
+        _require(self.stall_timeout_s > 0 and self.queue_poll_s > 0, "timeouts must be positive")
+        _require(self.upload_cache_ttl_s >= 60, "upload_cache_ttl_s must be at least 60 s")
+        _require(self.address_upload_bytes >= self.max_upload_bytes, "address_upload_bytes must allow one upload")
+        _require(self.upload_cache_max_bytes >= self.address_upload_bytes,
+                 "upload_cache_max_bytes must allow one address's budget")
+        _require(self.address_upload_window_s > 0, "address_upload_window_s must be positive")
+        _require(self.malloc_trim_s >= 0, "malloc_trim_s must be >= 0 (0: never)")
+        _require(self.tab_states_max >= 1, "tab_states_max must be at least 1")
+        _require(self.decode_workers >= 1 and self.address_max_decodes >= 1, "decode limits must be positive")
+        _require(self.address_max_events >= 1, "address_max_events must be at least 1")
+        _require(self.address_max_waiting_events >= 1, "address_max_waiting_events must be at least 1")
+        _require(self.address_max_uploads >= 1, "address_max_uploads must be at least 1")
+        _require(self.address_max_connections >= 2, "address_max_connections must allow a tab (at least 2)")
+        _require(self.upload_timeout_s > 0, "upload_timeout_s must be positive")
+        _require(self.address_max_downloads >= 8, "address_max_downloads must allow a page load (at least 8)")
+        _require(self.address_logins >= 1 and self.address_logins_window_s > 0,
+                 "address_logins must be at least 1 per positive window")
+        _require(self.address_new_sessions >= 1 and self.address_new_sessions_window_s > 0,
+                 "address_new_sessions must be at least 1 per positive window")
+        _require(self.address_refusals >= 1 and self.address_refusals_window_s > 0,
+                 "address_refusals must be at least 1 per positive window")
+        _require(self.identity_key == "" or len(self.identity_key) >= 16, "identity_key needs at least 16 characters")
         parse_networks(self.trusted_proxies)  # raises ValueError naming a bad entry
-        assert not self.client_header or self.trusted_proxies, \
-            "client_header is believed only from trusted proxies: name them in trusted_proxies too"
-        assert all(c.isalnum() or c == "-" for c in self.client_header), \
-            f"client_header must be a header name (letters, digits and '-'), got {self.client_header!r}"
-        assert 32 <= self.ipv6_prefix <= 128, "ipv6_prefix must be 32..128 bits"
-        assert self.stream_min_interval_s > 0 and self.stream_min_updates_per_s > 0, "update rates must be positive"
-        assert 1 / self.stream_min_interval_s >= self.stream_min_updates_per_s, \
-            "stream_min_interval_s must allow stream_min_updates_per_s"
-        assert self.page_max_updates_per_s >= 1 / self.stream_min_interval_s, \
-            "page_max_updates_per_s must allow one stream at full speed"
+        _require(not self.client_header or self.trusted_proxies,
+                 "client_header is believed only from trusted proxies: name them in trusted_proxies too")
+        _require(all(c.isalnum() or c == "-" for c in self.client_header),
+                 f"client_header must be a header name (letters, digits and '-'), got {self.client_header!r}")
+        _require(32 <= self.ipv6_prefix <= 128, "ipv6_prefix must be 32..128 bits")
+        _require(self.stream_min_interval_s > 0 and self.stream_min_updates_per_s > 0, "update rates must be positive")
+        _require(1 / self.stream_min_interval_s >= self.stream_min_updates_per_s,
+                 "stream_min_interval_s must allow stream_min_updates_per_s")
+        _require(self.page_max_updates_per_s >= 1 / self.stream_min_interval_s,
+                 "page_max_updates_per_s must allow one stream at full speed")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "UIConfig":
@@ -196,6 +197,12 @@ class UIConfig:
     def with_overrides(self, **overrides) -> "UIConfig":
         """A copy with the non-None overrides applied (command-line flags win over the environment)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _require(condition: bool, message: str) -> None:
+    """A setting's check: a ValueError naming what to change (an assert would vanish under ``python -O``)."""
+    if not condition:
+        raise ValueError(message)
 
 
 def root_path_problem(root_path: str) -> str | None:

@@ -1,6 +1,8 @@
 """Settings from the environment and the command line; flags win; bad values fail with clear messages."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ui.__main__ import config_from_args, parse_args
@@ -49,9 +51,20 @@ def test_bad_auth_is_refused(bad):
 def test_bad_numbers_name_the_variable():
     with pytest.raises(ValueError, match="OWLET_UI_PORT"):
         UIConfig.from_env({"OWLET_UI_PORT": "eighty"})
-    with pytest.raises(AssertionError, match="max_new_tokens"):
+    with pytest.raises(ValueError, match="max_new_tokens"):
         UIConfig(max_new_tokens=5000, max_new_tokens_cap=100)
 
 
 def test_password_with_a_colon_is_kept_whole():
     assert parse_auth(["alice:pa:ss"]) == (("alice", "pa:ss"),)
+
+
+def test_settings_are_checked_also_under_python_optimised():
+    """``python -O`` (or PYTHONOPTIMIZE, which some images set) drops asserts: the page's checks are not asserts."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-O", "-m", "ui"], env={**os.environ, "OWLET_UI_PORT": "0"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "bad setting: port must be 1..65535, got 0" in run.stderr, (run.returncode,
+                                                                                            run.stderr[-500:])

@@ -136,7 +136,7 @@ def test_a_client_header_names_the_visitor_only_from_the_proxies_named():
     assert tunnel.of(via("203.0.113.5", (b"cf-connecting-ip", b"198.51.100.9"))) == "203.0.113.5", \
         "not from a named proxy: the peer"
     assert tunnel.of(via("127.0.0.1", (b"cf-connecting-ip", b"garbage"))) == "127.0.0.1"
-    with pytest.raises(AssertionError, match="trusted proxies"):
+    with pytest.raises(ValueError, match="trusted proxies"):
         UIConfig(client_header="CF-Connecting-IP")
 
 

@@ -136,6 +136,6 @@ def test_a_root_path_is_a_path_from_the_hosts_root_or_a_whole_url():
     for bad, why in (("owlet", "must start with '/'"), ("/owlet/", "without a '/' at its end"),
                      ("//evil.example/owlet", "must start with '/'"), ("/", "without a '/' at its end"),
                      ("/owl et", "spaces"), ("ftp://example.com/owlet", "must start with '/'")):
-        with pytest.raises((ValueError, AssertionError), match=re.escape(why)):
+        with pytest.raises(ValueError, match=re.escape(why)):
             UIConfig(root_path=bad)
     assert UIConfig.from_env({"OWLET_UI_ROOT_PATH": "/owlet"}).root_path == "/owlet"
