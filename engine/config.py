@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from owlet.settings import read_fields
 
@@ -96,7 +97,9 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self):
-        assert self.model, "EngineConfig.model must name a checkpoint folder"
+        if not self.model:
+            raise ValueError("EngineConfig.model must name a checkpoint folder")
+        self.model = resolve_model(self.model)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_running < 1 or self.max_prefill_tokens < 16 or self.max_waiting < 1:
@@ -149,6 +152,14 @@ class EngineConfig:
         if "model" not in values:
             raise ValueError("OWLET_MODEL is not set: point it at a local checkpoint folder")
         return cls(**values)
+
+
+def resolve_model(model: str) -> str:
+    """``model`` as given, or the folder of the Hugging Face cache holding it when it names a cached repository
+    rather than a folder (engine/models/checkpoint_folder.py)."""
+    from .models.checkpoint_folder import checkpoint_folder
+
+    return model if Path(model).expanduser().exists() else str(checkpoint_folder(model))
 
 
 def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int, max_waiting: int) -> int:

@@ -16,10 +16,10 @@ import contextlib
 import importlib
 import logging
 import threading
-from pathlib import Path
 
 import redis
 
+from engine.models.checkpoint_folder import served_name
 from owlet.allocator import start_trimming
 from worker import heartbeat, held_conversations
 from worker.config import Settings
@@ -56,9 +56,10 @@ def build_engine(settings: Settings):
 
 
 def model_name(engine) -> str:
-    """The checkpoint an engine serves, by its folder's name ("" for an engine without one, e.g. the stub)."""
+    """The checkpoint an engine serves, by its folder's name, or its repository's for a folder in the Hugging Face
+    cache ("" for an engine without one, e.g. the stub)."""
     model = getattr(getattr(engine, "config", None), "model", "")
-    return Path(model).name if isinstance(model, str) and model else ""
+    return served_name(model) if isinstance(model, str) and model else ""
 
 
 def _engine_slots(stats: dict) -> int:

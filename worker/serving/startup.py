@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from engine.models.checkpoint_folder import checkpoint_folder, not_found_advice
 from owlet.settings import parse_bool
 
 log = logging.getLogger("owlet.worker.startup")
@@ -43,9 +44,9 @@ def check_engine_environment(env=None) -> None:
     model = (env.get("OWLET_MODEL") or "").strip()
     if not model:
         raise CannotServe(f"OWLET_MODEL is not set: point it at a local model folder. {MODEL_FOLDER}")
-    folder = Path(model).expanduser()
+    folder = checkpoint_folder(model)  # a folder, or a Hugging Face repository id already in this machine's cache
     if not folder.exists():
-        raise CannotServe(f"OWLET_MODEL={model!r}: no such folder. {MODEL_FOLDER}")
+        raise CannotServe(f"OWLET_MODEL={model!r}: no such folder.{not_found_advice(model)} {MODEL_FOLDER}")
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise CannotServe(f"OWLET_MODEL={model!r} is not a model folder: it has no config.json. {MODEL_FOLDER}")
     _read_config(folder)
