@@ -83,6 +83,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+def require_chat_template(processor, folder: str) -> None:
+    """Refuse, at load, a checkpoint whose processor has no chat template: every question would fail on it."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    if getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None):
+        return
+    raise ValueError(f"{folder} has no chat template (chat_template.jinja, chat_template.json, or a chat_template "
+                     "entry in processor_config.json or tokenizer_config.json), so no question can be put to it: "
+                     "copy every file of the model repository into the folder")
+
+
 class ModelRunner:
     session_store_class = SessionStore  # the engine builds its session store from this (a custom runner's may differ)
 
@@ -94,6 +104,7 @@ class ModelRunner:
             quiet_gpu_kernel_advice()
         self.processor = AutoProcessor.from_pretrained(
             config.model, trust_remote_code=config.trust_remote_code, local_files_only=True)
+        require_chat_template(self.processor, config.model)
         self.model = AutoModelForImageTextToText.from_pretrained(
             config.model, dtype=self.dtype, trust_remote_code=config.trust_remote_code, local_files_only=True,
         ).to(self.device).eval()

@@ -91,6 +91,19 @@ def test_checkpoint_whose_weights_do_not_load(redis_url, tmp_path):
                                     HEAVY_LIMIT_S), "engine start-up failed")
 
 
+def test_checkpoint_without_a_chat_template(redis_url, tmp_path):
+    """Loads, but no question could be put to it: refused at load, not on every question once ready."""
+    import shutil
+
+    from tests.ui.stack import tiny_model
+
+    folder = tmp_path / "no-template"
+    shutil.copytree(tiny_model(), folder)
+    (folder / "chat_template.jinja").unlink()
+    assert_fails_loudly(*run_worker({"OWLET_MODEL": str(folder), "OWLET_DEVICE": "cpu"}, redis_url, tmp_path,
+                                    HEAVY_LIMIT_S), "has no chat template", "copy every file of the model repository")
+
+
 def test_import_error_in_the_engine_factory(redis_url, tmp_path):
     assert_fails_loudly(*run_worker({"OWLET_ENGINE_FACTORY": "no_such_module_xyz:make"}, redis_url, tmp_path,
                                     HEAVY_LIMIT_S), "ModuleNotFoundError", "no_such_module_xyz")
