@@ -177,3 +177,19 @@ def test_the_public_proxy_terminates_tls_answers_and_counts_each_visitor(compose
     finally:
         proxy.stop()
         shutil.rmtree(prefix, ignore_errors=True)
+
+
+def test_the_proxies_wait_longer_than_a_question_may_take():
+    """An API request that does not stream hears nothing while its question waits in line and is answered: a proxy
+    that gives up sooner answers 504 and the page cancels the answer. The public profile's nginx and the README's
+    block for a page under a path of its own both wait longer than the longest such silence, at the settings' defaults
+    (compose passes them on unchanged unless set)."""
+    from worker.config import Settings
+
+    settings = Settings()
+    longest = settings.queue_timeout_s + settings.job_deadline_s
+    readme = re.search(r"```nginx\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    for name, text in (("deploy/public/nginx.conf", (ROOT / "deploy/public/nginx.conf").read_text()),
+                       ("README's nginx block", readme.group(1) if readme else "")):
+        waits = [int(s) for s in re.findall(r"proxy_read_timeout (\d+)s;", text)]
+        assert waits and min(waits) > longest, f"{name}: proxy_read_timeout {waits} s, a question may take {longest} s"
