@@ -6,11 +6,14 @@ unknown ``api_name`` (``/gradio_api/call/nope``, ``/run/nope``, ``/call/v2/nope`
 KB to the log, so a stranger could fill the disk at request speed. Here the exception
 is caught where it leaves Gradio, before any byte of a response went out, logged as one line, and answered with
 400. A response already started is left as it is (the exception goes on up), except the queue's event stream,
-which then ends quietly with one budgeted log line.
+which then ends quietly with one budgeted log line. An upload the disk has no room for is no fault of the client's: it
+gets 503 and a sentence saying so, and the log an error naming the folder (the parts written are deleted,
+``ui.gradio_adapters.upload_parser``).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 
@@ -18,6 +21,8 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ui.shared.log_budget import LogBudget, first_line
+from ui.shared.refusals import STORAGE_FULL, refusal
+from ui.shared.route_paths import UPLOAD_PATH
 
 log = logging.getLogger("owlet.ui")
 refusals = LogBudget(log)
@@ -28,6 +33,10 @@ API_ROUTES = ("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/gra
               "/gradio_api/queue/join", EVENT_STREAM)
 UNREADABLE = ("This request could not be read: the endpoints this page offers, and what each takes, are listed at "
               "/gradio_api/info.")
+NO_ROOM = "The server has no room to store pictures right now. Try again in a few minutes."
+NO_ROOM_RETRY_S = 60
+FULL = (errno.ENOSPC, errno.EDQUOT)
+storage = LogBudget(log, per_minute=2)
 
 
 class RequestErrors:
@@ -62,6 +71,10 @@ class RequestErrors:
                 return
             if started:
                 raise
+            if scope["path"] == UPLOAD_PATH and isinstance(exc, OSError) and exc.errno in FULL:
+                storage.error("refused an upload: the upload folder (GRADIO_TEMP_DIR) is full: %s", first_line(exc))
+                return await refusal(scope, STORAGE_FULL, NO_ROOM, status=503, retry_after_s=NO_ROOM_RETRY_S)(
+                    scope, receive, send)
             refusals.warning("refused a request Gradio could not handle: %s %s: %s: %s", scope.get("method"),
                              scope.get("path", "")[:100], type(exc).__name__, first_line(exc))
             await PlainTextResponse(UNREADABLE, status_code=400)(scope, receive, send)

@@ -38,7 +38,8 @@ ONE_FILE_PER_UPLOAD = Adaptation(
     "upload_fn uses it",
     "an upload request carries one file, so one address cannot use up the disk's inodes with cache directories, and "
     "a file over OWLET_UI_MAX_UPLOAD_BYTES is refused before it is written to disk (Gradio's own limit is off: its "
-    "front end dropped such a picture and sent the question without it)")
+    "front end dropped such a picture and sent the question without it), and what an upload ended early (its client "
+    "gone, a full disk) had written is deleted")
 SHARED_SCHEMAS = Adaptation(
     "shared component schemas", "Component.api_info and its per-instance _api_info_cache",
     "(a cost, not a defence) a component update does not regenerate the component's API schema (about 4 ms, twice "

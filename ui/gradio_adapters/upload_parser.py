@@ -9,10 +9,17 @@ is written to disk (HTTP 413). Gradio's ``max_file_size`` is not used for it: th
 own check, which dropped a picture over the limit with a toast and sent the question without it; the page is
 launched without one, and its script sends a stand-in for such a picture instead (``ui.page_script``). The parser
 is replaced process-wide, so the page built last sets the limit (``owlet-page`` runs one page per process).
+
+Whatever ends a parse early, the parts it wrote go. Gradio deletes them only when the body is malformed: a client gone
+mid-upload (``ClientDisconnect``), a full disk (``OSError``) or a cancel left the part received so far in the upload
+folder, where no budget counted it and nothing but the cache's hourly cleaner would delete it (a full disk then stayed
+full, refusing every picture).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from pathlib import Path
 
 from ui.gradio_adapters.internals import NotAdaptable, Patch, replace, require, require_parameters
 
@@ -35,6 +42,8 @@ def limit_files_per_upload(max_file_bytes: int | float = math.inf, max_files: in
     require_parameters(base, "__init__", ("max_files", "max_fields", "max_file_size"))
     if "GradioMultiPartParser" not in require(route_utils, "upload_fn").__code__.co_names:
         raise NotAdaptable("gradio.route_utils.upload_fn no longer makes its parser from GradioMultiPartParser")
+    if "_files_to_close_on_error" not in require(base, "parse").__code__.co_names:
+        raise NotAdaptable("GradioMultiPartParser.parse no longer keeps the files it wrote in _files_to_close_on_error")
 
     class OneUploadParser(base):
         owlet_max_files, owlet_max_file_bytes, owlet_base = max_files, max_file_bytes, base
@@ -44,5 +53,16 @@ def limit_files_per_upload(max_file_bytes: int | float = math.inf, max_files: in
             kwargs["max_fields"] = min(kwargs.get("max_fields", max_fields), max_fields)
             kwargs["max_file_size"] = min(kwargs.get("max_file_size", max_file_bytes), max_file_bytes)
             super().__init__(*args, **kwargs)
+
+        async def parse(self):
+            try:
+                return await super().parse()
+            except BaseException:
+                for file in self._files_to_close_on_error:  # Gradio's own error path may have deleted them already
+                    with contextlib.suppress(OSError):
+                        file.close()
+                    with contextlib.suppress(OSError):
+                        Path(file.name).unlink(missing_ok=True)
+                raise
 
     return [replace(route_utils, "GradioMultiPartParser", OneUploadParser)]  # upload_fn looks it up at each call

@@ -52,10 +52,17 @@ class LogBudget:
 
     def warning(self, message: str, *args) -> bool:
         """Log ``message % args`` (cut to MAX_LINE_CHARS) if the minute's budget allows; True if logged."""
+        return self._log(logging.WARNING, message, args)
+
+    def error(self, message: str, *args) -> bool:
+        """``warning``, as an error: what the operator must fix (a full disk), said as often as the budget allows."""
+        return self._log(logging.ERROR, message, args)
+
+    def _log(self, level: int, message: str, args: tuple) -> bool:
         held_back = self._budget.take()
         if held_back is None:
             return False
-        self.logger.warning(_with_count((message % args if args else message)[:MAX_LINE_CHARS], held_back))
+        self.logger.log(level, _with_count((message % args if args else message)[:MAX_LINE_CHARS], held_back))
         return True
 
 

@@ -16,6 +16,8 @@ Codes and what their ``Retry-After`` means:
 - ``too_many_unread_events``: a tab's events whose results nobody read yet; read them first.
 - ``refusals_limited``: the address kept asking after refusals without waiting (``ui.edge.refusal_brake``);
   ``Retry-After`` is when it may ask again.
+- ``storage_full``: the disk the page keeps uploads on is full (status 503, the operator's to fix; the page logs it);
+  ``Retry-After`` is a minute.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ UPLOAD_BUDGET = "upload_budget"
 UPLOADS_ARRIVING = "uploads_arriving"
 TOO_MANY_UNREAD_EVENTS = "too_many_unread_events"
 REFUSALS_LIMITED = "refusals_limited"
+STORAGE_FULL = "storage_full"
 
 
 def refusal(scope: Scope, code: str, sentence: str, status: int = 429,

@@ -14,7 +14,8 @@ else, works. So the page keeps a ledger of the bytes it accepted:
 
 An upload over either budget gets 429 with a ``Retry-After`` before its body is read. An upload must declare its size
 (``Content-Length``, which browsers and ``gradio_client`` always send): the budget is charged before the body is read,
-never after it is on disk, and what was declared but never sent is given back when the request ends. Each upload is
+never after it is on disk, and what was declared but never sent is given back when the request ends (an upload that
+ends without being stored gives the page's budget all of it back, as nothing of it stays on disk). Each upload is
 charged at least ``ui.uploads.cache_dirs.MIN_UPLOAD_CHARGE_BYTES``, which also caps how many files one address can make.
 The ledger is per page process (like ``AddressSlots``).
 
@@ -237,8 +238,14 @@ class UploadBudget:
             return await refusal(scope, UPLOAD_BUDGET, _refusal(which, self.ledger, retry),
                                  retry_after_s=retry)(scope, receive, send)
         scope[CHARGE_SCOPE_KEY] = receipt  # for ui.uploads.owners, which learns the stored file's path
-        received = 0
+        received, stored = 0, False
         self._arriving_bytes += charged
+
+        async def noting_send(message: Message) -> None:
+            nonlocal stored
+            if message["type"] == "http.response.start":
+                stored = 200 <= message["status"] < 300
+            await send(message)
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -247,10 +254,12 @@ class UploadBudget:
                 received += len(message.get("body", b""))
             return message
         try:
-            await self.app(scope, counting_receive, send)
+            await self.app(scope, counting_receive, noting_send)
         finally:
             self._arriving_bytes -= charged
             self.ledger.refund(receipt, charged - max(received, MIN_UPLOAD_CHARGE_BYTES))
+            if not stored:  # refused or ended early: nothing of it is on disk (ui.gradio_adapters.upload_parser), so
+                self.ledger.release(receipt)  # the page's budget has its bytes back; the address's stay spent
 
 
 def _refusal(which: str, ledger: UploadLedger, retry_s: int) -> str:
