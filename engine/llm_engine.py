@@ -12,6 +12,7 @@ one batched decode step → emit deltas and drop finished rows. Any thread may c
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from .outputs import FinalResult, FinishReason
 from .prompt import PromptBuilder
 from .request import Request, RunnerScratch, Status, Where
 from .models.runner_interface import Runner
-from .sampler import make_generator, sample_next_tokens
+from .sampler import make_generator, penalised, sample_next_tokens
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .time_slicing import rows_to_pause
@@ -48,6 +49,8 @@ class LLMEngine:
                                      max_image_pixels=config.max_image_pixels,
                                      max_images=config.max_images_per_request)
         self.max_model_len = min(n for n in (config.max_model_len, self.runner.max_model_len) if n)
+        # what a request that names none gets: the checkpoint's generation_config.json says (1.0: none)
+        self.repetition_penalty = getattr(self.runner, "repetition_penalty", 1.0)
         self.batch = make_decode_batch(config, self.runner, self.max_model_len)  # the family row picks which
         self.max_model_len = self.batch.max_len  # a slot's length may cap the context below the model's
         self.sessions = self.runner.session_store_class.for_runner(config, self.runner)
@@ -77,6 +80,8 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise ValueError("sampling must be a SamplingParams")
+        if sampling.repetition_penalty is None:  # the checkpoint's own (engine/models/generation_defaults.py)
+            sampling = dataclasses.replace(sampling, repetition_penalty=self.repetition_penalty)
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         prompt = self.prompts.build(messages)
@@ -297,7 +302,8 @@ class LLMEngine:
             if req.remaining_prefill > 0:
                 return  # more chunks next step
             self.scheduler.prefill_done(req)
-            token = sample_next_tokens(logits[None], [req.params], [req.generator])[0]
+            token = sample_next_tokens(logits[None], [req.params], [req.generator],
+                                       self._seen([req], logits.shape[-1]))[0]
             req.status = Status.RUNNING
             if not self._accept_token(req, token):
                 self.batch.add(req, req.cache, req.num_tokens - 1, token)
@@ -323,6 +329,20 @@ class LLMEngine:
             if req.num_computed >= end:
                 return logits
             self.sessions.checkpoint(req)
+
+    def _seen(self, requests, vocab: int) -> list | None:
+        """What a repetition penalty weighs for each of ``requests`` (None for a row without one; None for all when
+        none has one): its prompt's distinct ids below ``vocab`` (the logits' width: an id past it can never be
+        chosen), copied to the device once, and its answer's so far."""
+        if not any(penalised(r.params) for r in requests):
+            return None
+        seen = []
+        for r in requests:
+            if penalised(r.params) and r.seen_prompt is None:
+                ids = sorted(i for i in set(r.prompt.token_ids) if i < vocab)
+                r.seen_prompt = torch.tensor(ids, dtype=torch.long, device=self.runner.device)
+            seen.append((r.seen_prompt, r.output_ids) if penalised(r.params) else None)
+        return seen
 
     def _prefill_out_of_memory(self, req: Request) -> None:
         """Free idle sessions and admit this prompt again next; a second failure fails the request."""
@@ -352,7 +372,8 @@ class LLMEngine:
             self._drop_finished_rows()
             return
         rows = self.batch.requests
-        tokens = sample_next_tokens(logits, [r.params for r in rows], [r.generator for r in rows])
+        tokens = sample_next_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
+                                    self._seen(rows, logits.shape[-1]))
         self._counters["decode_steps"] += 1
         self._counters["decode_rows"] += len(rows)
         self.batch.advance(cache, tokens)

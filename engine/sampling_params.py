@@ -5,12 +5,14 @@ that into a rejected request, never into a failed step.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
 # The seeds ``torch.Generator.manual_seed`` takes (a negative one wraps to 2**64 + seed); beyond them it raises
 # "Overflow when unpacking long long", which said nothing to the client who sent the seed.
 SEED_MIN, SEED_MAX = -2**63, 2**64 - 1
+MAX_REPETITION_PENALTY = 10.0  # past this every token already said is all but ruled out: no answer is readable
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # keep generating past EOS (benchmarks that need a fixed amount of work)
+    # Every token already in the conversation made less likely, as transformers' repetition_penalty does (greedy rows
+    # too). None: the checkpoint's own default (its generation_config.json; 1.0, none, where it sets none).
+    repetition_penalty: float | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -44,6 +49,11 @@ class SamplingParams:
             raise ValueError("ignore_eos must be true or false")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        penalty = self.repetition_penalty
+        if penalty is not None and (not isinstance(penalty, (int, float)) or isinstance(penalty, bool)
+                                    or not math.isfinite(penalty) or not 0 < penalty <= MAX_REPETITION_PENALTY):
+            raise ValueError(f"repetition_penalty must be a number above 0 and at most {MAX_REPETITION_PENALTY:g}, "
+                             f"got {penalty!r}")
 
     @property
     def greedy(self) -> bool:

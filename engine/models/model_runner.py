@@ -17,6 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForImageTextToText, AutoProcessor, DynamicCache
 
+from .generation_defaults import repetition_penalty
 from . import families
 from ..kv import kv_cache
 from ..batch import prefill_batch
@@ -110,6 +111,9 @@ class ModelRunner:
         ).to(self.device).eval()
         self.text_config = self.model.config.get_text_config()
         families.check_cache_layers(self.family, self.text_config, config.allow_unverified)
+        # what its generation_config.json asks of every answer (engine/models/generation_defaults.py)
+        self.repetition_penalty = repetition_penalty(self.model.generation_config, config.model,
+                                                     config.allow_unverified)
         self.image_token_id = self.model.config.image_token_id
         attr = self.family.image_placeholder
         self.image_placeholder = getattr(self.processor, attr) if attr else None  # None: the image token itself

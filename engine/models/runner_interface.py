@@ -28,6 +28,7 @@ class Runner(Protocol):
     text_config: object  # the text model's config: cache layer kinds and sizes (engine/kv/cache_layers.py)
     max_model_len: int  # the context (prompt + answer) in tokens
     eos_ids: set[int]
+    repetition_penalty: float  # its generation_config.json's, each request's default (1.0: none)
     image_features: ByteLRU  # encoded images by content hash
     weight_bytes: int
     weight_copy_bytes: int  # extra copies of weights its kernels made (engine/models/cpu/)

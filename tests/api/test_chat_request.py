@@ -43,6 +43,9 @@ def test_the_parameters_map_onto_sampling():
     assert chat.stream and chat.include_usage and chat.model == "m"
     assert parse_chat_request(body(max_tokens=16), LIMITS).sampling == {"max_new_tokens": 16, "temperature": 0.0}
     assert parse_chat_request(body(ignore_eos=True), LIMITS).sampling["ignore_eos"] is True, "vLLM's extension"
+    assert parse_chat_request(body(repetition_penalty=1.1), LIMITS).sampling["repetition_penalty"] == 1.1, \
+        "vLLM's extension too"
+    assert "repetition_penalty" not in parse_chat_request(body(), LIMITS).sampling, "the checkpoint's own"
     assert parse_chat_request(body(), LIMITS).sampling == {"max_new_tokens": 64, "temperature": 0.0}, \
         "the page's defaults: its answer length, greedy"
 
@@ -68,6 +71,8 @@ def test_messages_roles_parts_and_pictures():
     ({"best_of": 2}, "best_of"), ({"max_tokens": 257}, "max_tokens"), ({"temperature": 2.5}, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"seed": 1.5}, "seed"), ({"seed": 10**30}, "seed"), ({"seed": -2**63 - 1}, "seed"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"repetition_penalty": 11}, "repetition_penalty"),
+    ({"repetition_penalty": "1.1"}, "repetition_penalty"), ({"repetition_penalty": True}, "repetition_penalty"),
     ({"max_tokens": 8, "max_completion_tokens": 9}, "max_tokens"),
 ])
 def test_what_owlet_does_not_do_is_refused_not_ignored(fields, param):

@@ -23,15 +23,16 @@ def chat(text: str, img: Image.Image | None = None) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def reference_tokens(runner, messages, max_new_tokens: int) -> list[int]:
-    """Greedy tokens from HF generate() on this request alone: the ground truth every engine path must match."""
+def reference_tokens(runner, messages, max_new_tokens: int, **generate_kwargs) -> list[int]:
+    """Greedy tokens from HF generate() on this request alone: the ground truth every engine path must match.
+    ``generate_kwargs`` override the checkpoint's generation config (``repetition_penalty=1.0``)."""
     proc, model = runner.processor, runner.model
     images = [i["image"] for m in messages if isinstance(m["content"], list) for i in m["content"]
               if i["type"] == "image"]
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = proc(images=images or None, text=text, return_tensors="pt").to(model.device)
     with torch.inference_mode(), reference_run():  # the model's own code, not the engine's CPU kernels
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 

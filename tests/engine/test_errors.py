@@ -150,11 +150,11 @@ def test_unexpected_step_error_fails_in_flight_requests_and_the_loop_survives(ma
     real = llm_engine.sample_next_tokens
     calls = {"n": 0}
 
-    def flaky(logits, params, generators):
+    def flaky(logits, params, generators, seen=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected sampler failure")
-        return real(logits, params, generators)
+        return real(logits, params, generators, seen)
     monkeypatch.setattr(llm_engine, "sample_next_tokens", flaky)
     victim = eng.add_request(chat("victim"), greedy(20, ignore_eos=True))
     r = victim.result(timeout=30)

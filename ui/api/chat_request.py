@@ -4,7 +4,7 @@ What maps onto Owlet: ``model`` (must be the served one), ``messages`` (``system
 ``assistant``; content as a string or as ``text`` and ``image_url`` parts), ``max_completion_tokens`` /
 ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream`` and ``stream_options.include_usage``
 (``engine.sampling_params.SamplingParams``), and vLLM's ``ignore_eos`` (benchmark tools send it for answers of a
-fixed length). What Owlet does not do is refused with 400, never ignored: ``n`` > 1,
+fixed length) and ``repetition_penalty`` (omitted: the checkpoint's own, from its generation_config.json). What Owlet does not do is refused with 400, never ignored: ``n`` > 1,
 tools and functions, ``response_format`` other than text, log probabilities, penalties, logit bias, audio, and any
 parameter it does not know. ``user``, ``metadata``, ``service_tier`` and ``parallel_tool_calls`` change nothing an
 answer depends on and are accepted.
@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SEED_MAX, SEED_MIN
+from engine.sampling_params import MAX_REPETITION_PENALTY, SEED_MAX, SEED_MIN
 from ui.api.errors import ApiError
 from ui.shared import wording
 from ui.uploads.image_check import too_large_message
@@ -52,7 +52,8 @@ UNSUPPORTED = {
     "web_search_options": ((None,), "Owlet does not search the web."),
 }
 KNOWN = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
-                   "stream", "stream_options", "n", "ignore_eos"}) | NO_EFFECT | frozenset(UNSUPPORTED)
+                   "stream", "stream_options", "n", "ignore_eos", "repetition_penalty"}) | NO_EFFECT | \
+    frozenset(UNSUPPORTED)
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.IGNORECASE)
 _WHITESPACE = re.compile(rb"\s+")
 NO_URLS = ("Owlet does not fetch pictures from URLs: a public server must not download what strangers name. Send the "
@@ -234,6 +235,12 @@ def _sampling(body: Mapping, limits: RequestLimits) -> dict:
         sampling["seed"] = seed
     if _flag(body, "ignore_eos"):
         sampling["ignore_eos"] = True
+    penalty = body.get("repetition_penalty")
+    if penalty is not None:
+        if not _is_number(penalty) or not 0 < penalty <= MAX_REPETITION_PENALTY:
+            raise ApiError(400, f"repetition_penalty must be a number above 0 and at most {MAX_REPETITION_PENALTY:g}.",
+                           "invalid_parameter", "repetition_penalty")
+        sampling["repetition_penalty"] = float(penalty)
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop

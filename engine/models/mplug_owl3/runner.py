@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
+from ..generation_defaults import folder_generation_config, repetition_penalty
 from ...kv.byte_lru import ByteLRU
 from ...config import EngineConfig
 from ..families import by_architecture
@@ -76,6 +77,8 @@ class OwlRunner:
         self.model = load_model(self.cfg, config.model, self.dtype).to(self.device).eval()
         self.text_config = self.cfg.to_qwen2()  # shapes for DynamicCache and the session store's accounting
         self.max_model_len = config.max_model_len or self.cfg.max_position_embeddings
+        self.repetition_penalty = repetition_penalty(folder_generation_config(config.model), config.model,
+                                                     config.allow_unverified)
         eos = self.cfg.eos_token_id
         self.eos_ids = self.processor.eos_ids() | ({eos} if isinstance(eos, int) else set(eos or ()))
         self.image_features = ByteLRU(int(config.image_cache_mb * 2**20))
