@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from jinja2.exceptions import TemplateError
 from PIL import Image
 
 ROLES = ("system", "user", "assistant")
@@ -55,7 +56,7 @@ class PromptBuilder:
 
     def build(self, messages) -> Prompt:
         chat, images = self._normalise(messages)
-        text = self.processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        text = self._render(chat, add_generation_prompt=True)
         pieces = text.split(self.image_token)
         if len(pieces) - 1 != len(images):
             raise ValueError("the chat template did not place one image placeholder per image")
@@ -75,6 +76,14 @@ class PromptBuilder:
         text = " ".join(i["text"] for i in items if isinstance(i, dict) and isinstance(i.get("text"), str))
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def _render(self, chat, add_generation_prompt: bool = False) -> str:
+        """The chat template's text for ``chat``. A template that refuses a conversation (real ones raise for roles
+        that do not alternate, or a system message the model has no place for) says why in a ValueError."""
+        try:
+            return self.processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except TemplateError as exc:
+            raise ValueError(f"this model's chat template does not take this conversation: {exc}") from None
+
     def _adds_special(self, text: str) -> bool:
         """As the processor's apply_chat_template: the tokenizer's own BOS only if the template wrote none."""
         bos = self.tokenizer.bos_token
@@ -89,8 +98,8 @@ class PromptBuilder:
         first_user = next(i for i, m in enumerate(chat) if m["role"] == "user")
         if any(item["type"] == "image" for m in chat[:first_user] for item in m["content"]):
             return []
-        render = lambda text: self.processor.apply_chat_template(  # noqa: E731
-            chat[:first_user] + [{"role": "user", "content": [{"type": "text", "text": text}]}], tokenize=False)
+        render = lambda text: self._render(  # noqa: E731
+            chat[:first_user] + [{"role": "user", "content": [{"type": "text", "text": text}]}])
         a, b = render("A"), render("B")
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:

@@ -161,3 +161,28 @@ def test_unexpected_step_error_fails_in_flight_requests_and_the_loop_survives(ma
     assert r.finish_reason is FinishReason.ERROR and "internal error" in r.error
     later = eng.add_request(chat("later"), greedy(3))
     assert later.result(timeout=30).finish_reason is FinishReason.LENGTH
+
+
+def test_a_conversation_the_chat_template_refuses_is_a_value_error_naming_why(tmp_path):
+    """Real templates (Gemma 3's, Mistral's) raise for roles that do not alternate; the tiny ones are lenient, so one
+    is given Gemma 3's check. The refusal is the template's own sentence, as a ValueError (the user's to fix), not a
+    jinja2 error the worker would call a failure of the model."""
+    import shutil
+
+    from engine import EngineConfig, LLMEngine
+    from training.tiny_checkpoint import ensure_tiny_checkpoint
+
+    folder = tmp_path / "strict"
+    shutil.copytree(ensure_tiny_checkpoint("gemma3"), folder)
+    template = folder / "chat_template.jinja"
+    template.write_text("{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                        "{%- endif %}{%- endfor %}" + template.read_text())
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", cpu_kernels="off"))
+    try:
+        with pytest.raises(ValueError, match="chat template does not take this conversation: Conversation roles "
+                                             "must alternate"):
+            engine.add_request(chat("hi") + chat("again"), greedy(2))
+        assert engine.add_request(chat("hi"), greedy(2)).request_id  # one that alternates is taken
+    finally:
+        engine.stop()
