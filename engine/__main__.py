@@ -7,12 +7,30 @@ Follow-up questions on stdin reuse the conversation's cache (an empty line quits
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
+from pathlib import Path
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from . import EngineConfig, LLMEngine, SamplingParams
+
+
+def read_picture(path: str, ap: argparse.ArgumentParser) -> bytes:
+    """The picture file's bytes, or the parser's error (exit 2) saying why it cannot be one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        ap.error(f"--image {path}: {exc.strerror or exc}")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except UnidentifiedImageError:
+        ap.error(f"--image {path}: not a picture (no image format recognised in it)")
+    except Exception as exc:  # noqa: BLE001 - PIL raises many kinds for a damaged picture
+        ap.error(f"--image {path}: a damaged picture ({type(exc).__name__}: {exc})")
+    return data
 
 
 def main(argv=None) -> int:
@@ -25,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--interactive", action="store_true", help="read follow-up questions from stdin")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    picture = read_picture(args.image, ap) if args.image else None  # before the model loads: a typo fails at once
 
     overrides = {"model": args.model} if args.model else {}
     try:
@@ -33,8 +52,8 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     content = [{"type": "text", "text": args.question}]
-    if args.image:
-        content.insert(0, {"type": "image", "image": Image.open(args.image)})
+    if picture is not None:  # its bytes: the engine's own checks (format, size, decompression bombs) apply
+        content.insert(0, {"type": "image", "image": picture})
     messages = [{"role": "user", "content": content}]
     try:
         while True:
