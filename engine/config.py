@@ -155,11 +155,11 @@ class EngineConfig:
 
 
 def resolve_model(model: str) -> str:
-    """``model`` as given, or the folder of the Hugging Face cache holding it when it names a cached repository
-    rather than a folder (engine/models/checkpoint_folder.py)."""
+    """``model`` as given, or the folder of the Hugging Face cache holding it when it names a cached repository (its
+    id, or its folder in the cache) rather than a checkpoint folder (engine/models/checkpoint_folder.py)."""
     from .models.checkpoint_folder import checkpoint_folder
 
-    return model if Path(model).expanduser().exists() else str(checkpoint_folder(model))
+    return model if (Path(model).expanduser() / "config.json").is_file() else str(checkpoint_folder(model))
 
 
 def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int, max_waiting: int) -> int:

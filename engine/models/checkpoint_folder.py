@@ -2,7 +2,8 @@
 
 ``OWLET_MODEL`` is a local folder, or a Hugging Face repository id (``LiquidAI/LFM2-VL-1.6B``) whose files are
 already in this machine's Hugging Face cache (``HF_HUB_CACHE``, by default ``~/.cache/huggingface/hub``, as
-``hf download`` and ``from_pretrained`` leave them). Owlet never downloads: a repository id not in the cache is
+``hf download`` and ``from_pretrained`` leave them), or that cache's folder of the repository
+(``.../models--LiquidAI--LFM2-VL-1.6B``, whose checkpoint is the snapshot its ``refs/main`` names). Owlet never downloads: a repository id not in the cache is
 refused with the command that fetches it.
 
 A model's served name (``/v1/models``, the check that a queue's workers serve one checkpoint) is its folder's name,
@@ -36,12 +37,23 @@ def cached_repo_folder(model: str) -> Path | None:
 
 
 def checkpoint_folder(model: str) -> Path:
-    """The folder ``model`` names: itself when it exists (``~`` expanded), else its cached snapshot when it is a
-    repository id in the cache, else the path as given (which the caller then reports as missing)."""
+    """The folder ``model`` names: itself when it exists (``~`` expanded), or the snapshot of ``main`` when it is a
+    repository's folder in the cache; else its cached snapshot when it is a repository id in the cache; else the path
+    as given (which the caller then reports as missing)."""
     path = Path(model).expanduser()
     if path.exists():
-        return path
+        return _main_snapshot(path) or path
     return cached_repo_folder(model) or path
+
+
+def _main_snapshot(folder: Path) -> Path | None:
+    """For a repository's folder in the cache (``models--owner--name``, no config.json of its own), the snapshot its
+    ``refs/main`` names, when that holds a checkpoint."""
+    ref = folder / "refs" / "main"
+    if (folder / "config.json").exists() or not folder.name.startswith("models--") or not ref.is_file():
+        return None
+    snapshot = folder / "snapshots" / ref.read_text().strip()
+    return snapshot if (snapshot / "config.json").is_file() else None
 
 
 def not_found_advice(model: str) -> str:

@@ -63,6 +63,10 @@ def test_a_cached_repository_resolves_to_its_snapshot_and_is_served_under_its_na
     assert checkpoint_folder.checkpoint_folder(REPO) == snapshot
     assert EngineConfig(model=REPO).model == str(snapshot)
     assert served_name(str(snapshot)) == "tiny-lfm2vl" and served_name("/models/LFM2-VL-1.6B") == "LFM2-VL-1.6B"
+    # The repository's folder in the cache, named instead of its snapshot: the snapshot refs/main names.
+    repo_folder = str(root / "models--owlet-tests--tiny-lfm2vl")
+    assert checkpoint_folder.checkpoint_folder(repo_folder) == snapshot
+    assert EngineConfig(model=repo_folder).model == str(snapshot)
     # A folder of that relative name, where one exists, is the folder meant.
     monkeypatch.chdir(tmp_path)
     (tmp_path / "owlet-tests" / "tiny-lfm2vl").mkdir(parents=True)
