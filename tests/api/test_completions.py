@@ -129,3 +129,17 @@ def test_the_raw_stream_is_openai_server_sent_events(stack):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert not any("usage" in c for c in chunks), "no usage chunk unless asked"
+
+
+def test_a_repetition_penalty_reaches_the_engine(stack):
+    """vLLM's extension: the worker's engine applies it (the tiny model repeats itself, so a strong one changes its
+    answer); out of range, it is refused before anything is queued."""
+    client, model = openai_client(stack), served_model(stack)
+    messages = [{"role": "user", "content": "Tell me a story about owls, please."}]
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=24)
+    penalised = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                               extra_body={"repetition_penalty": 5.0})
+    assert penalised.choices[0].message.content != plain.choices[0].message.content, plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty must be a number above 0"):
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                       extra_body={"repetition_penalty": 0})
