@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from jinja2.exceptions import TemplateError
-from PIL import Image
+from PIL import Image, ImageOps
 
 ROLES = ("system", "user", "assistant")
 
@@ -147,6 +147,9 @@ class PromptBuilder:
             try:
                 image = Image.open(io.BytesIO(image))
                 image.load()
+                # A phone's photo is stored as the sensor saw it, with the turn to show it upright in its EXIF tags:
+                # every viewer applies it, so the model must see the picture the way its sender does.
+                image = ImageOps.exif_transpose(image)
             except Exception as exc:  # PIL raises many types for corrupt data
                 raise ValueError(f"message {n}: the image could not be decoded ({type(exc).__name__})") from None
         if not isinstance(image, Image.Image):

@@ -65,6 +65,24 @@ def test_valid_image_bytes_are_accepted(make_engine):
     assert h.result(0).finish_reason is FinishReason.LENGTH
 
 
+def test_a_phone_photo_given_as_bytes_is_seen_upright(make_engine):
+    """A camera stores a portrait photo sideways, with EXIF orientation 6 ("turn 90 degrees clockwise to show"):
+    given as bytes, the engine turns it as every viewer does, so the model sees what its sender sees."""
+    from PIL import Image
+
+    sideways = image(5, (96, 64))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    buf = io.BytesIO()
+    sideways.save(buf, format="JPEG", exif=exif)
+    eng = make_engine("lfm2vl")
+    seen = eng.prompts._load_image(buf.getvalue(), 0)
+    assert seen.size == (64, 96), "the portrait, upright"
+    upright = sideways.transpose(Image.Transpose.ROTATE_270)
+    decoded = Image.open(io.BytesIO(buf.getvalue())).convert("RGB").transpose(Image.Transpose.ROTATE_270)
+    assert seen.tobytes() == decoded.tobytes() and upright.size == seen.size
+
+
 def test_huge_image_is_downscaled_before_preprocessing(make_engine):
     eng = make_engine("lfm2vl", max_image_pixels=128 * 128)
     h = eng.add_request(chat("what?", image(2, (2000, 1500))), greedy(2))
