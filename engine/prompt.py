@@ -39,6 +39,15 @@ class Prompt:
     head_ids: list[int] = field(default_factory=list)  # template head shared by every chat (see _head_ids)
 
 
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB as transformers' processors make it (``image_transforms.convert_to_rgb``): transparency composited onto
+    white, as a viewer shows it on a page, not dropped (a plain convert shows a transparent background as black)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
 class PromptBuilder:
     def __init__(self, processor, image_token_id: int, *, max_image_pixels: int, max_images: int,
                  cache_entries: int = 64, placeholder: str | None = None):
@@ -157,7 +166,7 @@ class PromptBuilder:
         if image.width < 1 or image.height < 1:
             raise ValueError(f"message {n}: the image is empty")
         if image.mode != "RGB":
-            image = image.convert("RGB")
+            image = _to_rgb(image)
         if image.width * image.height > self.max_image_pixels:
             # Bound the work before preprocessing: big images tile into thousands of tokens.
             scale = (self.max_image_pixels / (image.width * image.height)) ** 0.5

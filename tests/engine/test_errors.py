@@ -2,6 +2,7 @@
 import io
 import time
 
+import numpy as np
 import pytest
 
 from engine import FinishReason, SamplingParams, greedy
@@ -81,6 +82,25 @@ def test_a_phone_photo_given_as_bytes_is_seen_upright(make_engine):
     upright = sideways.transpose(Image.Transpose.ROTATE_270)
     decoded = Image.open(io.BytesIO(buf.getvalue())).convert("RGB").transpose(Image.Transpose.ROTATE_270)
     assert seen.tobytes() == decoded.tobytes() and upright.size == seen.size
+
+
+def test_a_transparent_picture_is_seen_on_white_as_generate_sees_it(family, make_engine, runners):
+    """Transformers' processors flatten transparency onto white (``convert_to_rgb``; LLaVA's does it itself, LFM2-VL's
+    takes RGB only); a plain convert("RGB") showed the model a transparent background as black, so its answer differed
+    from generate()'s on the picture its processor makes."""
+    from PIL import Image, ImageDraw
+    from transformers.image_transforms import convert_to_rgb
+
+    logo = Image.new("RGBA", (72, 64), (0, 0, 0, 0))
+    ImageDraw.Draw(logo).ellipse([12, 10, 52, 50], fill=(220, 40, 40, 255))
+    messages = chat("What is on this picture?", logo)
+    eng = make_engine(family)
+    h = eng.add_request(messages, greedy(12))
+    run_until_done(eng)
+    flattened = convert_to_rgb(logo, return_numpy=True)
+    assert h.result(0).token_ids == reference_tokens(runners(family), chat("What is on this picture?",
+                                                                           Image.fromarray(flattened)), 12)
+    assert (np.asarray(eng.prompts._load_image(logo, 0)) == flattened).all()
 
 
 def test_huge_image_is_downscaled_before_preprocessing(make_engine):
