@@ -114,7 +114,7 @@ def build(config, client=None):
     adaptations.settle()  # a refusal comes here, before anything is served
     keep_with(page, adaptations)  # launch_page makes the adaptations of a launched page, and reports them all
     launch_kwargs = dict(
-        server_name=config.host,
+        server_name=bracketed(config.host),
         server_port=config.port,
         share=config.share,
         auth=list(config.auth) or None,
@@ -224,6 +224,12 @@ def raise_open_files_limit(wanted: int = 65536) -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def bracketed(host: str) -> str:
+    """``host`` as a URL spells it: an IPv6 address in brackets (``::`` -> ``[::]``). Gradio builds its own address from
+    the name, and ``http://:::7860/`` ended the page's start with httpx's "Invalid port: '::7860'"."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def serve(config, block: bool = True, client=None):

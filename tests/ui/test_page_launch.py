@@ -164,3 +164,28 @@ def test_python_m_ui_with_a_bad_queue_setting_exits_2_with_one_clear_line(name, 
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"owlet-page: bad setting: {said}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_python_m_ui_serves_on_an_ipv6_address():
+    """``--host ::`` (a platform's IPv6-only private network) ended the start with httpx's "Invalid port: '::7860'":
+    Gradio builds its own address from the name, which an IPv6 address must give in brackets."""
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    port = free_port()
+    with running_redis() as redis_url:
+        env = dict(os.environ, OWLET_KEY_PREFIX=unique_prefix("ipv6"), PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen([sys.executable, "-m", "ui", "--host", "::", "--port", str(port), "--redis-url",
+                                 redis_url], cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            seen = read_until_served(proc, timeout_s=90)
+            assert any(line.startswith(f"Owlet UI: http://[::]:{port}/") for line in seen), "".join(seen)
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            assert direct.open(f"http://[::1]:{port}/", timeout=30).status == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
