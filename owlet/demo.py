@@ -184,8 +184,7 @@ class Stack:
     # -- wait -------------------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}/"
+        return f"http://{local_host(self.host)}:{self.port}/"
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait for the page to answer and ``/healthz`` to report a live worker; raise if a child dies."""
@@ -354,13 +353,24 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def local_host(host: str) -> str:
+    """Where this machine reaches a page listening on ``host``, as a URL spells it: every IPv4 interface by 127.0.0.1,
+    every IPv6 one by [::1] (a page on ``::`` listens on IPv6 only), another IPv6 address in brackets."""
+    bare = host.strip("[]")
+    if bare == "0.0.0.0":
+        return "127.0.0.1"
+    if bare == "::":
+        return "[::1]"
+    return f"[{bare}]" if ":" in bare else host
+
+
 def listen_problem(host: str, port: int) -> str | None:
     """Why the page could not listen on ``host:port``, found before anything is started; None if it can.
 
     Binds the way the page's server does (``SO_REUSEADDR``, so a port a stopped demo left in TIME_WAIT passes).
     """
     try:
-        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _name, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)

@@ -392,3 +392,17 @@ def test_demo_gives_the_worker_a_thread_for_every_engine_slot(monkeypatch):
     assert parse_args([]).worker_concurrency == 22
     monkeypatch.setenv("OWLET_WORKER_CONCURRENCY", "5")
     assert parse_args([]).worker_concurrency == 5
+
+
+def test_the_demo_reaches_its_page_on_the_address_it_listens_on():
+    """The demo waits for its page on this machine: a page on ``::`` listens on IPv6 only (asyncio sets IPV6_V6ONLY),
+    so the demo asks [::1], not 127.0.0.1 (where it waited out its start-up deadline); an address given in brackets
+    is checked as the address inside them."""
+    from owlet.demo import listen_problem, local_host
+
+    assert [local_host(h) for h in ("127.0.0.1", "0.0.0.0", "::", "[::]", "::1", "fe80::1", "[::1]", "localhost")] \
+        == ["127.0.0.1", "127.0.0.1", "[::1]", "[::1]", "[::1]", "[fe80::1]", "[::1]", "localhost"]
+    import socket
+
+    if socket.has_ipv6 and listen_problem("::1", free_port()) is None:  # a machine with IPv6 loopback
+        assert listen_problem("[::1]", free_port()) is None
