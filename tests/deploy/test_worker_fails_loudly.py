@@ -104,6 +104,24 @@ def test_checkpoint_without_a_chat_template(redis_url, tmp_path):
                                     HEAVY_LIMIT_S), "has no chat template", "copy every file of the model repository")
 
 
+def test_a_metrics_port_another_process_holds_is_named_before_the_model_loads(redis_url, tmp_path):
+    """Two workers on one host with one OWLET_WORKER_METRICS_PORT: the second said "OSError: [Errno 98] Address
+    already in use" after loading its model (minutes on a GPU), naming neither the setting nor the port."""
+    import socket
+
+    from tests.ui.stack import tiny_model
+
+    with socket.socket() as first:
+        first.bind(("127.0.0.1", 0))
+        first.listen()
+        port = first.getsockname()[1]
+        code, output, elapsed, limit_s = run_worker({"OWLET_MODEL": str(tiny_model()), "OWLET_DEVICE": "cpu",
+                                                     "OWLET_WORKER_METRICS_PORT": str(port)}, redis_url, tmp_path)
+    assert_fails_loudly(code, output, elapsed, limit_s, f"OWLET_WORKER_METRICS_PORT={port}",
+                        "a port of its own, or 0 for none")
+    assert "loaded" not in output, "refused before the model loads"
+
+
 def test_import_error_in_the_engine_factory(redis_url, tmp_path):
     assert_fails_loudly(*run_worker({"OWLET_ENGINE_FACTORY": "no_such_module_xyz:make"}, redis_url, tmp_path,
                                     HEAVY_LIMIT_S), "ModuleNotFoundError", "no_such_module_xyz")

@@ -36,7 +36,7 @@ from worker.serving.metrics import WorkerMetrics
 from worker.redis_probe import evicting_policy
 from worker.redis_retry import until_reachable
 from worker.serving.runner import JobResult, JobRunner, failure
-from worker.serving.startup import CannotServe
+from worker.serving.startup import CannotServe, metrics_port_taken
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,10 @@ class WorkerRuntime:
             log.info("owlet worker %s: %d client groups waiting in the line's earlier form put in line", self.worker,
                      adopted)
         if self.settings.worker_metrics_port:  # up before the heartbeat says this worker is
-            self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
+            try:
+                self._metrics_server = self.metrics.serve(self.settings.worker_metrics_port)
+            except OSError as exc:
+                raise CannotServe(metrics_port_taken(self.settings.worker_metrics_port, exc)) from None
         self._beat()  # announce capacity before the first job can arrive
         self._claim_held()
         for target, name in ((self._heartbeat_loop, "owlet-heartbeat"), (self._cancel_loop, "owlet-cancel")):

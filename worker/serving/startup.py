@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def check_engine_environment(env=None) -> None:
     device = (env.get("OWLET_DEVICE") or "auto").strip().lower()
     allow = parse_bool("OWLET_ALLOW_UNVERIFIED", env.get("OWLET_ALLOW_UNVERIFIED") or "false")
     _check_family(folder, allow)
+    _check_metrics_port(env.get("OWLET_WORKER_METRICS_PORT") or "")
     if device.startswith("cuda"):
         import torch
 
@@ -66,6 +68,26 @@ def _read_config(folder: Path) -> None:
         json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise CannotServe(f"{folder / 'config.json'} cannot be read: {exc}") from None
+
+
+def metrics_port_taken(port: int, exc: OSError) -> str:
+    return (f"OWLET_WORKER_METRICS_PORT={port}: this worker cannot serve its metrics there ({exc.strerror or exc}): "
+            "another process listens on it (another worker on this host?). Give each worker a port of its own, or 0 "
+            "for none.")
+
+
+def _check_metrics_port(raw: str) -> None:
+    """The metrics port, tried before the model loads (minutes on a GPU) rather than after; a bad value is left to
+    the settings' own check."""
+    if not raw.strip().isdigit() or not 0 < int(raw) < 65536:
+        return
+    port = int(raw)
+    try:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("", port))
+    except OSError as exc:
+        raise CannotServe(metrics_port_taken(port, exc)) from None
 
 
 def _check_family(folder: Path, allow_unverified: bool) -> None:
