@@ -38,7 +38,7 @@ NOT_APPLIED = {
 def repetition_penalty(generation_config, folder: str, allow_unverified: bool) -> float:
     """The checkpoint's default repetition penalty (1.0: none), after refusing rules Owlet does not apply."""
     not_applied = {name: getattr(generation_config, name, None) for name, off in NOT_APPLIED.items()
-                   if getattr(generation_config, name, None) not in off}
+                   if not _off(getattr(generation_config, name, None), off)}
     if not_applied:
         what = ", ".join(f"{name}={value!r}" for name, value in sorted(not_applied.items()))
         message = (f"{folder}: its generation_config.json sets {what}, which the model's own generate() applies to every "
@@ -52,6 +52,11 @@ def repetition_penalty(generation_config, folder: str, allow_unverified: bool) -
     if not (isinstance(penalty, (int, float)) and math.isfinite(penalty) and penalty > 0):
         raise ValueError(f"{folder}: generation_config.json's repetition_penalty {penalty!r} is not a number above 0")
     return float(penalty)
+
+
+def _off(value, off: tuple) -> bool:
+    """Whether ``value`` leaves its rule off: a neutral value, or an empty list of tokens (``suppress_tokens: []``)."""
+    return value in off or (isinstance(value, (list, tuple, dict)) and not value)
 
 
 def folder_generation_config(folder: str):

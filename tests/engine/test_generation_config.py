@@ -97,6 +97,9 @@ def checkpoint_with(tmp_path, family: str, **generation) -> str:
 def test_a_rule_owlet_does_not_apply_is_refused_at_load_naming_it(tmp_path, caplog):
     folder = checkpoint_with(tmp_path, "llava", repetition_penalty=1.05)
     assert ModelRunner(EngineConfig(model=folder, dtype="float32")).repetition_penalty == 1.05
+    neutral = checkpoint_with(tmp_path / "neutral", "llava", no_repeat_ngram_size=0, suppress_tokens=[],
+                              bad_words_ids=[], min_length=0)  # as some checkpoints write their rules off
+    assert ModelRunner(EngineConfig(model=neutral, dtype="float32")).repetition_penalty == 1.0
     folder = checkpoint_with(tmp_path / "ngram", "llava", no_repeat_ngram_size=3)
     with pytest.raises(ValueError, match=r"no_repeat_ngram_size=3.*OWLET_ALLOW_UNVERIFIED"):
         ModelRunner(EngineConfig(model=folder, dtype="float32"))
