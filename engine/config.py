@@ -159,7 +159,8 @@ def resolve_model(model: str) -> str:
     id, or its folder in the cache) rather than a checkpoint folder (engine/models/checkpoint_folder.py)."""
     from .models.checkpoint_folder import checkpoint_folder
 
-    return model if (Path(model).expanduser() / "config.json").is_file() else str(checkpoint_folder(model))
+    path = Path(model).expanduser()  # "~/models/x", as a .env file or a quoted setting leaves it
+    return str(path) if (path / "config.json").is_file() else str(checkpoint_folder(model))
 
 
 def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int, max_waiting: int) -> int:

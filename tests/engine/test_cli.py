@@ -13,9 +13,9 @@ import pytest
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "owlet-shapes-vl"
 
 
-def ask(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+def ask(tmp_path, *argv: str, **settings: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OWLET_MODEL=str(BUNDLED), OWLET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    env.update({"OWLET_MODEL": str(BUNDLED), "OWLET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **settings})
     return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -27,6 +27,16 @@ def test_it_answers_about_a_picture(tmp_path):
     run = ask(tmp_path, "--image", "photo.jpg", "--max-new-tokens", "8", "What is in this picture?")
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() and "prompt tokens" in run.stderr
+
+
+def test_a_model_folder_named_from_home_as_a_settings_file_leaves_it(tmp_path):
+    """OWLET_MODEL=~/models/... in a .env file or a quoted setting reaches the process with its "~": the worker's
+    checks expanded it, the engine did not ("no such folder")."""
+    import shutil
+
+    shutil.copytree(BUNDLED, tmp_path / "models" / BUNDLED.name)
+    run = ask(tmp_path, "--max-new-tokens", "4", "Hello?", OWLET_MODEL=f"~/models/{BUNDLED.name}", HOME=str(tmp_path))
+    assert run.returncode == 0 and "prompt tokens" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("make, says", [
