@@ -86,7 +86,7 @@ def model_fingerprint(model: str) -> str:
 
 class DiskTier:
     def __init__(self, folder: str | os.PathLike, budget_bytes: int, identity: Identity):
-        self.folder = Path(folder)
+        self.folder = Path(folder).expanduser()  # "~/cache", as a .env file leaves it: not a folder named "~"
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock_file = _take_folder(self.folder)
         self.budget = int(budget_bytes)

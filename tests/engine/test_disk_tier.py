@@ -81,6 +81,17 @@ def test_a_second_tier_on_the_same_folder_is_refused(tmp_path):
     DiskTier(tmp_path, 2**20, ident).close()  # let go: the next one opens it
 
 
+def test_a_folder_named_from_home_is_the_one_under_home(tmp_path, monkeypatch):
+    """OWLET_DISK_CACHE_DIR=~/owlet-kv, as a .env file leaves it: the tier made a folder named "~" wherever the worker
+    was started, and a restart from another folder found none of it."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    tier = DiskTier("~/owlet-kv", 2**20, Identity("m", "float32", "none/64/f1"))
+    tier.close()
+    assert tier.folder == tmp_path / "home" / "owlet-kv" and tier.folder.is_dir()
+    assert not (tmp_path / "~").exists()
+
+
 def test_untrustworthy_files_are_dropped_and_every_turn_is_answered_right(make_engine, runners, tmp_path):
     """Truncated, corrupt, another model's, another dtype's, another conversation's, torn: each is dropped and its
     follow-up recomputed; the intact file is served. Every answer equals generate() in fp32."""
