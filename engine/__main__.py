@@ -14,7 +14,6 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from . import EngineConfig, LLMEngine, SamplingParams
 
 
 def read_picture(path: str, ap: argparse.ArgumentParser) -> bytes:
@@ -44,6 +43,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     picture = read_picture(args.image, ap) if args.image else None  # before the model loads: a typo fails at once
+    from . import EngineConfig, LLMEngine, SamplingParams  # torch and transformers: seconds to import
 
     overrides = {"model": args.model} if args.model else {}
     try:
