@@ -92,6 +92,10 @@ class LLMEngine:
                 raise ValueError(f"this question is too long for the model: {question} tokens, and its context "
                                  f"holds {max_len} for the question, the conversation before it and the answer. "
                                  f"Ask a shorter question.")
+            if len(prompt.head_ids) >= max_len // 2:  # a system prompt: a new conversation would bring it again
+                raise ValueError(f"the system prompt is too long for the model: {len(prompt.head_ids)} tokens, and "
+                                 f"its context holds {max_len} for it, the conversation and the answer. Shorten the "
+                                 f"system prompt.")
             raise ValueError(f"the conversation is too long: {len(prompt.token_ids)} tokens, and the model's "
                              f"context holds {max_len}. Start a new conversation or use a smaller image.")
         request_id = request_id or uuid.uuid4().hex

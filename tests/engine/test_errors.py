@@ -37,6 +37,9 @@ def test_prompt_longer_than_context_is_refused(make_engine):
                {"role": "user", "content": "and?"}]
     with pytest.raises(ValueError, match="the conversation is too long.*Start a new conversation"):
         eng.add_request(history)
+    # A long system prompt (an API client's): a new conversation would bring it again.
+    with pytest.raises(ValueError, match="the system prompt is too long.*Shorten the system prompt"):
+        eng.add_request([{"role": "system", "content": "rule " * 60}, {"role": "user", "content": "hi"}])
 
 
 def test_generation_stops_at_the_context_limit(make_engine):
