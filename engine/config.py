@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 from owlet.settings import read_fields
 
@@ -159,8 +158,7 @@ def resolve_model(model: str) -> str:
     id, or its folder in the cache) rather than a checkpoint folder (engine/models/checkpoint_folder.py)."""
     from .models.checkpoint_folder import checkpoint_folder
 
-    path = Path(model).expanduser()  # "~/models/x", as a .env file or a quoted setting leaves it
-    return str(path) if (path / "config.json").is_file() else str(checkpoint_folder(model))
+    return str(checkpoint_folder(model))  # "~" expanded too, as a .env file or a quoted setting leaves it
 
 
 def resolve_max_active(max_running: int, max_active: int | None, time_slice_tokens: int, max_waiting: int) -> int:

@@ -97,7 +97,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     slicing: TimeSlice = field(default_factory=TimeSlice)
     generator: object = None  # torch.Generator for sampled requests
-    seen_prompt: object = None  # its prompt's ids on the device, once its repetition penalty needed them (engine.sampler)
+    # its prompt's distinct ids on the device, once its repetition penalty needed them (engine.sampler)
+    seen_prompt: object = None
     oom_retries: int = 0
     prefill_start: float | None = None
     first_token_time: float | None = None

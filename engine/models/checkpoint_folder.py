@@ -3,8 +3,8 @@
 ``OWLET_MODEL`` is a local folder, or a Hugging Face repository id (``LiquidAI/LFM2-VL-1.6B``) whose files are
 already in this machine's Hugging Face cache (``HF_HUB_CACHE``, by default ``~/.cache/huggingface/hub``, as
 ``hf download`` and ``from_pretrained`` leave them), or that cache's folder of the repository
-(``.../models--LiquidAI--LFM2-VL-1.6B``, whose checkpoint is the snapshot its ``refs/main`` names). Owlet never downloads: a repository id not in the cache is
-refused with the command that fetches it.
+(``.../models--LiquidAI--LFM2-VL-1.6B``, whose checkpoint is the snapshot its ``refs/main`` names). Owlet never
+downloads: a repository id not in the cache is refused with the command that fetches it.
 
 A model's served name (``/v1/models``, the check that a queue's workers serve one checkpoint) is its folder's name,
 or the repository's name for a folder inside the cache (``models--LiquidAI--LFM2-VL-1.6B/snapshots/<revision>``

@@ -115,8 +115,9 @@ def resolve(model_folder: str, allow_unverified: bool = False, families=FAMILIES
         from .checkpoint_folder import not_found_advice
 
         what = "not a checkpoint folder: it has no config.json" if folder.is_dir() else "no such folder"
-        raise ValueError(f"{model_folder}: {what}.{not_found_advice(model_folder)} A model folder holds every file of "
-                         f"a downloaded model repository (config.json, the weights, the tokenizer and processor files).")
+        raise ValueError(f"{model_folder}: {what}.{not_found_advice(model_folder)} A model folder holds every file "
+                         "of a downloaded model repository (config.json, the weights, the tokenizer and processor "
+                         "files).")
     arch = checkpoint_architecture(model_folder)
     family = by_architecture(families).get(arch)
     if family is not None:

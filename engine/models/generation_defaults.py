@@ -41,8 +41,8 @@ def repetition_penalty(generation_config, folder: str, allow_unverified: bool) -
                    if not _off(getattr(generation_config, name, None), off)}
     if not_applied:
         what = ", ".join(f"{name}={value!r}" for name, value in sorted(not_applied.items()))
-        message = (f"{folder}: its generation_config.json sets {what}, which the model's own generate() applies to every "
-                   f"answer and Owlet does not, so its answers would differ from the model's")
+        message = (f"{folder}: its generation_config.json sets {what}, which the model's own generate() applies to "
+                   "every answer and Owlet does not, so its answers would differ from the model's")
         if not allow_unverified:
             raise ValueError(message + ". To serve it anyway, without them, set OWLET_ALLOW_UNVERIFIED=true.")
         log.warning("%s; serving it anyway, without them, because allow_unverified is set", message)

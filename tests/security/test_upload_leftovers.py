@@ -100,8 +100,8 @@ def test_a_full_disk_refuses_uploads_with_a_sentence_and_keeps_nothing_of_them(t
                         break
                 except httpx.TransportError:
                     time.sleep(0.3)
-            refused = httpx.post(base + "gradio_api/upload", files={"files": ("big.png", big.read_bytes(), "image/png")},
-                                 timeout=60)
+            refused = httpx.post(base + "gradio_api/upload",
+                                 files={"files": ("big.png", big.read_bytes(), "image/png")}, timeout=60)
             assert (refused.status_code, refused.text) == (503, NO_ROOM), (refused.status_code, refused.text)
             assert refused.headers.get("retry-after") == "60"
             with pytest.raises(AppError, match="no room to store pictures"):  # gradio_client reads the sentence too

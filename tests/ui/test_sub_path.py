@@ -42,14 +42,16 @@ def nginx_in_front(page_port: int, folder: Path) -> tuple[subprocess.Popen, int]
     port = free_port()
     block = readme_location_block().replace("http://127.0.0.1:7860/", f"http://127.0.0.1:{page_port}/")
     assert f"127.0.0.1:{page_port}" in block
-    temp = " ".join(f"{kind}_temp_path {folder}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = " ".join(f"{kind}_temp_path {folder}/{kind};"
+                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     (folder / "nginx.conf").write_text(
         f"daemon off; worker_processes 1; pid {folder}/nginx.pid; error_log {folder}/error.log;\n"
         f"events {{ worker_connections 256; }}\n"
         f"http {{ access_log {folder}/access.log; {temp}\n"
         f"server {{ listen 127.0.0.1:{port};\n{block}\n}} }}\n")
-    proc = subprocess.Popen([host_tool("nginx", "/usr/sbin/nginx"), "-p", f"{folder}/", "-c", str(folder / "nginx.conf")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    nginx = host_tool("nginx", "/usr/sbin/nginx")
+    proc = subprocess.Popen([nginx, "-p", f"{folder}/", "-c", str(folder / "nginx.conf")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"nginx ended: {proc.stdout.read()}"

@@ -4,10 +4,11 @@ What maps onto Owlet: ``model`` (must be the served one), ``messages`` (``system
 ``assistant``; content as a string or as ``text`` and ``image_url`` parts), ``max_completion_tokens`` /
 ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream`` and ``stream_options.include_usage``
 (``engine.sampling_params.SamplingParams``), and vLLM's ``ignore_eos`` (benchmark tools send it for answers of a
-fixed length) and ``repetition_penalty`` (omitted: the checkpoint's own, from its generation_config.json). What Owlet does not do is refused with 400, never ignored: ``n`` > 1,
-tools and functions, ``response_format`` other than text, log probabilities, penalties, logit bias, audio, and any
-parameter it does not know. ``user``, ``metadata``, ``service_tier`` and ``parallel_tool_calls`` change nothing an
-answer depends on and are accepted.
+fixed length) and ``repetition_penalty`` (omitted: the checkpoint's own, from its generation_config.json). What
+Owlet does not do is refused with 400, never ignored: ``n`` > 1, tools and functions, ``response_format`` other than
+text, log probabilities, presence and frequency penalties, logit bias, audio, and any parameter it does not know.
+``user``, ``metadata``, ``service_tier`` and ``parallel_tool_calls`` change nothing an answer depends on and are
+accepted.
 
 Pictures come only as ``data:`` URLs (base64). Owlet never fetches a URL a stranger names, so an ``http(s)`` picture is
 refused; one over the upload limit is 413 before it is decoded. The pixels are checked later, exactly as an upload's
